@@ -1,0 +1,80 @@
+"""A group of connected hosts, and running one operation on all of them at once.
+
+One result per host; when some hosts fail, the error carries every failure and the
+names of the hosts that succeeded (fabric's GroupResult / GroupException), so one
+host's exception never hides another's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from orchestrator.models.errors import HostError, MultiHostError, OrchError
+from orchestrator.models.inventory import Host
+from orchestrator.transport import ConnectOptions, Transport, open_transport
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class HostGroup:
+    """Connected transports for a set of hosts, one connection per host."""
+
+    def __init__(self, hosts: Sequence[Host], options: ConnectOptions) -> None:
+        self.hosts = list(hosts)
+        self.options = options
+        self.transports: dict[str, Transport] = {}
+
+    def __enter__(self) -> HostGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def connect(self) -> None:
+        """Connect to every host in parallel.
+
+        Raises:
+            HostError / MultiHostError: naming each host that could not be reached.
+        """
+        transports = {h.name: open_transport(h, self.options) for h in self.hosts}
+        self.transports = transports
+        self.each(lambda _host, t: t.connect())
+
+    def each(self, operation: Callable[[Host, Transport], T], only: Iterable[str] | None = None) -> dict[str, T]:
+        """Run `operation` on every host (or the named ones) in parallel.
+
+        Returns:
+            Each host's result by host name, in host order.
+
+        Raises:
+            OrchError: the one host's error, or MultiHostError when several failed.
+        """
+        names = set(only) if only is not None else None
+        targets = [h for h in self.hosts if names is None or h.name in names]
+        if not targets:
+            return {}
+        results: dict[str, T] = {}
+        failures: list[OrchError] = []
+        with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+            futures = {h.name: pool.submit(operation, h, self.transports[h.name]) for h in targets}
+            for name, future in futures.items():
+                try:
+                    results[name] = future.result()
+                except OrchError as exc:
+                    failures.append(exc)
+                except Exception as exc:  # keep every host's failure, never only the first
+                    log.debug("unexpected failure on %s", name, exc_info=True)
+                    failures.append(HostError(name, f"unexpected error: {exc!r}"))
+        if failures:
+            if len(failures) == 1:
+                raise failures[0]
+            raise MultiHostError(failures, succeeded=list(results))
+        return results
+
+    def close(self) -> None:
+        for transport in self.transports.values():
+            transport.close()

@@ -1,0 +1,1 @@
+"""Domain models: inventory, job spec, errors. They import nothing else from orch."""

@@ -1,0 +1,98 @@
+"""The one exception hierarchy of orch.
+
+Every error carries what failed and where (`message`), how to fix it (`hint`) and
+the exit code the CLI maps it to. Nothing below the CLI prints or exits: it raises
+one of these, and `cli.main` turns it into `error: ...` / `hint: ...` lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+EXIT_OK = 0
+EXIT_JOB_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INFRA = 3
+EXIT_INTERRUPTED = 130
+
+
+class OrchError(Exception):
+    """Base of every error orch reports to the user."""
+
+    exit_code = EXIT_INFRA
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class InputError(OrchError):
+    """A job file, inventory file or argument is wrong (exit 2)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class SpecError(InputError):
+    """A YAML file does not match its schema; names file, line and key."""
+
+    def __init__(
+        self, path: str, message: str, hint: str = "", line: int | None = None, column: int | None = None
+    ) -> None:
+        where = path if line is None else f"{path}:{line}" + ("" if column is None else f":{column}")
+        super().__init__(f"{where}: {message}", hint)
+        self.path = path
+        self.line = line
+        self.column = column
+
+
+class InfraError(OrchError):
+    """A host could not be used: unreachable, auth refused, python missing (exit 3)."""
+
+    exit_code = EXIT_INFRA
+
+
+class HostError(InfraError):
+    """An infrastructure error on one named host."""
+
+    def __init__(self, host: str, message: str, hint: str = "") -> None:
+        super().__init__(f"{message} (host {host})", hint)
+        self.host = host
+
+
+class RemoteCommandError(HostError):
+    """A command on a host exited non-zero; shows the command, code and stderr tail."""
+
+    def __init__(self, host: str, command: str, exit_code: int, stderr: str, hint: str = "") -> None:
+        tail = "\n".join(stderr.strip().splitlines()[-8:])
+        message = f"command exited with {exit_code}: {command}"
+        if tail:
+            message += "\n" + tail
+        super().__init__(host, message, hint)
+        self.command = command
+        self.remote_exit_code = exit_code
+        self.stderr = stderr
+
+
+class MultiHostError(InfraError):
+    """Several hosts failed at once; keeps every host's error, none hidden."""
+
+    def __init__(self, failed: Sequence[OrchError], succeeded: Sequence[str] = ()) -> None:
+        self.failed = list(failed)
+        self.succeeded = list(succeeded)
+        first = self.failed[0]
+        lines = [first.message] + [e.message for e in self.failed[1:]]
+        super().__init__("\n".join(lines), first.hint)
+        self.exit_code = max(e.exit_code for e in self.failed)
+
+
+class JobFailed(OrchError):
+    """The job ran and failed, or was killed (exit 1)."""
+
+    exit_code = EXIT_JOB_FAILED
+
+
+class Interrupted(OrchError):
+    """The user pressed Ctrl-C (exit 130)."""
+
+    exit_code = EXIT_INTERRUPTED

@@ -1,0 +1,176 @@
+"""The host inventory: which machines exist and how to reach them."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.models.errors import SpecError
+from orchestrator.models.schema import (
+    PosDict,
+    Where,
+    check_keys,
+    get_env,
+    get_int,
+    get_mapping,
+    get_str,
+    get_str_list,
+    load_yaml,
+)
+
+LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
+DEFAULT_WORKDIR = "~/.orch"
+DEFAULT_REMOTE_PYTHON = "python3"
+
+_HOST_KEYS = {
+    "name": "unique name, used in prefixes and --node",
+    "address": "IP, DNS name or ~/.ssh/config alias",
+    "user": "SSH user",
+    "port": "SSH port",
+    "identity_file": "SSH private key",
+    "python": "interpreter with torch on that host",
+    "workdir": "where code, logs and job state live on the host",
+    "gpus": "GPU count or list of GPU indices",
+    "slots": "processes a job may start here",
+    "labels": "labels for job selection",
+    "env": "environment for every job on the host",
+}
+_DEFAULT_KEYS = {k: v for k, v in _HOST_KEYS.items() if k not in ("name", "address")}
+
+
+@dataclass(frozen=True)
+class Host:
+    """One machine of the inventory, with defaults already merged in."""
+
+    name: str
+    address: str
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | None = None
+    python: str = DEFAULT_REMOTE_PYTHON
+    workdir: str = DEFAULT_WORKDIR
+    gpus: tuple[int, ...] = ()
+    slots: int = 1
+    labels: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def is_local(self) -> bool:
+        """Local hosts run without SSH, straight on this machine."""
+        return self.address in LOCAL_ADDRESSES
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The hosts a job may run on, in file order."""
+
+    path: str
+    hosts: tuple[Host, ...]
+
+    def names(self) -> list[str]:
+        return [h.name for h in self.hosts]
+
+    def by_name(self, name: str) -> Host | None:
+        return next((h for h in self.hosts if h.name == name), None)
+
+
+def builtin_local_inventory(local_python: str | None = None) -> Inventory:
+    """The inventory used when none is given: this machine, one slot, no SSH."""
+    host = Host(name="localhost", address="localhost", python=local_python or sys.executable)
+    return Inventory(path="<built-in localhost inventory>", hosts=(host,))
+
+
+def load_inventory(path: Path, local_python: str | None = None) -> Inventory:
+    """Load and validate an inventory file.
+
+    Args:
+        path: the YAML file.
+        local_python: interpreter for local hosts that name none (default: this one).
+
+    Returns:
+        The inventory, with `defaults:` merged into every host.
+
+    Raises:
+        SpecError: the file is missing, malformed, or breaks the schema.
+    """
+    shown = str(path)
+    top = Where(shown, load_yaml(path, "inventory"))
+    check_keys(top, {"defaults": None, "hosts": None}, required=("hosts",))
+    defaults = get_mapping(top, "defaults") or PosDict()
+    dwhere = top.child(defaults, "defaults.")
+    check_keys(dwhere, _DEFAULT_KEYS)
+    raw_hosts = top.mapping["hosts"]
+    if not isinstance(raw_hosts, list) or not raw_hosts:
+        raise top.error("hosts", "expected a non-empty list of hosts", "add entries like '- {name: node1, address: 10.0.0.1}'")
+    hosts: list[Host] = []
+    seen: dict[str, int] = {}
+    for index, raw in enumerate(raw_hosts):
+        if not isinstance(raw, PosDict):
+            raise top.error("hosts", f"host #{index + 1} must be a mapping with name and address")
+        hwhere = top.child(raw, f"hosts[{index}].")
+        check_keys(hwhere, _HOST_KEYS, required=("name", "address"))
+        host = _load_host(hwhere, dwhere, local_python or sys.executable)
+        if host.name in seen:
+            line = raw.positions.get("name", raw.start)[0]
+            raise SpecError(
+                shown,
+                f"duplicate host name '{host.name}' (first defined on line {seen[host.name]})",
+                "give every host a unique name",
+                line,
+            )
+        seen[host.name] = raw.positions.get("name", raw.start)[0]
+        hosts.append(host)
+    return Inventory(path=shown, hosts=tuple(hosts))
+
+
+def _pick(host: Where, defaults: Where, key: str) -> Where:
+    """The mapping a key's value comes from: the host's own, else the defaults."""
+    return host if key in host.mapping else defaults
+
+
+def _load_host(where: Where, defaults: Where, local_python: str) -> Host:
+    name = get_str(where, "name")
+    address = get_str(where, "address")
+    assert name is not None and address is not None  # required keys, checked above
+    if not name or any(c.isspace() or c in "[]/" for c in name):
+        raise where.error("name", f"invalid host name {name!r}", "use letters, digits, '-', '_' and '.'")
+    if not address:
+        raise where.error("address", "empty address")
+    is_local = address in LOCAL_ADDRESSES
+    python = get_str(_pick(where, defaults, "python"), "python")
+    workdir = get_str(_pick(where, defaults, "workdir"), "workdir") or DEFAULT_WORKDIR
+    gpus = _load_gpus(_pick(where, defaults, "gpus"))
+    slots = get_int(_pick(where, defaults, "slots"), "slots", minimum=1)
+    labels = get_str_list(_pick(where, defaults, "labels"), "labels")
+    env = {**get_env(defaults, "env"), **get_env(where, "env")}
+    return Host(
+        name=name,
+        address=address,
+        user=get_str(_pick(where, defaults, "user"), "user"),
+        port=get_int(_pick(where, defaults, "port"), "port", minimum=1),
+        identity_file=get_str(_pick(where, defaults, "identity_file"), "identity_file"),
+        python=python or (local_python if is_local else DEFAULT_REMOTE_PYTHON),
+        workdir=workdir,
+        gpus=gpus,
+        slots=slots if slots is not None else (len(gpus) or 1),
+        labels=labels,
+        env=env,
+    )
+
+
+def _load_gpus(where: Where) -> tuple[int, ...]:
+    value = where.mapping.get("gpus")
+    if value is None:
+        return ()
+    if isinstance(value, bool):
+        raise where.error("gpus", "expected a GPU count or a list of GPU indices")
+    if isinstance(value, int):
+        if value < 0:
+            raise where.error("gpus", f"must be at least 0, got {value}")
+        return tuple(range(value))
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
+        if len(set(value)) != len(value):
+            raise where.error("gpus", "GPU indices must be unique")
+        return tuple(value)
+    raise where.error("gpus", f"expected a GPU count or a list of GPU indices, got {value!r}")

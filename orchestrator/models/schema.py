@@ -1,0 +1,193 @@
+"""Loading YAML with positions, and checking it against a small schema.
+
+PyYAML forgets where a value came from once it is a dict. The loader here keeps the
+line and column of every mapping key and value, so that an error can say
+`jobs/x.yaml:5:8: nodes: expected an integer, got 'two'`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.models.errors import SpecError
+
+
+class PosDict(dict[str, Any]):
+    """A mapping that remembers the (line, column) of each key, 1-based."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions: dict[str, tuple[int, int]] = {}
+        self.start: tuple[int, int] = (1, 1)
+
+
+class _PosLoader(yaml.SafeLoader):
+    """SafeLoader whose mappings are PosDicts and whose duplicate keys are errors."""
+
+
+def _construct_mapping(loader: _PosLoader, node: yaml.MappingNode) -> PosDict:
+    result = PosDict()
+    result.start = (node.start_mark.line + 1, node.start_mark.column + 1)
+    loader.flatten_mapping(node)
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, str):
+            key = str(key)
+        if key in result:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key '{key}'", key_node.start_mark
+            )
+        result[key] = loader.construct_object(value_node, deep=True)
+        result.positions[key] = (value_node.start_mark.line + 1, value_node.start_mark.column + 1)
+    return result
+
+
+_PosLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml(path: Path, kind: str) -> PosDict:
+    """Read a YAML file whose top level must be a mapping.
+
+    Args:
+        path: the file.
+        kind: "job" or "inventory", for the messages.
+
+    Returns:
+        The top-level mapping, with positions.
+
+    Raises:
+        SpecError: missing file, syntax error (with line:column) or not a mapping.
+    """
+    shown = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(shown, f"{kind} file not found", f"check the path of the {kind} file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise SpecError(shown, f"cannot read {kind} file: {exc}") from None
+    try:
+        data = yaml.load(text, Loader=_PosLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "invalid YAML"
+        line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        raise SpecError(
+            shown, f"YAML syntax error: {problem}", "fix the YAML at that position", line, column
+        ) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(shown, f"YAML error: {exc}") from None
+    if not isinstance(data, PosDict):
+        raise SpecError(shown, f"a {kind} file must be a YAML mapping of keys to values", line=1)
+    return data
+
+
+@dataclass(frozen=True)
+class Where:
+    """A place in a YAML file, used to build SpecErrors."""
+
+    path: str
+    mapping: PosDict
+    prefix: str = ""
+
+    def error(self, key: str | None, message: str, hint: str = "") -> SpecError:
+        """A SpecError at `key` of this mapping (or at the mapping itself)."""
+        line, column = self.mapping.positions.get(key, self.mapping.start) if key else self.mapping.start
+        label = f"{self.prefix}{key}: " if key else (f"{self.prefix.rstrip('.')}: " if self.prefix else "")
+        return SpecError(self.path, f"{label}{message}", hint, line, column)
+
+    def child(self, mapping: PosDict, prefix: str) -> Where:
+        return Where(self.path, mapping, prefix)
+
+
+def check_keys(where: Where, allowed: Mapping[str, object], required: tuple[str, ...] = ()) -> None:
+    """Reject unknown keys (with a "did you mean") and report missing required ones."""
+    for key in where.mapping:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
+            hint = f"did you mean '{close[0]}'?" if close else "known keys: " + ", ".join(sorted(allowed))
+            raise where.error(key, "unknown key", hint)
+    for key in required:
+        if key not in where.mapping:
+            raise where.error(None, f"missing required key '{key}'", f"add '{key}:' to the file")
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "nothing"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", PosDict: "a mapping", dict: "a mapping"}.get(type(value), type(value).__name__)
+
+
+def get_str(where: Where, key: str, default: str | None = None) -> str | None:
+    """A string value; numbers are accepted and turned into strings only where harmless."""
+    value = where.mapping.get(key, default)
+    if value is None or isinstance(value, str):
+        return value
+    raise where.error(key, f"expected a string, got {_type_name(value)} {value!r}")
+
+
+def get_int(where: Where, key: str, default: int | None = None, minimum: int | None = None) -> int | None:
+    """An integer value, optionally with a lower bound."""
+    value = where.mapping.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise where.error(key, f"expected an integer, got {_type_name(value)} {value!r}")
+    if minimum is not None and value < minimum:
+        raise where.error(key, f"must be at least {minimum}, got {value}")
+    return value
+
+
+def get_str_list(where: Where, key: str) -> tuple[str, ...]:
+    """A list of strings; scalars inside are turned into their string form (args: [--lr, 0.1])."""
+    value = where.mapping.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise where.error(key, f"expected a list, got {_type_name(value)} {value!r}")
+    out = []
+    for item in value:
+        if isinstance(item, (list, dict)) or item is None:
+            raise where.error(key, f"list items must be strings or numbers, got {_type_name(item)}")
+        out.append(_scalar_text(item))
+    return tuple(out)
+
+
+def get_env(where: Where, key: str) -> dict[str, str]:
+    """An environment mapping NAME: value; values are turned into strings."""
+    value = where.mapping.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise where.error(key, f"expected a mapping of NAME: value, got {_type_name(value)}")
+    env: dict[str, str] = {}
+    for name, item in value.items():
+        if not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise where.error(key, f"'{name}' is not a valid environment variable name")
+        if isinstance(item, (list, dict)) or item is None:
+            raise where.error(key, f"value of {name} must be a string or number")
+        env[name] = _scalar_text(item)
+    return env
+
+
+def get_mapping(where: Where, key: str) -> PosDict | None:
+    value = where.mapping.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, PosDict):
+        raise where.error(key, f"expected a mapping, got {_type_name(value)} {value!r}")
+    return value
+
+
+def _scalar_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+

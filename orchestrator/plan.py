@@ -1,0 +1,231 @@
+"""The launch plan: a pure function from (job, inventory, host facts) to commands.
+
+Nothing here touches a host. `orch submit --dry-run` prints a plan built with no
+facts at all, and the unit tests check ranks, master, argv and env directly.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from orchestrator.models.inventory import Host, Inventory
+from orchestrator.models.job import JobSpec
+
+SUPERVISOR_NAME = "orch_supervisor.py"
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+UNKNOWN_PORT = "<free port on master>"
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What a probe learned about a host; every field may be unknown."""
+
+    hostname: str = ""
+    python_version: str = ""
+    torch_version: str | None = None
+    iface: str | None = None  # the interface that routes to the master
+    local_addr: str | None = None  # this host's address on that route
+    free_port: int | None = None  # a port free on this host when probed
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """What runs on one host: its node rank, its global ranks and its exact command."""
+
+    host: Host
+    node_rank: int
+    nproc: int
+    first_rank: int
+    job_dir: str  # on the host; may start with ~
+    argv: tuple[str, ...]  # run from job_dir/code, no shell involved
+    env: dict[str, str] = field(hash=False)
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.nproc)
+
+    @property
+    def code_dir(self) -> str:
+        return f"{self.job_dir}/code"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything needed to start a job, and nothing that needs a host to compute."""
+
+    job_id: str
+    job: JobSpec
+    master_addr: str
+    master_port: int | None
+    nodes: tuple[NodeLaunch, ...]
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.nproc for n in self.nodes)
+
+    @property
+    def master(self) -> NodeLaunch:
+        return self.nodes[0]
+
+
+def select_hosts(job: JobSpec, inventory: Inventory) -> list[Host]:
+    """The hosts a job runs on, in node-rank order (the first is the master).
+
+    Raises:
+        SpecError: an unknown host or label, or more nodes than hosts.
+    """
+    if job.hosts:
+        chosen = []
+        for name in job.hosts:
+            host = inventory.by_name(name)
+            if host is None:
+                raise job.error("hosts", f"host '{name}' is not in inventory {inventory.path}",
+                                "known hosts: " + ", ".join(inventory.names()))
+            chosen.append(host)
+        candidates = chosen
+    else:
+        candidates = list(inventory.hosts)
+    if job.labels:
+        candidates = [h for h in candidates if set(job.labels) <= set(h.labels)]
+        if not candidates:
+            raise job.error("labels", f"no host in {inventory.path} has labels {list(job.labels)}",
+                            "fix the labels, or add them to hosts in the inventory")
+    wanted = job.nodes if job.nodes is not None else len(candidates)
+    if wanted > len(candidates):
+        with_labels = f" with labels {list(job.labels)}" if job.labels else ""
+        raise job.error("nodes", f"nodes={wanted} but inventory has {len(candidates)} hosts{with_labels}",
+                        f"lower nodes, or add hosts to {inventory.path}")
+    selected = candidates[:wanted]
+    local = [h.is_local for h in selected]
+    if any(local) and not all(local):
+        raise job.error("nodes", "a job cannot mix localhost and remote hosts: remote nodes could not reach it",
+                        "give the local machine its network address in the inventory")
+    return selected
+
+
+def static_master_addr(master: Host) -> str | None:
+    """The master's address for the other nodes, when it can be known without a probe."""
+    # None for a DNS name or ssh alias: the probe reports the address sshd saw.
+    return _static_addr(master)
+
+
+def node_count(job: JobSpec, host: Host) -> int:
+    """Processes to start on a host: the job's nproc_per_node, or the host's slots."""
+    nproc = job.nproc_per_node if job.nproc_per_node is not None else host.slots
+    if nproc > host.slots:
+        raise job.error("nproc_per_node", f"nproc_per_node={nproc} but host {host.name} has {host.slots} slots",
+                        "lower nproc_per_node, use 'auto', or raise slots in the inventory")
+    return nproc
+
+
+def build_plan(
+    job: JobSpec,
+    hosts: Sequence[Host],
+    job_id: str,
+    master_addr: str,
+    master_port: int | None,
+    facts: Mapping[str, HostFacts] | None = None,
+) -> LaunchPlan:
+    """Compute node ranks, global ranks and each host's torchrun command and env.
+
+    Args:
+        job: the validated job.
+        hosts: the selected hosts in node-rank order; hosts[0] is the master.
+        job_id: the job's id; tags every process of the job.
+        master_addr: the address every node reaches the master at.
+        master_port: the rendezvous port, None when not known yet (dry run).
+        facts: probe results by host name; missing facts leave defaults out.
+
+    Returns:
+        The LaunchPlan.
+    """
+    facts = facts or {}
+    names = ",".join(h.name for h in hosts)
+    nodes = []
+    first_rank = 0
+    for node_rank, host in enumerate(hosts):
+        nproc = node_count(job, host)
+        hf = facts.get(host.name, HostFacts())
+        local_addr = master_addr if node_rank == 0 else (hf.local_addr or _static_addr(host))
+        job_dir = f"{host.workdir.rstrip('/')}/jobs/{job_id}/{host.name}"
+        argv = _torchrun_argv(job, host, len(hosts), node_rank, nproc, master_addr, master_port, local_addr)
+        env = _node_env(job, host, hf, job_id, node_rank, len(hosts), names)
+        nodes.append(NodeLaunch(host, node_rank, nproc, first_rank, job_dir, argv, env))
+        first_rank += nproc
+    return LaunchPlan(job_id, job, master_addr, master_port, tuple(nodes))
+
+
+def _static_addr(host: Host) -> str | None:
+    """A host's address for its peers, when known without a probe."""
+    if host.is_local:
+        return "127.0.0.1"
+    try:
+        return str(ipaddress.ip_address(host.address))
+    except ValueError:
+        return None
+
+
+def _torchrun_argv(
+    job: JobSpec, host: Host, nnodes: int, node_rank: int, nproc: int,
+    master_addr: str, master_port: int | None, local_addr: str | None,
+) -> tuple[str, ...]:
+    argv = [
+        host.python, "-m", "torch.distributed.run",
+        "--nnodes", str(nnodes),
+        "--node-rank", str(node_rank),
+        "--nproc-per-node", str(nproc),
+        "--master-addr", master_addr,
+        "--master-port", str(master_port) if master_port is not None else UNKNOWN_PORT,
+        "--max-restarts", str(job.max_restarts),
+    ]
+    if local_addr:
+        # Without it torchrun hands workers its FQDN, which peers may not resolve.
+        argv += ["--local-addr", local_addr]
+    # Each rank starts through the supervisor's `rank` entry, which sends the rank's
+    # stdout and stderr to its own log file before it execs the user's code.
+    argv += [f"../{SUPERVISOR_NAME}", "rank", "../logs"]
+    argv += ["script", job.script] if job.script else ["module", str(job.module)]
+    argv += ["--", *job.args]
+    return tuple(argv)
+
+
+def _node_env(
+    job: JobSpec, host: Host, facts: HostFacts, job_id: str, node_rank: int, num_nodes: int, names: str,
+) -> dict[str, str]:
+    env = {**host.env, **job.env}
+    if facts.iface:
+        for var in IFNAME_VARS:
+            env.setdefault(var, facts.iface)
+    if host.gpus and host.gpus != tuple(range(len(host.gpus))):
+        env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, host.gpus)))
+    env.update(
+        ORCH_JOB_ID=job_id,
+        ORCH_NODE_RANK=str(node_rank),
+        ORCH_NUM_NODES=str(num_nodes),
+        ORCH_HOSTS=names,
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def describe(plan: LaunchPlan) -> list[str]:
+    """The plan as text: per host, its ranks, exact command and environment."""
+    port = plan.master_port if plan.master_port is not None else UNKNOWN_PORT
+    lines = [
+        f"job {plan.job_id}: {plan.job.entry} on {len(plan.nodes)} nodes, world size {plan.world_size}",
+        f"master {plan.master.host.name} at {plan.master_addr}:{port}",
+    ]
+    for node in plan.nodes:
+        ranks = f"r{node.first_rank}" if node.nproc == 1 else f"r{node.ranks.start}-r{node.ranks.stop - 1}"
+        lines.append("")
+        lines.append(f"[{node.host.name}] node rank {node.node_rank}, {node.nproc} processes ({ranks})")
+        lines.append(f"  cd {node.code_dir}")
+        for key in sorted(node.env):
+            lines.append(f"  {key}={shlex.quote(node.env[key])}")
+        if not any(v in node.env for v in IFNAME_VARS):
+            lines.append(f"  GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME=<interface routing to {plan.master_addr}>")
+        lines.append("  " + shlex.join(node.argv))
+    return lines

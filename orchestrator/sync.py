@@ -1,0 +1,117 @@
+"""Pushing the job's code to hosts.
+
+The workdir is packed once into a gzip tar stream, honouring `.gitignore` and
+`.orchignore` files (at any depth, deeper files winning, with negation) and the job's
+`exclude:` patterns. The same bytes go to every host in parallel, together with the
+supervisor script, over the host's existing connection: one command per host that
+unpacks and starts the node.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import pathspec
+
+from orchestrator.plan import SUPERVISOR_NAME
+
+IGNORE_FILES = (".gitignore", ".orchignore")
+ALWAYS_EXCLUDED = (".git/",)
+
+
+@dataclass(frozen=True)
+class _Rules:
+    """Ignore patterns of one directory level, relative to `base` (posix, '' = root)."""
+
+    base: str
+    spec: pathspec.GitIgnoreSpec
+
+    def verdict(self, rel: str) -> bool | None:
+        if self.base:
+            if not rel.startswith(self.base + "/"):
+                return None
+            rel = rel[len(self.base) + 1 :]
+        return self.spec.check_file(rel).include  # type: ignore[no-any-return]
+
+
+def _read_rules(directory: Path, base: str) -> _Rules | None:
+    lines: list[str] = []
+    for name in IGNORE_FILES:
+        try:
+            lines += (directory / name).read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+    return _Rules(base, pathspec.GitIgnoreSpec.from_lines(lines)) if lines else None
+
+
+def _ignored(rel: str, rules: Iterable[_Rules]) -> bool:
+    result = False
+    for rule in rules:  # root first: the deepest definite answer wins
+        verdict = rule.verdict(rel)
+        if verdict is not None:
+            result = verdict
+    return result
+
+
+def collect_files(root: Path, exclude: Iterable[str] = ()) -> list[str]:
+    """Relative posix paths of the files, symlinks and empty dirs to push, sorted.
+
+    Symlinks are kept as links and never followed, so nothing outside the tree is read.
+    """
+    rules = [_Rules("", pathspec.GitIgnoreSpec.from_lines([*ALWAYS_EXCLUDED, *exclude]))]
+    found: list[str] = []
+    stack: list[tuple[Path, str, list[_Rules]]] = [(root, "", rules)]
+    while stack:
+        directory, base, active = stack.pop()
+        own = _read_rules(directory, base)
+        active = [*active, own] if own else active
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError:
+            continue
+        if not entries and base:
+            found.append(base + "/")
+        for entry in entries:
+            rel = f"{base}/{entry.name}" if base else entry.name
+            if entry.is_dir(follow_symlinks=False):
+                if not _ignored(rel + "/", active):
+                    stack.append((Path(entry.path), rel, active))
+            elif not _ignored(rel, active):
+                found.append(rel)
+    return sorted(found)
+
+
+def supervisor_source() -> bytes:
+    """The node supervisor script that runs on every host."""
+    return resources.files("orchestrator.remote").joinpath("supervisor.py").read_bytes()
+
+
+def build_archive(root: Path, files: Iterable[str]) -> bytes:
+    """A gzip tar of the supervisor at the top and the workdir's files under code/."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+        _add_bytes(tar, SUPERVISOR_NAME, supervisor_source(), 0o755)
+        code_dir = tarfile.TarInfo("code")
+        code_dir.type, code_dir.mode = tarfile.DIRTYPE, 0o755
+        tar.addfile(code_dir)
+        for rel in files:
+            tar.add(root / rel.rstrip("/"), arcname=f"code/{rel.rstrip('/')}", recursive=False)
+    return buf.getvalue()
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), mode
+    tar.addfile(info, io.BytesIO(data))
+
+
+def pack_workdir(root: Path, exclude: Iterable[str] = ()) -> tuple[bytes, int]:
+    """The archive to push and the number of files in it."""
+    files = collect_files(root, exclude)
+    return build_archive(root, files), len(files)

@@ -1,0 +1,84 @@
+"""The Transport protocol: how orch runs commands on one host.
+
+Two implementations, chosen by the inventory (never monkeypatched): `SshTransport`
+for remote hosts, one SSH connection per host with a channel per command, and
+`LocalTransport` for localhost, which runs the same commands with /bin/sh.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """The outcome of one command on one host."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class RemoteProcess(Protocol):
+    """A command whose stdout is read line by line while it runs.
+
+    1. `lines()` yields stdout lines without their newline, until the command ends
+       or the connection drops.
+    2. `wait()` returns the exit code, or -1 when the connection was lost.
+    3. `close()` stops reading and releases the channel; the remote command may go on.
+    """
+
+    def lines(self) -> Iterator[str]: ...
+
+    def wait(self) -> int: ...
+
+    def stderr(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    """Runs commands on one host.
+
+    1. `connect()` reaches the host or raises HostError (exit 3) naming it.
+    2. `run()` runs a /bin/sh command line, with optional stdin bytes, and returns
+       its exit code and output; it never raises for a non-zero exit.
+    3. `stream()` starts a command and returns a RemoteProcess to follow its stdout.
+    4. Commands may run concurrently on one transport, from several threads.
+    5. `close()` releases the connection; it never raises.
+    """
+
+    name: str
+
+    def connect(self) -> None: ...
+
+    def run(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult: ...
+
+    def stream(self, command: str) -> RemoteProcess: ...
+
+    def close(self) -> None: ...
+
+
+def default_known_hosts() -> Path:
+    """known_hosts file orch checks host keys against ($ORCH_KNOWN_HOSTS overrides)."""
+    return Path(os.environ.get("ORCH_KNOWN_HOSTS") or Path.home() / ".ssh" / "known_hosts")
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    """How to open SSH connections; `notice` reports first-use host keys."""
+
+    known_hosts: Path = field(default_factory=default_known_hosts)
+    connect_timeout: float = CONNECT_TIMEOUT_S
+    keepalive_s: int = 5
+    notice: Callable[[str], None] = lambda message: None

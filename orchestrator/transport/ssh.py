@@ -1,0 +1,195 @@
+"""SshTransport: one SSH connection per host (fabric/paramiko), a channel per command.
+
+The only module of orch that imports fabric or paramiko. `~/.ssh/config` (User, Port,
+IdentityFile, ProxyJump) applies where the inventory is silent; fabric resolves it.
+
+Host keys are checked against known_hosts the way OpenSSH's `accept-new` does: an
+unknown host is accepted and recorded, with a notice; a changed key is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import paramiko
+from fabric import Config, Connection
+
+from orchestrator.models.errors import HostError
+from orchestrator.models.inventory import Host
+from orchestrator.transport.base import CommandResult, ConnectOptions
+
+log = logging.getLogger(__name__)
+_known_hosts_lock = threading.Lock()
+
+
+class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """Accept and record unknown host keys; paramiko itself refuses changed ones."""
+
+    def __init__(self, known_hosts: Path, options: ConnectOptions) -> None:
+        self.known_hosts = known_hosts
+        self.options = options
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        with _known_hosts_lock:
+            self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with self.known_hosts.open("a") as f:
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        self.options.notice(
+            f"added host key for {hostname} ({key.get_name()} SHA256:{key.fingerprint.split(':', 1)[-1]}) "
+            f"to {self.known_hosts}"
+        )
+
+
+class SshProcess:
+    """A command on an SSH channel, followed line by line (RemoteProcess)."""
+
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self._channel = channel
+        self._stdout = channel.makefile("rb")
+
+    def lines(self) -> Iterator[str]:
+        try:
+            for raw in self._stdout:
+                yield raw.decode("utf-8", "replace").rstrip("\n")
+        except (OSError, EOFError, paramiko.SSHException):
+            return  # the connection dropped; wait() says -1
+
+    def wait(self) -> int:
+        if self._channel.closed and not self._channel.exit_status_ready():
+            return -1
+        try:
+            return self._channel.recv_exit_status()
+        except (OSError, paramiko.SSHException):
+            return -1
+
+    def stderr(self) -> str:
+        try:
+            return self._channel.makefile_stderr("rb").read().decode("utf-8", "replace")
+        except (OSError, paramiko.SSHException):
+            return ""
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class SshTransport:
+    """Runs commands on a remote host over a single SSH connection."""
+
+    def __init__(self, host: Host, options: ConnectOptions) -> None:
+        self.name = host.name
+        self.host = host
+        self.options = options
+        key_files = [str(Path(host.identity_file).expanduser())] if host.identity_file else []
+        self._conn = Connection(
+            host.address,
+            user=host.user,
+            port=host.port,
+            connect_timeout=int(options.connect_timeout),
+            connect_kwargs={
+                "key_filename": key_files,
+                "banner_timeout": options.connect_timeout,
+                "auth_timeout": options.connect_timeout,
+            },
+            config=Config(),
+        )
+        self._target = f"{self._conn.user}@{host.address}" + (f":{self._conn.port}" if self._conn.port != 22 else "")
+
+    def connect(self) -> None:
+        """Open the connection, mapping every way it can fail to a HostError that names the host."""
+        known = self.options.known_hosts
+        for conn in _hops(self._conn):
+            conn.client.set_missing_host_key_policy(AcceptNewPolicy(known, self.options))
+            if known.exists():
+                conn.client.load_system_host_keys(str(known))
+        try:
+            self._conn.open()
+        except paramiko.BadHostKeyException as exc:
+            raise HostError(
+                self.name,
+                f"WARNING: the host key of {exc.hostname} has CHANGED: expected "
+                f"{exc.expected_key.get_name()} SHA256:{exc.expected_key.fingerprint.split(':', 1)[-1]}, "
+                f"got SHA256:{exc.key.fingerprint.split(':', 1)[-1]}; someone may be intercepting "
+                "the connection, or the host was reinstalled",
+                f"if the host was reinstalled, remove its old key: ssh-keygen -R {self.host.address} -f {known}",
+            ) from None
+        except paramiko.AuthenticationException:
+            ident = f" -i {self.host.identity_file}" if self.host.identity_file else ""
+            raise HostError(
+                self.name,
+                f"authentication refused for {self._target}",
+                f"install your public key on the host: ssh-copy-id{ident} {self._target.rsplit(':', 1)[0]}",
+            ) from None
+        except paramiko.ssh_exception.NoValidConnectionsError:
+            raise HostError(self.name, f"connection refused by {self._target}",
+                            "is sshd running there, and is the port right?") from None
+        except (TimeoutError, socket.timeout):
+            raise HostError(self.name, f"no answer from {self._target} within {self.options.connect_timeout:.0f} s",
+                            "check that the host is up and reachable from this machine") from None
+        except socket.gaierror:
+            raise HostError(self.name, f"cannot resolve address '{self.host.address}'",
+                            "fix the address in the inventory or ~/.ssh/config") from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise HostError(self.name, f"cannot connect to {self._target}: {exc}",
+                            "check the address, the network route and sshd on the host") from None
+        transport = self._conn.client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(self.options.keepalive_s)
+
+    def _channel(self) -> paramiko.Channel:
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise HostError(self.name, f"lost the SSH connection to {self._target}",
+                            "check that the host is up and reachable from this machine")
+        try:
+            return transport.open_session(timeout=self.options.connect_timeout)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostError(self.name, f"cannot open an SSH channel to {self._target}: {exc}",
+                            "raise MaxSessions in the host's sshd_config") from None
+
+    def run(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+        channel = self._channel()
+        try:
+            channel.settimeout(timeout)
+            channel.exec_command(command)
+            if stdin:
+                channel.sendall(stdin)
+            channel.shutdown_write()
+            stdout = channel.makefile("rb").read()
+            stderr = channel.makefile_stderr("rb").read()
+            code = channel.recv_exit_status()
+        except (TimeoutError, socket.timeout):
+            raise HostError(self.name, f"command timed out after {timeout} s: {command}") from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise HostError(self.name, f"lost the SSH connection to {self._target}: {exc}",
+                            "check that the host is up and reachable from this machine") from None
+        finally:
+            channel.close()
+        return CommandResult(code, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace"))
+
+    def stream(self, command: str) -> SshProcess:
+        channel = self._channel()
+        try:
+            channel.exec_command(command)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            channel.close()
+            raise HostError(self.name, f"lost the SSH connection to {self._target}: {exc}") from None
+        return SshProcess(channel)
+
+    def close(self) -> None:
+        try:
+            self._conn.close()
+        except Exception:  # closing must never hide the error that led here
+            log.debug("closing %s failed", self.name, exc_info=True)
+
+
+def _hops(conn: Any) -> Iterator[Any]:
+    """The connection and its ProxyJump gateways, which need the same host-key policy."""
+    while isinstance(conn, Connection):
+        yield conn
+        conn = conn.gateway
