@@ -16,7 +16,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from orchestrator import service
-from orchestrator.models.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, InputError, OrchError
+from orchestrator.models.errors import EXIT_INTERRUPTED, InputError, OrchError
 from orchestrator.plan import describe
 
 app = typer.Typer(
@@ -28,7 +28,10 @@ app = typer.Typer(
 )
 
 InventoryOpt = Annotated[
-    Path | None, typer.Option("-i", "--inventory", help="Inventory file (else $ORCH_INVENTORY, the job's, localhost).")
+    Path | None,
+    typer.Option(
+        "-i", "--inventory", help="Inventory file (else $ORCH_INVENTORY, the job's, localhost)."
+    ),
 ]
 
 
@@ -58,10 +61,14 @@ class ConsoleReporter:
 
 @app.callback()
 def _root(
-    verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, help="More diagnostics on stderr.")] = 0,
+    verbose: Annotated[
+        int, typer.Option("-v", "--verbose", count=True, help="More diagnostics on stderr.")
+    ] = 0,
 ) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
     if verbose < 2:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
@@ -70,8 +77,12 @@ def _root(
 def submit(
     job: Annotated[Path, typer.Argument(help="Job file (YAML).")],
     inventory: InventoryOpt = None,
-    detach: Annotated[bool, typer.Option("-d", "--detach", help="Return once every node has started.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print each host's command; touch no host.")] = False,
+    detach: Annotated[
+        bool, typer.Option("-d", "--detach", help="Return once every node has started.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print each host's command; touch no host.")
+    ] = False,
 ) -> None:
     """Run a job on its hosts and stream every rank's output."""
     sub = service.prepare(job, inventory)
@@ -84,8 +95,10 @@ def submit(
 
 
 def _not_yet(command: str) -> NoReturn:
-    raise InputError(f"'orch {command}' is not available in this version yet",
-                     "follow a job with an attached 'orch submit' for now")
+    raise InputError(
+        f"'orch {command}' is not available in this version yet",
+        "follow a job with an attached 'orch submit' for now",
+    )
 
 
 @app.command()
@@ -116,29 +129,25 @@ def kill(
 
 
 @app.command()
-def check(job: Annotated[Path | None, typer.Argument()] = None, inventory: InventoryOpt = None) -> None:
+def check(
+    job: Annotated[Path | None, typer.Argument()] = None, inventory: InventoryOpt = None
+) -> None:
     """Find misconfigurations that make multi-node jobs hang."""
     _not_yet("check")
 
 
 def main() -> NoReturn:
-    """Entry point: run the app; map errors to `error:`/`hint:` lines and exit codes."""
+    """Entry point: run the app; map errors to `error:`/`hint:` lines and exit codes.
+
+    typer itself turns usage errors into exit 2 and Ctrl-C into exit 130.
+    """
     try:
-        app(standalone_mode=False)
+        app()
     except OrchError as exc:
         _fail(exc.message, exc.hint, exc.exit_code)
     except KeyboardInterrupt:
         _fail("interrupted", "", EXIT_INTERRUPTED)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # click's usage errors, and anything unforeseen: never a traceback
-        import click
-
-        if isinstance(exc, click.exceptions.Abort):
-            _fail("interrupted", "", EXIT_INTERRUPTED)
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(EXIT_BAD_INPUT if isinstance(exc, click.UsageError) else exc.exit_code)
+    except Exception as exc:  # anything unforeseen: still never a traceback
         logging.getLogger(__name__).debug("unexpected error", exc_info=True)
         _fail(f"internal error: {exc!r}", "run again with -vv and report the output", 1)
     sys.exit(0)

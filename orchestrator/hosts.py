@@ -44,7 +44,9 @@ class HostGroup:
         self.transports = transports
         self.each(lambda _host, t: t.connect())
 
-    def each(self, operation: Callable[[Host, Transport], T], only: Iterable[str] | None = None) -> dict[str, T]:
+    def each(
+        self, operation: Callable[[Host, Transport], T], only: Iterable[str] | None = None
+    ) -> dict[str, T]:
         """Run `operation` on every host (or the named ones) in parallel.
 
         Returns:

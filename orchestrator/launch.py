@@ -44,19 +44,30 @@ def probe(host: Host, transport: Transport, master: str | None) -> ProbeResult:
     command = f"{sh_path(host.python)} - probe" + (f" {shlex.quote(master)}" if master else "")
     result = transport.run(command, stdin=supervisor_source(), timeout=PROBE_TIMEOUT_S)
     if result.exit_code in SHELL_NOT_FOUND:
-        raise HostError(host.name, f"python not found at {host.python}",
-                        f"set 'python:' for {host.name} in the inventory to an interpreter that has torch")
+        raise HostError(
+            host.name,
+            f"python not found at {host.python}",
+            f"set 'python:' for {host.name} in the inventory to an interpreter that has torch",
+        )
     if not result.ok:
-        raise RemoteCommandError(host.name, command, result.exit_code, result.stderr,
-                                 f"check that {host.python} is a working Python 3 on {host.name}")
+        raise RemoteCommandError(
+            host.name,
+            command,
+            result.exit_code,
+            result.stderr,
+            f"check that {host.python} is a working Python 3 on {host.name}",
+        )
     try:
         data: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise HostError(host.name, f"unreadable probe output: {result.stdout[-200:]!r}") from None
     if not data.get("torch"):
-        raise HostError(host.name, f"torch is not installed for {host.python}",
-                        f"install torch there ({host.python} -m pip install torch), "
-                        f"or point 'python:' for {host.name} at an interpreter that has it")
+        raise HostError(
+            host.name,
+            f"torch is not installed for {host.python}",
+            f"install torch there ({host.python} -m pip install torch), "
+            f"or point 'python:' for {host.name} at an interpreter that has it",
+        )
     facts = HostFacts(
         hostname=str(data.get("hostname", "")),
         python_version=str(data.get("python", "")),
@@ -74,8 +85,13 @@ def push(node: NodeLaunch, transport: Transport, archive: bytes) -> None:
     command = f"mkdir -p {job_dir} && cd {job_dir} && tar -xzf -"
     result = transport.run(command, stdin=archive, timeout=PUSH_TIMEOUT_S)
     if not result.ok:
-        raise RemoteCommandError(node.host.name, command, result.exit_code, result.stderr,
-                                 f"check free disk space and permissions of {node.host.workdir}")
+        raise RemoteCommandError(
+            node.host.name,
+            command,
+            result.exit_code,
+            result.stderr,
+            f"check free disk space and permissions of {node.host.workdir}",
+        )
 
 
 def _supervisor(node: NodeLaunch, *args: str) -> str:
@@ -95,8 +111,12 @@ def start(node: NodeLaunch, transport: Transport) -> dict[str, Any]:
     command = _supervisor(node, "start", ".", spec)
     result = transport.run(command, timeout=PROBE_TIMEOUT_S)
     if not result.ok:
-        raise RemoteCommandError(node.host.name, f"{SUPERVISOR_NAME} start", result.exit_code,
-                                 result.stdout + result.stderr)
+        raise RemoteCommandError(
+            node.host.name,
+            f"{SUPERVISOR_NAME} start",
+            result.exit_code,
+            result.stdout + result.stderr,
+        )
     started: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     log.debug("[job=%s host=%s] started %s", node.env.get("ORCH_JOB_ID"), node.host.name, started)
     return started
@@ -112,6 +132,8 @@ def kill(node: NodeLaunch, transport: Transport, grace_s: float = KILL_GRACE_S) 
     command = _supervisor(node, "kill", ".", str(grace_s))
     result = transport.run(command, timeout=grace_s + 30)
     if not result.ok:
-        raise RemoteCommandError(node.host.name, f"{SUPERVISOR_NAME} kill", result.exit_code, result.stderr)
+        raise RemoteCommandError(
+            node.host.name, f"{SUPERVISOR_NAME} kill", result.exit_code, result.stderr
+        )
     report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return report

@@ -82,8 +82,11 @@ def select_hosts(job: JobSpec, inventory: Inventory) -> list[Host]:
         for name in job.hosts:
             host = inventory.by_name(name)
             if host is None:
-                raise job.error("hosts", f"host '{name}' is not in inventory {inventory.path}",
-                                "known hosts: " + ", ".join(inventory.names()))
+                raise job.error(
+                    "hosts",
+                    f"host '{name}' is not in inventory {inventory.path}",
+                    "known hosts: " + ", ".join(inventory.names()),
+                )
             chosen.append(host)
         candidates = chosen
     else:
@@ -91,18 +94,27 @@ def select_hosts(job: JobSpec, inventory: Inventory) -> list[Host]:
     if job.labels:
         candidates = [h for h in candidates if set(job.labels) <= set(h.labels)]
         if not candidates:
-            raise job.error("labels", f"no host in {inventory.path} has labels {list(job.labels)}",
-                            "fix the labels, or add them to hosts in the inventory")
+            raise job.error(
+                "labels",
+                f"no host in {inventory.path} has labels {list(job.labels)}",
+                "fix the labels, or add them to hosts in the inventory",
+            )
     wanted = job.nodes if job.nodes is not None else len(candidates)
     if wanted > len(candidates):
         with_labels = f" with labels {list(job.labels)}" if job.labels else ""
-        raise job.error("nodes", f"nodes={wanted} but inventory has {len(candidates)} hosts{with_labels}",
-                        f"lower nodes, or add hosts to {inventory.path}")
+        raise job.error(
+            "nodes",
+            f"nodes={wanted} but inventory has {len(candidates)} hosts{with_labels}",
+            f"lower nodes, or add hosts to {inventory.path}",
+        )
     selected = candidates[:wanted]
     local = [h.is_local for h in selected]
     if any(local) and not all(local):
-        raise job.error("nodes", "a job cannot mix localhost and remote hosts: remote nodes could not reach it",
-                        "give the local machine its network address in the inventory")
+        raise job.error(
+            "nodes",
+            "a job cannot mix localhost and remote hosts: remote nodes could not reach it",
+            "give the local machine its network address in the inventory",
+        )
     return selected
 
 
@@ -116,8 +128,11 @@ def node_count(job: JobSpec, host: Host) -> int:
     """Processes to start on a host: the job's nproc_per_node, or the host's slots."""
     nproc = job.nproc_per_node if job.nproc_per_node is not None else host.slots
     if nproc > host.slots:
-        raise job.error("nproc_per_node", f"nproc_per_node={nproc} but host {host.name} has {host.slots} slots",
-                        "lower nproc_per_node, use 'auto', or raise slots in the inventory")
+        raise job.error(
+            "nproc_per_node",
+            f"nproc_per_node={nproc} but host {host.name} has {host.slots} slots",
+            "lower nproc_per_node, use 'auto', or raise slots in the inventory",
+        )
     return nproc
 
 
@@ -151,7 +166,9 @@ def build_plan(
         hf = facts.get(host.name, HostFacts())
         local_addr = master_addr if node_rank == 0 else (hf.local_addr or _static_addr(host))
         job_dir = f"{host.workdir.rstrip('/')}/jobs/{job_id}/{host.name}"
-        argv = _torchrun_argv(job, host, len(hosts), node_rank, nproc, master_addr, master_port, local_addr)
+        argv = _torchrun_argv(
+            job, host, len(hosts), node_rank, nproc, master_addr, master_port, local_addr
+        )
         env = _node_env(job, host, hf, job_id, node_rank, len(hosts), names)
         nodes.append(NodeLaunch(host, node_rank, nproc, first_rank, job_dir, argv, env))
         first_rank += nproc
@@ -169,17 +186,31 @@ def _static_addr(host: Host) -> str | None:
 
 
 def _torchrun_argv(
-    job: JobSpec, host: Host, nnodes: int, node_rank: int, nproc: int,
-    master_addr: str, master_port: int | None, local_addr: str | None,
+    job: JobSpec,
+    host: Host,
+    nnodes: int,
+    node_rank: int,
+    nproc: int,
+    master_addr: str,
+    master_port: int | None,
+    local_addr: str | None,
 ) -> tuple[str, ...]:
     argv = [
-        host.python, "-m", "torch.distributed.run",
-        "--nnodes", str(nnodes),
-        "--node-rank", str(node_rank),
-        "--nproc-per-node", str(nproc),
-        "--master-addr", master_addr,
-        "--master-port", str(master_port) if master_port is not None else UNKNOWN_PORT,
-        "--max-restarts", str(job.max_restarts),
+        host.python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nnodes),
+        "--node-rank",
+        str(node_rank),
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        master_addr,
+        "--master-port",
+        str(master_port) if master_port is not None else UNKNOWN_PORT,
+        "--max-restarts",
+        str(job.max_restarts),
     ]
     if local_addr:
         # Without it torchrun hands workers its FQDN, which peers may not resolve.
@@ -193,7 +224,13 @@ def _torchrun_argv(
 
 
 def _node_env(
-    job: JobSpec, host: Host, facts: HostFacts, job_id: str, node_rank: int, num_nodes: int, names: str,
+    job: JobSpec,
+    host: Host,
+    facts: HostFacts,
+    job_id: str,
+    node_rank: int,
+    num_nodes: int,
+    names: str,
 ) -> dict[str, str]:
     env = {**host.env, **job.env}
     if facts.iface:
@@ -219,13 +256,21 @@ def describe(plan: LaunchPlan) -> list[str]:
         f"master {plan.master.host.name} at {plan.master_addr}:{port}",
     ]
     for node in plan.nodes:
-        ranks = f"r{node.first_rank}" if node.nproc == 1 else f"r{node.ranks.start}-r{node.ranks.stop - 1}"
+        ranks = (
+            f"r{node.first_rank}"
+            if node.nproc == 1
+            else f"r{node.ranks.start}-r{node.ranks.stop - 1}"
+        )
         lines.append("")
-        lines.append(f"[{node.host.name}] node rank {node.node_rank}, {node.nproc} processes ({ranks})")
+        lines.append(
+            f"[{node.host.name}] node rank {node.node_rank}, {node.nproc} processes ({ranks})"
+        )
         lines.append(f"  cd {node.code_dir}")
         for key in sorted(node.env):
             lines.append(f"  {key}={shlex.quote(node.env[key])}")
         if not any(v in node.env for v in IFNAME_VARS):
-            lines.append(f"  GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME=<interface routing to {plan.master_addr}>")
+            lines.append(
+                f"  GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME=<interface routing to {plan.master_addr}>"
+            )
         lines.append("  " + shlex.join(node.argv))
     return lines

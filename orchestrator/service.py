@@ -23,7 +23,7 @@ from orchestrator.models.inventory import Host, Inventory, builtin_local_invento
 from orchestrator.models.job import JobSpec, load_job
 from orchestrator.plan import LaunchPlan, build_plan, select_hosts, static_master_addr
 from orchestrator.sync import pack_workdir
-from orchestrator.transport import ConnectOptions
+from orchestrator.transport import ConnectOptions, Transport
 from orchestrator.watch import LineEvent, NodeExit, Watcher
 
 log = logging.getLogger(__name__)
@@ -105,14 +105,21 @@ def submit(sub: Submission, reporter: Reporter, detach: bool = False) -> int:
         log.info("pushing %d files (%d kB) to %d hosts", nfiles, len(archive) // 1024, len(nodes))
         group.each(lambda host, t: launch.push(nodes[host.name], t, archive))
         started: list[str] = []
+
+        def start(host: Host, transport: Transport) -> None:
+            launch.start(nodes[host.name], transport)
+            started.append(host.name)
+
         try:
-            group.each(lambda host, t: (launch.start(nodes[host.name], t), started.append(host.name)))
+            group.each(start)
         except OrchError:
             _teardown(plan, group, started, reporter)
             raise
         except KeyboardInterrupt:
             _teardown(plan, group, started, reporter)
-            raise Interrupted("interrupted while starting the job; stopped it on every host") from None
+            raise Interrupted(
+                "interrupted while starting the job; stopped it on every host"
+            ) from None
         if detach:
             return 0
         return _watch(plan, group, reporter)
@@ -125,19 +132,29 @@ def _plan_with_facts(sub: Submission, group: HostGroup) -> LaunchPlan:
         # A DNS name or ssh alias: use the address the master's sshd was reached at.
         first = group.each(lambda h, t: launch.probe(h, t, None), only=[master.name])[master.name]
         if not first.ssh_addr:
-            raise HostError(master.name, f"cannot tell which address other hosts reach {master.address} at",
-                            "give the master host its IP address in the inventory")
+            raise HostError(
+                master.name,
+                f"cannot tell which address other hosts reach {master.address} at",
+                "give the master host its IP address in the inventory",
+            )
         master_addr = first.ssh_addr
     probes = group.each(lambda h, t: launch.probe(h, t, master_addr))
     port = sub.job.rendezvous_port or probes[master.name].facts.free_port
     if port is None:
-        raise InfraError(f"no free port found on the master {master.name}", "pin one with rendezvous: {port: N}")
+        raise InfraError(
+            f"no free port found on the master {master.name}", "pin one with rendezvous: {port: N}"
+        )
     facts = {name: p.facts for name, p in probes.items()}
     return build_plan(sub.job, sub.hosts, sub.job_id, master_addr, port, facts)
 
 
-def _teardown(plan: LaunchPlan, group: HostGroup, names: Sequence[str], reporter: Reporter,
-              grace_s: float = launch.KILL_GRACE_S) -> None:
+def _teardown(
+    plan: LaunchPlan,
+    group: HostGroup,
+    names: Sequence[str],
+    reporter: Reporter,
+    grace_s: float = launch.KILL_GRACE_S,
+) -> None:
     """Stop the job on the named hosts; report, never raise (an error is already on its way)."""
     if not names:
         return
@@ -157,7 +174,9 @@ def _watch(plan: LaunchPlan, group: HostGroup, reporter: Reporter) -> int:
     try:
         for event in watcher.events():
             if isinstance(event, LineEvent):
-                tails.setdefault((event.host, event.rank), deque(maxlen=TAIL_LINES)).append(event.text)
+                tails.setdefault((event.host, event.rank), deque(maxlen=TAIL_LINES)).append(
+                    event.text
+                )
                 reporter.line(event.host, event.rank, event.text)
                 continue
             exited.add(event.host)
@@ -165,11 +184,17 @@ def _watch(plan: LaunchPlan, group: HostGroup, reporter: Reporter) -> int:
                 continue
             first_failure = event
             others = [n.host.name for n in plan.nodes if n.host.name not in exited]
-            reporter.notice(f"{_describe_exit(event)}: stopping the job on {len(others)} other node(s)")
-            killer = threading.Thread(target=_teardown, args=(plan, group, others, reporter), daemon=True)
+            reporter.notice(
+                f"{_describe_exit(event)}: stopping the job on {len(others)} other node(s)"
+            )
+            killer = threading.Thread(
+                target=_teardown, args=(plan, group, others, reporter), daemon=True
+            )
             killer.start()
     except KeyboardInterrupt:
-        reporter.notice("interrupted: stopping the job on every host (Ctrl-C again to skip the grace period)")
+        reporter.notice(
+            "interrupted: stopping the job on every host (Ctrl-C again to skip the grace period)"
+        )
         try:
             _teardown(plan, group, [n.host.name for n in plan.nodes], reporter)
         except KeyboardInterrupt:
@@ -192,8 +217,9 @@ def _describe_exit(event: NodeExit) -> str:
     return f"node {event.host} exited with code {event.returncode}"
 
 
-def _failure_summary(plan: LaunchPlan, failure: NodeExit,
-                     tails: dict[tuple[str, int | None], deque[str]]) -> str:
+def _failure_summary(
+    plan: LaunchPlan, failure: NodeExit, tails: dict[tuple[str, int | None], deque[str]]
+) -> str:
     node = next(n for n in plan.nodes if n.host.name == failure.host)
     lines = [f"job {plan.job_id} failed: {_describe_exit(failure)} (node rank {node.node_rank})"]
     # The rank whose output ends with a traceback is the one that failed first.

@@ -37,7 +37,8 @@ class _Rules:
             if not rel.startswith(self.base + "/"):
                 return None
             rel = rel[len(self.base) + 1 :]
-        return self.spec.check_file(rel).include  # type: ignore[no-any-return]
+        verdict: bool | None = self.spec.check_file(rel).include
+        return verdict
 
 
 def _read_rules(directory: Path, base: str) -> _Rules | None:

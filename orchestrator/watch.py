@@ -61,7 +61,9 @@ class Watcher:
         self._lock = threading.Lock()
         self._closed = False
         self._threads = [
-            threading.Thread(target=self._follow, args=(node,), name=f"follow-{node.host.name}", daemon=True)
+            threading.Thread(
+                target=self._follow, args=(node,), name=f"follow-{node.host.name}", daemon=True
+            )
             for node in plan.nodes
         ]
         for thread in self._threads:
@@ -89,11 +91,20 @@ class Watcher:
                 rank = int(stream) if isinstance(stream, str) and stream.isdigit() else None
                 self._queue.put(LineEvent(name, rank, str(record.get("t", ""))))
             elif record.get("k") == "exit":
-                self._queue.put(NodeExit(name, node.node_rank, record.get("returncode"),
-                                         bool(record.get("killed")), record.get("error")))
+                self._queue.put(
+                    NodeExit(
+                        name,
+                        node.node_rank,
+                        record.get("returncode"),
+                        bool(record.get("killed")),
+                        record.get("error"),
+                    )
+                )
                 return
         if not self._closed:
-            self._queue.put(NodeExit(name, node.node_rank, None, error="lost the connection while following"))
+            self._queue.put(
+                NodeExit(name, node.node_rank, None, error="lost the connection while following")
+            )
 
     def events(self) -> Iterator[Event]:
         """Every event, until all nodes exited. Short waits keep Ctrl-C responsive."""

@@ -37,9 +37,16 @@ class SpecError(InputError):
     """A YAML file does not match its schema; names file, line and key."""
 
     def __init__(
-        self, path: str, message: str, hint: str = "", line: int | None = None, column: int | None = None
+        self,
+        path: str,
+        message: str,
+        hint: str = "",
+        line: int | None = None,
+        column: int | None = None,
     ) -> None:
-        where = path if line is None else f"{path}:{line}" + ("" if column is None else f":{column}")
+        where = (
+            path if line is None else f"{path}:{line}" + ("" if column is None else f":{column}")
+        )
         super().__init__(f"{where}: {message}", hint)
         self.path = path
         self.line = line
@@ -63,7 +70,9 @@ class HostError(InfraError):
 class RemoteCommandError(HostError):
     """A command on a host exited non-zero; shows the command, code and stderr tail."""
 
-    def __init__(self, host: str, command: str, exit_code: int, stderr: str, hint: str = "") -> None:
+    def __init__(
+        self, host: str, command: str, exit_code: int, stderr: str, hint: str = ""
+    ) -> None:
         tail = "\n".join(stderr.strip().splitlines()[-8:])
         message = f"command exited with {exit_code}: {command}"
         if tail:

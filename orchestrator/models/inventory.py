@@ -102,7 +102,11 @@ def load_inventory(path: Path, local_python: str | None = None) -> Inventory:
     check_keys(dwhere, _DEFAULT_KEYS)
     raw_hosts = top.mapping["hosts"]
     if not isinstance(raw_hosts, list) or not raw_hosts:
-        raise top.error("hosts", "expected a non-empty list of hosts", "add entries like '- {name: node1, address: 10.0.0.1}'")
+        raise top.error(
+            "hosts",
+            "expected a non-empty list of hosts",
+            "add entries like '- {name: node1, address: 10.0.0.1}'",
+        )
     hosts: list[Host] = []
     seen: dict[str, int] = {}
     for index, raw in enumerate(raw_hosts):
@@ -134,7 +138,9 @@ def _load_host(where: Where, defaults: Where, local_python: str) -> Host:
     address = get_str(where, "address")
     assert name is not None and address is not None  # required keys, checked above
     if not name or any(c.isspace() or c in "[]/" for c in name):
-        raise where.error("name", f"invalid host name {name!r}", "use letters, digits, '-', '_' and '.'")
+        raise where.error(
+            "name", f"invalid host name {name!r}", "use letters, digits, '-', '_' and '.'"
+        )
     if not address:
         raise where.error("address", "empty address")
     is_local = address in LOCAL_ADDRESSES
@@ -169,7 +175,9 @@ def _load_gpus(where: Where) -> tuple[int, ...]:
         if value < 0:
             raise where.error("gpus", f"must be at least 0, got {value}")
         return tuple(range(value))
-    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
+    if isinstance(value, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value
+    ):
         if len(set(value)) != len(value):
             raise where.error("gpus", "GPU indices must be unique")
         return tuple(value)

@@ -21,9 +21,20 @@ from orchestrator.models.schema import (
 AUTO = "auto"
 
 _JOB_KEYS = {
-    "name": None, "workdir": None, "script": None, "module": None, "args": None,
-    "nodes": None, "hosts": None, "labels": None, "nproc_per_node": None, "env": None,
-    "setup": None, "rendezvous": None, "max_restarts": None, "inventory": None,
+    "name": None,
+    "workdir": None,
+    "script": None,
+    "module": None,
+    "args": None,
+    "nodes": None,
+    "hosts": None,
+    "labels": None,
+    "nproc_per_node": None,
+    "env": None,
+    "setup": None,
+    "rendezvous": None,
+    "max_restarts": None,
+    "inventory": None,
     "exclude": None,
 }
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -82,26 +93,36 @@ def load_job(path: Path) -> JobSpec:
 
     name = get_str(where, "name") or path.stem
     if not _NAME_RE.match(name):
-        raise where.error("name", f"invalid job name {name!r}", "use letters, digits, '.', '_' and '-'")
+        raise where.error(
+            "name", f"invalid job name {name!r}", "use letters, digits, '.', '_' and '-'"
+        )
 
     script, module = get_str(where, "script"), get_str(where, "module")
     if bool(script) == bool(module):
         raise where.error(
             "script" if script else None,
-            "give exactly one of 'script' or 'module'" if script else "missing required key 'script' (or 'module')",
+            "give exactly one of 'script' or 'module'"
+            if script
+            else "missing required key 'script' (or 'module')",
             "add 'script: train.py' (a file in the workdir) or 'module: pkg.train'",
         )
 
     workdir = (base / (get_str(where, "workdir") or ".")).resolve()
     if not workdir.is_dir():
-        raise where.error("workdir", f"workdir {workdir} is not a directory", "point workdir at the code to push")
+        raise where.error(
+            "workdir", f"workdir {workdir} is not a directory", "point workdir at the code to push"
+        )
     if script:
         _check_script(where, workdir, script)
 
     nodes = get_int(where, "nodes", minimum=1)
     hosts = get_str_list(where, "hosts")
     if nodes is not None and hosts and nodes != len(hosts):
-        raise where.error("nodes", f"nodes={nodes} but {len(hosts)} hosts are listed", "drop 'nodes' or make them agree")
+        raise where.error(
+            "nodes",
+            f"nodes={nodes} but {len(hosts)} hosts are listed",
+            "drop 'nodes' or make them agree",
+        )
     if len(set(hosts)) != len(hosts):
         raise where.error("hosts", "a host is listed twice")
 
@@ -112,7 +133,9 @@ def load_job(path: Path) -> JobSpec:
         check_keys(rwhere, {"port": None})
         port = get_int(rwhere, "port", minimum=1)
         if port is not None and port > 65535:
-            raise rwhere.error("port", f"port {port} is out of range", "use a port between 1024 and 65535")
+            raise rwhere.error(
+                "port", f"port {port} is out of range", "use a port between 1024 and 65535"
+            )
 
     inventory = get_str(where, "inventory")
     return JobSpec(
@@ -139,11 +162,17 @@ def load_job(path: Path) -> JobSpec:
 def _check_script(where: Where, workdir: Path, script: str) -> None:
     candidate = (workdir / script).resolve()
     if not candidate.is_relative_to(workdir):
-        raise where.error("script", f"script {script} is outside the workdir {workdir}",
-                          "only the workdir is pushed: move the script into it")
+        raise where.error(
+            "script",
+            f"script {script} is outside the workdir {workdir}",
+            "only the workdir is pushed: move the script into it",
+        )
     if not candidate.is_file():
-        raise where.error("script", f"script {script} not found in workdir {workdir}",
-                          "give the script's path relative to the workdir")
+        raise where.error(
+            "script",
+            f"script {script} not found in workdir {workdir}",
+            "give the script's path relative to the workdir",
+        )
 
 
 def _load_nproc(where: Where) -> int | None:

@@ -68,11 +68,13 @@ def load_yaml(path: Path, kind: str) -> PosDict:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError(shown, f"{kind} file not found", f"check the path of the {kind} file") from None
+        raise SpecError(
+            shown, f"{kind} file not found", f"check the path of the {kind} file"
+        ) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise SpecError(shown, f"cannot read {kind} file: {exc}") from None
     try:
-        data = yaml.load(text, Loader=_PosLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_PosLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "invalid YAML"
@@ -97,8 +99,14 @@ class Where:
 
     def error(self, key: str | None, message: str, hint: str = "") -> SpecError:
         """A SpecError at `key` of this mapping (or at the mapping itself)."""
-        line, column = self.mapping.positions.get(key, self.mapping.start) if key else self.mapping.start
-        label = f"{self.prefix}{key}: " if key else (f"{self.prefix.rstrip('.')}: " if self.prefix else "")
+        line, column = (
+            self.mapping.positions.get(key, self.mapping.start) if key else self.mapping.start
+        )
+        label = (
+            f"{self.prefix}{key}: "
+            if key
+            else (f"{self.prefix.rstrip('.')}: " if self.prefix else "")
+        )
         return SpecError(self.path, f"{label}{message}", hint, line, column)
 
     def child(self, mapping: PosDict, prefix: str) -> Where:
@@ -110,7 +118,11 @@ def check_keys(where: Where, allowed: Mapping[str, object], required: tuple[str,
     for key in where.mapping:
         if key not in allowed:
             close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
-            hint = f"did you mean '{close[0]}'?" if close else "known keys: " + ", ".join(sorted(allowed))
+            hint = (
+                f"did you mean '{close[0]}'?"
+                if close
+                else "known keys: " + ", ".join(sorted(allowed))
+            )
             raise where.error(key, "unknown key", hint)
     for key in required:
         if key not in where.mapping:
@@ -120,8 +132,15 @@ def check_keys(where: Where, allowed: Mapping[str, object], required: tuple[str,
 def _type_name(value: object) -> str:
     if value is None:
         return "nothing"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "a list", PosDict: "a mapping", dict: "a mapping"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        PosDict: "a mapping",
+        dict: "a mapping",
+    }.get(type(value), type(value).__name__)
 
 
 def get_str(where: Where, key: str, default: str | None = None) -> str | None:
@@ -132,7 +151,9 @@ def get_str(where: Where, key: str, default: str | None = None) -> str | None:
     raise where.error(key, f"expected a string, got {_type_name(value)} {value!r}")
 
 
-def get_int(where: Where, key: str, default: int | None = None, minimum: int | None = None) -> int | None:
+def get_int(
+    where: Where, key: str, default: int | None = None, minimum: int | None = None
+) -> int | None:
     """An integer value, optionally with a lower bound."""
     value = where.mapping.get(key, default)
     if value is None:
@@ -189,5 +210,3 @@ def _scalar_text(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
-
-

@@ -19,6 +19,7 @@ torchrun.log, pid.json, exit.json, and `killed` once orch kill ran.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 POLL_S = 0.05
 MAX_LINE = 1 << 20  # a line longer than this is cut into pieces of this size
@@ -39,15 +41,17 @@ def write_json(path: str, data: object) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: str) -> dict | None:
+def read_json(path: str) -> dict[str, Any] | None:
     try:
         with open(path) as f:
-            return json.load(f)
+            data = json.load(f)
+        return data if isinstance(data, dict) else None
     except (OSError, ValueError):
         return None
 
 
 # ---------------------------------------------------------------- probe
+
 
 def cmd_probe(args: list[str]) -> int:
     facts: dict[str, object] = {
@@ -56,7 +60,7 @@ def cmd_probe(args: list[str]) -> int:
         "executable": sys.executable,
         "torch": torch_version(),
         # The address sshd was reached at: what other hosts most likely reach us at too.
-        "ssh_addr": (os.environ.get("SSH_CONNECTION", "").split() or [None] * 3)[2],
+        "ssh_addr": ssh_server_addr(),
     }
     if args:
         iface, src = route_to(args[0])
@@ -66,6 +70,12 @@ def cmd_probe(args: list[str]) -> int:
         facts["free_port"] = s.getsockname()[1]
     print(json.dumps(facts))
     return 0
+
+
+def ssh_server_addr() -> str | None:
+    """The address sshd was reached at ($SSH_CONNECTION's third field)."""
+    fields = os.environ.get("SSH_CONNECTION", "").split()
+    return fields[2] if len(fields) >= 3 else None
 
 
 def torch_version() -> str | None:
@@ -86,15 +96,16 @@ def route_to(target: str) -> tuple[str | None, str | None]:
     the master through that interface.
     """
     try:
-        addr = socket.getaddrinfo(target, None, socket.AF_INET)[0][4][0]
+        addr = str(socket.getaddrinfo(target, None, socket.AF_INET)[0][4][0])
     except OSError:
         return None, None
     own = own_addresses()
     if addr in own:
         return own[addr], addr
     try:
-        out = subprocess.run(["ip", "-o", "route", "get", addr], capture_output=True, text=True,
-                             timeout=5).stdout.split()
+        out = subprocess.run(
+            ["ip", "-o", "route", "get", addr], capture_output=True, text=True, timeout=5
+        ).stdout.split()
     except (OSError, subprocess.SubprocessError):
         return None, None
     dev = out[out.index("dev") + 1] if "dev" in out else None
@@ -105,8 +116,9 @@ def route_to(target: str) -> tuple[str | None, str | None]:
 def own_addresses() -> dict[str, str]:
     """Map of this host's IPv4 addresses to interface names."""
     try:
-        out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
-                             timeout=5).stdout
+        out = subprocess.run(
+            ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=5
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return {"127.0.0.1": "lo"}
     result = {}
@@ -118,6 +130,7 @@ def own_addresses() -> dict[str, str]:
 
 
 # ---------------------------------------------------------------- start
+
 
 def cmd_start(args: list[str]) -> int:
     os.chdir(os.path.expanduser(args[0]))
@@ -150,15 +163,22 @@ def cmd_start(args: list[str]) -> int:
     return 0 if report and b'"error"' not in report else 1
 
 
-def supervise(spec: dict, ready_fd: int) -> int:
+def supervise(spec: dict[str, Any], ready_fd: int) -> int:
     env = dict(os.environ)
     env.update(spec["env"])
     argv = list(spec["argv"])
     argv[0] = os.path.expanduser(argv[0])
     try:
         with open("torchrun.log", "ab") as out:
-            proc = subprocess.Popen(argv, cwd="code", env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                cwd="code",
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
     except OSError as exc:
         write_json("exit.json", {"returncode": 127, "error": str(exc), "ended": time.time()})
         os.write(ready_fd, json.dumps({"error": f"cannot start {argv[0]}: {exc}"}).encode())
@@ -176,13 +196,12 @@ def supervise(spec: dict, ready_fd: int) -> int:
 
 
 def kill_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # ---------------------------------------------------------------- follow
+
 
 def cmd_follow(args: list[str]) -> int:
     os.chdir(os.path.expanduser(args[0]))
@@ -208,8 +227,14 @@ def cmd_follow(args: list[str]) -> int:
             started = started or read_json("pid.json") or {}
             sup = started.get("supervisor")
             if sup and not alive(sup) and not os.path.exists("exit.json"):
-                emit({"k": "exit", "returncode": None, "error": "supervisor vanished",
-                      "killed": os.path.exists("killed")})
+                emit(
+                    {
+                        "k": "exit",
+                        "returncode": None,
+                        "error": "supervisor vanished",
+                        "killed": os.path.exists("killed"),
+                    }
+                )
                 return 0
         time.sleep(POLL_S)
 
@@ -226,7 +251,9 @@ def log_files() -> list[tuple[str, str]]:
     return files
 
 
-def drain(stream: str, path: str, offsets: dict[str, int], pending: dict[str, bytes], final: bool) -> bool:
+def drain(
+    stream: str, path: str, offsets: dict[str, int], pending: dict[str, bytes], final: bool
+) -> bool:
     """Emit the complete lines of `path` past its offset; True when any were emitted."""
     start = offsets.get(stream, 0) + len(pending.get(stream, b""))
     try:
@@ -246,7 +273,14 @@ def drain(stream: str, path: str, offsets: dict[str, int], pending: dict[str, by
             break
         line, buf = buf[: cut + 1], buf[cut + 1 :]
         offset += len(line)
-        emit({"k": "line", "s": stream, "o": offset, "t": line.rstrip(b"\n").decode("utf-8", "replace")})
+        emit(
+            {
+                "k": "line",
+                "s": stream,
+                "o": offset,
+                "t": line.rstrip(b"\n").decode("utf-8", "replace"),
+            }
+        )
         emitted = True
     if final and buf:
         offset += len(buf)
@@ -257,7 +291,7 @@ def drain(stream: str, path: str, offsets: dict[str, int], pending: dict[str, by
     return emitted
 
 
-def emit(record: dict) -> None:
+def emit(record: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(record) + "\n")
 
 
@@ -271,6 +305,7 @@ def alive(pid: int) -> bool:
 
 # ---------------------------------------------------------------- kill
 
+
 def cmd_kill(args: list[str]) -> int:
     os.chdir(os.path.expanduser(args[0]))
     grace = float(args[1]) if len(args) > 1 else 3.0
@@ -283,10 +318,8 @@ def cmd_kill(args: list[str]) -> int:
         groups.add(started["pgid"])
     for name in os.listdir("logs") if os.path.isdir("logs") else []:
         if name.endswith(".pid"):
-            try:
-                groups.add(int(open(os.path.join("logs", name)).read()))
-            except (OSError, ValueError):
-                pass
+            with contextlib.suppress(OSError, ValueError), open(os.path.join("logs", name)) as f:
+                groups.add(int(f.read()))
     victims = {pid for pid, pgid in processes() if pgid in groups} | tagged(job_id)
     for pgid in groups:
         kill_group(pgid, signal.SIGTERM)
@@ -306,8 +339,15 @@ def cmd_kill(args: list[str]) -> int:
     # The supervisor records the exit status once torchrun is reaped.
     while time.monotonic() < deadline and started and not os.path.exists("exit.json"):
         time.sleep(POLL_S)
-    print(json.dumps({"killed": sorted(victims), "forced": sorted(left),
-                      "remaining": sorted(remaining(groups, job_id))}))
+    print(
+        json.dumps(
+            {
+                "killed": sorted(victims),
+                "forced": sorted(left),
+                "remaining": sorted(remaining(groups, job_id)),
+            }
+        )
+    )
     return 0
 
 
@@ -351,13 +391,12 @@ def remaining(groups: set[int], job_id: str | None) -> set[int]:
 
 
 def signal_pid(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # ---------------------------------------------------------------- rank
+
 
 def cmd_rank(args: list[str]) -> int:
     log_dir, kind, target, sep, *user_args = args
@@ -368,7 +407,9 @@ def cmd_rank(args: list[str]) -> int:
     # torchrun gave this process its own session: its pid is the rank's process group.
     with open(os.path.join(log_dir, f"rank-{rank}.pid"), "w") as f:
         f.write(str(os.getpid()))
-    fd = os.open(os.path.join(log_dir, f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(
+        os.path.join(log_dir, f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+    )
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -377,8 +418,13 @@ def cmd_rank(args: list[str]) -> int:
     return 127  # not reached
 
 
-COMMANDS = {"probe": cmd_probe, "start": cmd_start, "follow": cmd_follow, "kill": cmd_kill,
-            "rank": cmd_rank}
+COMMANDS = {
+    "probe": cmd_probe,
+    "start": cmd_start,
+    "follow": cmd_follow,
+    "kill": cmd_kill,
+    "rank": cmd_rank,
+}
 
 
 def main(argv: list[str]) -> int:

@@ -14,9 +14,12 @@ class LocalProcess:
     """A local command followed line by line (RemoteProcess)."""
 
     def __init__(self, command: str) -> None:
-        self._stderr: IO[bytes] = tempfile.TemporaryFile()
+        self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         self._proc = subprocess.Popen(
-            ["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr
+            ["/bin/sh", "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
         )
 
     def lines(self) -> Iterator[str]:
@@ -49,13 +52,21 @@ class LocalTransport:
     def connect(self) -> None:
         pass
 
-    def run(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+    def run(
+        self, command: str, stdin: bytes | None = None, timeout: float | None = None
+    ) -> CommandResult:
         proc = subprocess.run(
-            ["/bin/sh", "-c", command], input=stdin if stdin is not None else b"",
-            capture_output=True, timeout=timeout, check=False,
+            ["/bin/sh", "-c", command],
+            input=stdin if stdin is not None else b"",
+            capture_output=True,
+            timeout=timeout,
+            check=False,
         )
-        return CommandResult(proc.returncode, proc.stdout.decode("utf-8", "replace"),
-                             proc.stderr.decode("utf-8", "replace"))
+        return CommandResult(
+            proc.returncode,
+            proc.stdout.decode("utf-8", "replace"),
+            proc.stderr.decode("utf-8", "replace"),
+        )
 
     def stream(self, command: str) -> LocalProcess:
         return LocalProcess(command)

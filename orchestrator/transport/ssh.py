@@ -34,7 +34,9 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
         self.known_hosts = known_hosts
         self.options = options
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
         client.get_host_keys().add(hostname, key.get_name(), key)
         with _known_hosts_lock:
             self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -98,7 +100,9 @@ class SshTransport:
             },
             config=Config(),
         )
-        self._target = f"{self._conn.user}@{host.address}" + (f":{self._conn.port}" if self._conn.port != 22 else "")
+        self._target = f"{self._conn.user}@{host.address}" + (
+            f":{self._conn.port}" if self._conn.port != 22 else ""
+        )
 
     def connect(self) -> None:
         """Open the connection, mapping every way it can fail to a HostError that names the host."""
@@ -126,17 +130,29 @@ class SshTransport:
                 f"install your public key on the host: ssh-copy-id{ident} {self._target.rsplit(':', 1)[0]}",
             ) from None
         except paramiko.ssh_exception.NoValidConnectionsError:
-            raise HostError(self.name, f"connection refused by {self._target}",
-                            "is sshd running there, and is the port right?") from None
-        except (TimeoutError, socket.timeout):
-            raise HostError(self.name, f"no answer from {self._target} within {self.options.connect_timeout:.0f} s",
-                            "check that the host is up and reachable from this machine") from None
+            raise HostError(
+                self.name,
+                f"connection refused by {self._target}",
+                "is sshd running there, and is the port right?",
+            ) from None
+        except TimeoutError:
+            raise HostError(
+                self.name,
+                f"no answer from {self._target} within {self.options.connect_timeout:.0f} s",
+                "check that the host is up and reachable from this machine",
+            ) from None
         except socket.gaierror:
-            raise HostError(self.name, f"cannot resolve address '{self.host.address}'",
-                            "fix the address in the inventory or ~/.ssh/config") from None
+            raise HostError(
+                self.name,
+                f"cannot resolve address '{self.host.address}'",
+                "fix the address in the inventory or ~/.ssh/config",
+            ) from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise HostError(self.name, f"cannot connect to {self._target}: {exc}",
-                            "check the address, the network route and sshd on the host") from None
+            raise HostError(
+                self.name,
+                f"cannot connect to {self._target}: {exc}",
+                "check the address, the network route and sshd on the host",
+            ) from None
         transport = self._conn.client.get_transport()
         if transport is not None:
             transport.set_keepalive(self.options.keepalive_s)
@@ -144,15 +160,24 @@ class SshTransport:
     def _channel(self) -> paramiko.Channel:
         transport = self._conn.client.get_transport()
         if transport is None or not transport.is_active():
-            raise HostError(self.name, f"lost the SSH connection to {self._target}",
-                            "check that the host is up and reachable from this machine")
+            raise HostError(
+                self.name,
+                f"lost the SSH connection to {self._target}",
+                "check that the host is up and reachable from this machine",
+            )
         try:
-            return transport.open_session(timeout=self.options.connect_timeout)
+            channel: paramiko.Channel = transport.open_session(timeout=self.options.connect_timeout)
+            return channel
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise HostError(self.name, f"cannot open an SSH channel to {self._target}: {exc}",
-                            "raise MaxSessions in the host's sshd_config") from None
+            raise HostError(
+                self.name,
+                f"cannot open an SSH channel to {self._target}: {exc}",
+                "raise MaxSessions in the host's sshd_config",
+            ) from None
 
-    def run(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+    def run(
+        self, command: str, stdin: bytes | None = None, timeout: float | None = None
+    ) -> CommandResult:
         channel = self._channel()
         try:
             channel.settimeout(timeout)
@@ -163,14 +188,19 @@ class SshTransport:
             stdout = channel.makefile("rb").read()
             stderr = channel.makefile_stderr("rb").read()
             code = channel.recv_exit_status()
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise HostError(self.name, f"command timed out after {timeout} s: {command}") from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise HostError(self.name, f"lost the SSH connection to {self._target}: {exc}",
-                            "check that the host is up and reachable from this machine") from None
+            raise HostError(
+                self.name,
+                f"lost the SSH connection to {self._target}: {exc}",
+                "check that the host is up and reachable from this machine",
+            ) from None
         finally:
             channel.close()
-        return CommandResult(code, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace"))
+        return CommandResult(
+            code, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace")
+        )
 
     def stream(self, command: str) -> SshProcess:
         channel = self._channel()
@@ -178,7 +208,9 @@ class SshTransport:
             channel.exec_command(command)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             channel.close()
-            raise HostError(self.name, f"lost the SSH connection to {self._target}: {exc}") from None
+            raise HostError(
+                self.name, f"lost the SSH connection to {self._target}: {exc}"
+            ) from None
         return SshProcess(channel)
 
     def close(self) -> None:

@@ -1,0 +1,49 @@
+# Every command the README and CI use. `make demo` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+ORCH   := $(VENV)/bin/orch
+
+.PHONY: setup demo test unit integration lint test-deps bench clean
+
+## setup: create .venv with orch, torch (CPU) and the test tools
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[torch,dev]'
+	touch $@
+
+## demo: run the example DDP job on two local nodes (no SSH)
+demo: setup
+	$(ORCH) submit jobs/digits.yaml -i inventory/local.yaml
+
+## test-deps: what the cluster tests need (Debian's openssh-server), when root
+test-deps:
+	@if [ "$$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null; }; then \
+		echo "installing openssh-server and iproute2"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2 >/dev/null; \
+	fi
+
+## test: unit and integration tests (the integration tests start real sshd hosts)
+test: setup test-deps
+	$(PY) -m pytest -q tests
+
+unit: setup
+	$(PY) -m pytest -q tests/unit
+
+integration: setup test-deps
+	$(PY) -m pytest -q tests/integration
+
+## lint: ruff and mypy --strict on the package
+lint: setup
+	$(VENV)/bin/ruff check orchestrator tests bench
+	$(VENV)/bin/ruff format --check orchestrator
+	$(VENV)/bin/mypy orchestrator
+
+## bench: the benchmarks of docs/BENCHMARKS.md (root: they start test hosts)
+bench: setup test-deps
+	$(PY) bench/launch.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
