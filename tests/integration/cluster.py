@@ -1,0 +1,858 @@
+"""A cluster of real SSH hosts on one Linux machine, for integration tests.
+
+Each host is a network namespace joined to the bridge ``orchbr0`` by a veth pair,
+running its own ``sshd`` as PID 1 of a private pid/mount/uts namespace: it has its
+own address, process table, hostname and home directory (DESIGN.md, "Test cluster").
+
+    with Cluster(3) as cluster:
+        cluster.write_inventory(tmp / "inventory.yaml")
+        subprocess.run(["orch", "check"], env=cluster.env(inventory=tmp / "inventory.yaml"))
+        cluster.crash(2)
+
+Everything is created under fixed names (``orchbr0``, ``orch-node{i}``, ``orchv{i}``),
+so one cluster exists per machine at a time; a machine-wide lock makes a second
+session wait. Traffic only ever goes to 10.77.0.x addresses of these namespaces.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import json
+import logging
+import os
+import pwd
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SSHD = "/usr/sbin/sshd"
+BRIDGE = "orchbr0"
+SUBNET = "10.77.0"
+BRIDGE_ADDRESS = f"{SUBNET}.1"
+NETNS_PREFIX = "orch-node"
+VETH_PREFIX = "orchv"
+TMP_PREFIX = "orch-testcluster-"
+MAX_HOSTS = 50
+# An abstract unix socket: machine-wide (per network namespace, and every test runs in
+# the root one), released by the kernel when its holder dies, and leaves no file behind.
+LOCK_ADDRESS = "\0orch-testcluster.lock"
+REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "mount", "ssh-keygen", "ssh")
+# sshd reads the home directory of root from passwd; that is what the private home hides.
+ROOT_HOME = Path(pwd.getpwuid(0).pw_dir)
+
+_LIST_PROCESSES = r"""
+import json, os
+found = []
+for name in os.listdir("/proc"):
+    if not name.isdigit() or int(name) == os.getpid():
+        continue
+    try:
+        with open(f"/proc/{name}/cmdline", "rb") as f:
+            cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        with open(f"/proc/{name}/stat") as f:
+            stat = f.read()
+    except OSError:  # exited while we looked
+        continue
+    comm, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
+    if state == "Z":
+        cmdline = f"[{comm}] <defunct>"
+    found.append([int(name), cmdline or f"[{comm}]"])
+print(json.dumps(sorted(found)))
+"""
+
+_CHECK_REACHABLE = r"""
+import socket, sys
+for address in sys.argv[1:]:
+    with socket.create_connection((address, 22), timeout=3) as conn:
+        assert conn.recv(64).startswith(b"SSH-"), address
+        conn.sendall(b"SSH-2.0-orch-test-probe\r\n")
+"""
+
+
+class ClusterError(RuntimeError):
+    """The test cluster could not be built, or a host is not in the state asked for."""
+
+
+def cluster_unavailable_reason() -> str | None:
+    """Say why this machine cannot run the test cluster.
+
+    Returns:
+        None when it can, else a short reason for a skip or failure message.
+    """
+    if not sys.platform.startswith("linux"):
+        return "needs Linux network namespaces"
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, sshd)"
+    if not os.access(SSHD, os.X_OK):
+        return f"needs {SSHD} (Debian package openssh-server)"
+    missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
+    if missing:
+        return f"needs {', '.join(missing)} on PATH"
+    # Root inside an unprivileged container still lacks CAP_SYS_ADMIN: ask the kernel.
+    probe = subprocess.run(
+        ["unshare", "--net", "--pid", "--mount", "--uts", "--fork", "true"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode != 0:
+        return f"cannot create namespaces: {probe.stderr.strip()}"
+    return None
+
+
+def skip_or_fail(reason: str, environ: Mapping[str, str] = os.environ) -> None:
+    """Skip the calling test because the cluster is unavailable; fail instead in CI.
+
+    A skipped cluster test in CI would let the integration suite pass without running.
+
+    Raises:
+        pytest.fail.Exception: when ``CI`` is true in ``environ``.
+        pytest.skip.Exception: otherwise.
+    """
+    import pytest  # only the fixtures need it; the harness itself is plain Python
+
+    if environ.get("CI", "").lower() in ("true", "1"):
+        pytest.fail(f"test cluster unavailable in CI: {reason}", pytrace=False)
+    pytest.skip(f"test cluster unavailable: {reason}")
+
+
+def require_cluster_support() -> None:
+    """Skip (or in CI fail) the calling test unless this machine can run the cluster."""
+    reason = cluster_unavailable_reason()
+    if reason is not None:
+        skip_or_fail(reason)
+
+
+def repo_python() -> Path:
+    """The interpreter the hosts use: the repository's venv, else the running one.
+
+    Not resolved: the venv's symlink is what selects its site-packages (torch).
+    """
+    venv_python = REPO_ROOT / ".venv" / "bin" / "python"
+    return venv_python if venv_python.exists() else Path(sys.executable)
+
+
+def orch_command() -> list[str]:
+    """The argv prefix that runs the real ``orch`` CLI of this repository."""
+    script = REPO_ROOT / ".venv" / "bin" / "orch"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "orchestrator"]
+
+
+def paths_hidden_by_private_home() -> list[Path]:
+    """Paths under root's home that the hosts need although their home is private.
+
+    The interpreters (a pyenv under ~ is common), the venv, the repository (CI often
+    clones under ~) and the temp dir. Both the spelled and the resolved form of each
+    count, since a symlink under ~ disappears with the home that holds it.
+
+    Returns:
+        Absolute paths under ``ROOT_HOME``, none inside another.
+    """
+    candidates: set[Path] = set()
+    for path in (
+        Path(sys.base_prefix),
+        Path(sys.prefix),
+        Path(sys.executable).resolve().parents[1],
+        repo_python().resolve().parents[1],
+        REPO_ROOT,
+        Path(tempfile.gettempdir()),
+    ):
+        candidates.update({Path(os.path.abspath(path)), path.resolve()})
+    under_home = sorted(p for p in candidates if p.is_relative_to(ROOT_HOME) and p != ROOT_HOME)
+    outermost: list[Path] = []
+    for path in under_home:  # sorted: a parent comes before its children
+        if not any(path.is_relative_to(kept) for kept in outermost):
+            outermost.append(path)
+    return outermost
+
+
+def _run(
+    argv: Sequence[str], *, check: bool = True, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    """Run a setup command; a failure raises with its stderr."""
+    result = subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and result.returncode != 0:
+        raise ClusterError(
+            f"{shlex.join(argv)} exited {result.returncode}: {result.stderr.strip()}"
+        )
+    return result
+
+
+def _json_list(argv: Sequence[str]) -> list[dict[str, Any]]:
+    """Parse the ``-j`` output of an ``ip`` listing (empty output means none)."""
+    out = _run(argv).stdout.strip()
+    return json.loads(out) if out else []
+
+
+def _generate_key(path: Path, comment: str) -> None:
+    """Write a fresh passphrase-less ed25519 keypair at ``path`` and ``path.pub``."""
+    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+
+
+def _wait_for_sshd(
+    address: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float = 10
+) -> None:
+    """Return once an SSH banner comes from ``address:22``; raise if sshd dies or stays silent."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ClusterError(
+                f"sshd for {address} exited {process.returncode}: {log_path.read_text()[-2000:]}"
+            )
+        try:
+            with socket.create_connection((address, 22), timeout=0.5) as conn:
+                conn.settimeout(2)
+                if conn.recv(64).startswith(b"SSH-"):
+                    # Answering with a banner keeps "kex_exchange_identification"
+                    # errors out of the sshd log, which should show real problems only.
+                    conn.sendall(b"SSH-2.0-orch-test-probe\r\n")
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise ClusterError(
+        f"sshd on {address}:22 not answering after {timeout}s: {log_path.read_text()[-2000:]}"
+    )
+
+
+def _child_pid(parent: int, timeout: float = 5) -> int:
+    """The single child of ``parent``: the process ``unshare --fork`` made PID 1."""
+    children = Path(f"/proc/{parent}/task/{parent}/children")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pids = children.read_text().split()
+        except OSError as exc:
+            raise ClusterError(f"unshare ({parent}) exited before forking its PID 1") from exc
+        if pids:
+            return int(pids[0])
+        time.sleep(0.01)
+    raise ClusterError(f"unshare ({parent}) forked no PID 1 within {timeout}s")
+
+
+def _acquire_machine_lock(timeout: float) -> socket.socket:
+    """Hold the one-cluster-per-machine lock, waiting up to ``timeout`` seconds for it."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sock.bind(LOCK_ADDRESS)
+            return sock
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                sock.close()
+                raise ClusterError(
+                    f"another test cluster holds the machine for over {timeout}s"
+                ) from exc
+            time.sleep(0.5)
+
+
+@dataclass
+class Host:
+    """One host of the cluster: names, files, and its running sshd (if any)."""
+
+    index: int
+    workdir: Path
+    process: subprocess.Popen[bytes] | None = None
+    init_pid: int | None = None  # root-namespace pid of the host's PID 1 (its sshd)
+    init_pidfd: int | None = None  # kills that very process even if its pid is reused
+    partitioned: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"node{self.index}"
+
+    @property
+    def address(self) -> str:
+        return f"{SUBNET}.{10 + self.index}"
+
+    @property
+    def netns(self) -> str:
+        return f"{NETNS_PREFIX}{self.index}"
+
+    @property
+    def veth(self) -> str:
+        return f"{VETH_PREFIX}{self.index}"
+
+    @property
+    def home(self) -> Path:
+        """The private home, as seen from the machine (``/root`` on the host)."""
+        return self.workdir / "home"
+
+    @property
+    def host_key(self) -> Path:
+        return self.workdir / "ssh_host_ed25519_key"
+
+    @property
+    def authorized_keys(self) -> Path:
+        return self.workdir / "authorized_keys"
+
+    @property
+    def sshd_config(self) -> Path:
+        return self.workdir / "sshd_config"
+
+    @property
+    def sshd_log(self) -> Path:
+        return self.workdir / "sshd.log"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def known_hosts_line(self) -> str:
+        """This host's entry for a known_hosts file."""
+        key_type, key = self.host_key.with_suffix(".pub").read_text().split()[:2]
+        return f"{self.address} {key_type} {key}\n"
+
+
+@dataclass(frozen=True)
+class Controller:
+    """The machine that runs ``orch``: its own HOME, known_hosts and job state."""
+
+    home: Path
+    known_hosts: Path
+    state_dir: Path
+
+    def env(self, inventory: Path | None = None, **extra: str) -> dict[str, str]:
+        """Environment for running the ``orch`` CLI as this controller.
+
+        Inherits PATH and the rest, but not the caller's ORCH_* variables or SSH agent,
+        which would make results depend on who runs the tests.
+        """
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith("ORCH_") and key not in ("SSH_AUTH_SOCK", "SSH_AGENT_PID")
+        }
+        env.update(
+            HOME=str(self.home),
+            ORCH_KNOWN_HOSTS=str(self.known_hosts),
+            ORCH_HOME=str(self.state_dir),
+        )
+        if inventory is not None:
+            env["ORCH_INVENTORY"] = str(inventory)
+        env.update(extra)
+        return env
+
+
+class OrchRunner:
+    """Runs the real ``orch`` CLI as a subprocess on behalf of one controller."""
+
+    def __init__(self, controller: Controller, cwd: Path = REPO_ROOT, timeout: float = 120) -> None:
+        self.controller = controller
+        self.cwd = cwd
+        self.timeout = timeout
+
+    def __call__(
+        self,
+        *args: str | os.PathLike[str],
+        timeout: float | None = None,
+        input: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``orch *args`` and return its exit code, stdout and stderr (text)."""
+        return subprocess.run(
+            [*orch_command(), *map(str, args)],
+            cwd=cwd or self.cwd,
+            env={**self.controller.env(), **(env or {})},
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout or self.timeout,
+            check=False,
+        )
+
+
+class Cluster:
+    """Real SSH hosts ``node1..nodeN`` at 10.77.0.11.. on this machine (needs root).
+
+    Hosts are numbered from 1. ``crash``, ``partition`` and ``heal`` inject faults;
+    ``restart`` and ``ensure_healthy`` undo them. ``stop`` removes everything created.
+    """
+
+    def __init__(self, n_hosts: int = 3) -> None:
+        self.n_hosts = n_hosts
+        self.hosts: list[Host] = []
+        self.workdir: Path | None = None
+        self.client_key: Path | None = None
+        self._controller: Controller | None = None
+        self._controllers_made = 0
+        self._lock: socket.socket | None = None
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def start(self, n_hosts: int | None = None, lock_timeout: float = 900) -> Cluster:
+        """Build the network and boot every host; return once each sshd answers.
+
+        Args:
+            n_hosts: how many hosts (default: the constructor's).
+            lock_timeout: seconds to wait for another session's cluster to go away.
+
+        Raises:
+            ClusterError: a setup command failed or a host did not come up.
+        """
+        if self.hosts:
+            raise ClusterError("cluster already started")
+        self.n_hosts = n_hosts or self.n_hosts
+        if not 1 <= self.n_hosts <= MAX_HOSTS:
+            raise ValueError(f"n_hosts must be within 1..{MAX_HOSTS}, not {self.n_hosts}")
+        self._lock = _acquire_machine_lock(lock_timeout)
+        atexit.register(self.stop)
+        try:
+            remove_leftovers()
+            self.workdir = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
+            self.hosts = [Host(i, self.workdir / f"node{i}") for i in range(1, self.n_hosts + 1)]
+            self._write_keys_and_configs()
+            self._create_network()
+            for host in self.hosts:
+                self._boot(host)
+            self._check_hosts_reach_each_other()
+            self._controller = self.new_controller()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Kill the hosts' processes and remove the links, namespaces and files made.
+
+        Idempotent, and safe after a partial ``start``.
+        """
+        for host in self.hosts:
+            self._kill(host)
+        for host in self.hosts:
+            _run(["ip", "link", "del", host.veth], check=False)
+            _run(["ip", "netns", "del", host.netns], check=False)
+        if self.hosts:
+            _run(["ip", "link", "del", BRIDGE], check=False)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        self.hosts, self.workdir, self.client_key, self._controller = [], None, None, None
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> Cluster:
+        return self if self.hosts else self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- faults -------------------------------------------------------------------
+
+    def crash(self, i: int) -> None:
+        """Kill host ``i``'s PID 1: the kernel kills every process on that host.
+
+        Its address stays up with nothing listening, so connections are refused;
+        combine with ``partition`` for a host that goes silent instead.
+        """
+        self._kill(self.host(i))
+
+    def restart(self, i: int) -> None:
+        """Boot host ``i`` again (crashing it first if up): same disk and host key."""
+        host = self.host(i)
+        self._kill(host)
+        self._boot(host)
+
+    def partition(self, i: int) -> None:
+        """Cut host ``i`` off the network; its processes keep running."""
+        host = self.host(i)
+        _run(["ip", "link", "set", host.veth, "down"])
+        host.partitioned = True
+
+    def heal(self, i: int) -> None:
+        """Reconnect host ``i`` after ``partition``."""
+        host = self.host(i)
+        _run(["ip", "link", "set", host.veth, "up"])
+        host.partitioned = False
+
+    def ensure_healthy(self) -> None:
+        """Undo every fault: start if stopped, heal partitions, boot crashed hosts."""
+        if not self.hosts:
+            self.start()
+            return
+        for host in self.hosts:
+            if host.partitioned:
+                self.heal(host.index)
+            if not host.running:
+                self._boot(host)
+
+    # -- looking inside hosts ---------------------------------------------------
+
+    def host(self, i: int | str) -> Host:
+        """Host by 1-based index or by name (``"node2"``)."""
+        for host in self.hosts:
+            if i in (host.index, host.name):
+                return host
+        raise ClusterError(f"no host {i!r} in a cluster of {len(self.hosts)}")
+
+    def home(self, i: int | str) -> Path:
+        """Host ``i``'s home directory (its ``/root``), as a path on this machine."""
+        return self.host(i).home
+
+    def exec_on(
+        self, i: int | str, argv: Sequence[str], *, timeout: float = 30, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` on host ``i`` without SSH: in its network, pid, mount and uts namespaces.
+
+        Sees what the host's own processes see (its /proc, its /root, its hostname).
+        """
+        host = self.host(i)
+        if not host.running or host.init_pid is None:
+            raise ClusterError(f"{host.name} is down")
+        return subprocess.run(
+            ["nsenter", "-t", str(host.init_pid), "-n", "-p", "-m", "-u", "--", *argv],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            cwd="/",
+            env={"PATH": os.environ.get("PATH", os.defpath), "HOME": str(ROOT_HOME)},
+        )
+
+    def host_pids(self, i: int | str) -> list[tuple[int, str]]:
+        """Every process in host ``i``'s own process table, as (pid there, command line).
+
+        Zombies read ``[name] <defunct>``; the lister itself is left out.
+        """
+        result = self.exec_on(i, [sys.executable, "-I", "-S", "-c", _LIST_PROCESSES])
+        if result.returncode != 0:
+            raise ClusterError(
+                f"listing processes on {self.host(i).name} failed: {result.stderr.strip()}"
+            )
+        return [(pid, cmdline) for pid, cmdline in json.loads(result.stdout)]
+
+    def ssh(
+        self, i: int | str, command: str, *, timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``command`` on host ``i`` through the system ``ssh`` client as root."""
+        host = self.host(i)
+        assert self.client_key is not None and self._controller is not None
+        options = [
+            "IdentitiesOnly=yes",
+            f"UserKnownHostsFile={self._controller.known_hosts}",
+            "StrictHostKeyChecking=accept-new",
+            "BatchMode=yes",
+            "ConnectTimeout=5",
+            "LogLevel=ERROR",
+        ]
+        # -F: the caller's ~/.ssh/config must not change the result.
+        argv = ["ssh", "-F", os.devnull, "-i", str(self.client_key)]
+        argv += [arg for option in options for arg in ("-o", option)]
+        argv += [f"root@{host.address}", command]
+        return subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+
+    # -- controller side ----------------------------------------------------------
+
+    def write_inventory(
+        self,
+        path: Path,
+        hosts: Sequence[int | str] | None = None,
+        defaults: Mapping[str, Any] | None = None,
+        **host_extras: Mapping[str, Any],
+    ) -> Path:
+        """Write an orch inventory of (some of) the hosts.
+
+        Args:
+            path: where to write the YAML.
+            hosts: indices or names to include (default: all).
+            defaults: keys merged over the default section; a None value removes a key.
+            **host_extras: per host name, keys merged over its entry, e.g.
+                ``node2={"slots": 2}``.
+
+        Returns:
+            ``path``.
+        """
+        unknown = set(host_extras) - {host.name for host in self.hosts}
+        if unknown:
+            raise ValueError(f"extras for unknown hosts: {sorted(unknown)}")
+        selected = self.hosts if hosts is None else [self.host(h) for h in hosts]
+        base = {"user": "root", "identity_file": str(self.client_key), "python": str(repo_python())}
+        doc = {
+            "defaults": _merged(base, defaults or {}),
+            "hosts": [
+                _merged(
+                    {"name": host.name, "address": host.address}, host_extras.get(host.name, {})
+                )
+                for host in selected
+            ],
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    def new_controller(self, trust_hosts: bool = True) -> Controller:
+        """A fresh controller: empty HOME and job state, known_hosts as asked.
+
+        Args:
+            trust_hosts: pre-fill known_hosts with every host key (as after a first
+                ``ssh`` by hand); False leaves it empty.
+        """
+        assert self.workdir is not None, "cluster not started"
+        self._controllers_made += 1
+        root = self.workdir / "controllers" / str(self._controllers_made)
+        controller = Controller(
+            home=root / "home", known_hosts=root / "known_hosts", state_dir=root / "state"
+        )
+        controller.home.mkdir(parents=True, mode=0o700)
+        controller.state_dir.mkdir()
+        lines = [host.known_hosts_line() for host in self.hosts] if trust_hosts else []
+        controller.known_hosts.write_text("".join(lines))
+        return controller
+
+    def env(self, inventory: Path | None = None, **extra: str) -> dict[str, str]:
+        """Environment for running ``orch`` as this cluster's default controller."""
+        assert self._controller is not None, "cluster not started"
+        return self._controller.env(inventory, **extra)
+
+    # -- building -----------------------------------------------------------------
+
+    def _write_keys_and_configs(self) -> None:
+        """Fresh client key and host keys, an sshd config per host, mount points in homes."""
+        assert self.workdir is not None
+        self.client_key = self.workdir / "client" / "id_ed25519"
+        self.client_key.parent.mkdir(mode=0o700)
+        _generate_key(self.client_key, "orch-test-client")
+        client_pub = self.client_key.with_suffix(".pub").read_text()
+        for host in self.hosts:
+            host.home.mkdir(parents=True, mode=0o700)
+            for path in paths_hidden_by_private_home():
+                (host.home / path.relative_to(ROOT_HOME)).mkdir(parents=True, exist_ok=True)
+            _generate_key(host.host_key, host.name)
+            host.authorized_keys.write_text(client_pub)
+            host.sshd_config.write_text(_sshd_config(host))
+
+    def _create_network(self) -> None:
+        """Bridge on the machine, and per host a namespace plugged in by a veth pair.
+
+        The hosts get no default route: they can reach the bridge subnet and nothing else.
+        """
+        _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+        _run(["ip", "addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", BRIDGE])
+        _run(["ip", "link", "set", BRIDGE, "up"])
+        for host in self.hosts:
+            peer = f"orchi{host.index}"
+            _run(["ip", "netns", "add", host.netns])
+            _run(["ip", "link", "add", host.veth, "type", "veth", "peer", "name", peer])
+            _run(["ip", "link", "set", host.veth, "master", BRIDGE, "up"])
+            _run(["ip", "link", "set", peer, "netns", host.netns])
+            inside = ["ip", "-n", host.netns]
+            _run([*inside, "link", "set", peer, "name", "eth0"])
+            _run([*inside, "addr", "add", f"{host.address}/24", "dev", "eth0"])
+            _run([*inside, "link", "set", "eth0", "up"])
+            _run([*inside, "link", "set", "lo", "up"])
+
+    def _boot(self, host: Host) -> None:
+        """Start the host's sshd as PID 1 of fresh pid/mount/uts namespaces and wait for it."""
+        unshare = ["unshare", "--pid", "--mount", "--uts", "--fork", "--mount-proc"]
+        argv = ["ip", "netns", "exec", host.netns, *unshare, "sh", "-c", _init_script(host)]
+        with host.sshd_log.open("ab") as log_file:
+            host.process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # the terminal's Ctrl-C must not reach the hosts
+            )
+        host.init_pid = _child_pid(host.process.pid)
+        host.init_pidfd = os.pidfd_open(host.init_pid)
+        _wait_for_sshd(host.address, host.process, host.sshd_log)
+
+    def _kill(self, host: Host) -> None:
+        """SIGKILL the host's PID 1 (so the whole pid namespace) and reap its unshare."""
+        if host.init_pidfd is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(host.init_pidfd, signal.SIGKILL)
+            os.close(host.init_pidfd)
+            host.init_pidfd = None
+        if host.process is not None:
+            try:
+                # unshare reaps its PID 1 and exits. Killing it first would orphan that
+                # PID 1 to the machine's init, which may never reap it.
+                host.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # PID 1 never found: kill unshare's group
+                os.killpg(host.process.pid, signal.SIGKILL)  # unreaped, so the id is ours
+                host.process.wait(timeout=10)
+        host.init_pid = None
+
+    def _check_hosts_reach_each_other(self) -> None:
+        """Fail early, and clearly, if the bridge drops traffic between hosts.
+
+        With br_netfilter loaded, an iptables FORWARD policy of DROP (Docker sets one)
+        filters bridged packets: hosts would reach the machine but not each other.
+        """
+        others = [host.address for host in self.hosts[1:]]
+        if not others:
+            return
+        result = self.exec_on(1, [sys.executable, "-I", "-S", "-c", _CHECK_REACHABLE, *others])
+        if result.returncode != 0:
+            raise ClusterError(
+                f"node1 cannot reach the other hosts on {BRIDGE}: {result.stderr.strip()[-500:]}; "
+                "check iptables FORWARD policy and net.bridge.bridge-nf-call-iptables"
+            )
+
+
+def remove_leftovers() -> None:
+    """Remove what a crashed earlier run left: namespaces (and their processes), links, temp dirs.
+
+    Only things with this harness's exact names; callers hold the machine lock, so
+    none of them can belong to a live cluster.
+    """
+    for netns in _json_list(["ip", "-j", "netns", "list"]):
+        name = netns["name"]
+        if re.fullmatch(rf"{NETNS_PREFIX}\d+", name):
+            pids = [
+                int(pid) for pid in _run(["ip", "netns", "pids", name], check=False).stdout.split()
+            ]
+            log.warning("removing stale namespace %s and its processes %s", name, pids)
+            _kill_children_first(pids)
+            _run(["ip", "netns", "del", name], check=False)
+    for link in _json_list(["ip", "-j", "link", "show"]):
+        name = link["ifname"]
+        if name == BRIDGE or re.fullmatch(rf"{VETH_PREFIX}\d+", name):
+            log.warning("removing stale link %s", name)
+            _run(["ip", "link", "del", name], check=False)
+    for stale_dir in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}*"):
+        shutil.rmtree(stale_dir, ignore_errors=True)
+
+
+def _kill_children_first(pids: Sequence[int]) -> None:
+    """SIGKILL ``pids``; those whose parent is among them go first.
+
+    A parent killed before its child is reaped orphans the child to the machine's
+    init, which may never reap it; given time, the parents (unshare) reap and exit.
+    """
+
+    def parent_of(pid: int) -> int | None:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+    def kill(group: Sequence[int]) -> None:
+        for pid in group:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    children = [pid for pid in pids if parent_of(pid) in pids]
+    kill(children)
+    time.sleep(0.2)
+    kill([pid for pid in pids if pid not in children])
+
+
+def _merged(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``overrides``, where a None override removes the key."""
+    merged = {**base, **overrides}
+    return {key: value for key, value in merged.items() if value is not None}
+
+
+def _sshd_config(host: Host) -> str:
+    """An sshd config that lets the client key in as root and nothing else."""
+    return f"""\
+Port 22
+ListenAddress 0.0.0.0
+HostKey "{host.host_key}"
+AuthorizedKeysFile "{host.authorized_keys}"
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+PidFile none
+StrictModes no
+MaxStartups 100
+MaxSessions 100
+UseDNS no
+PrintMotd no
+PrintLastLog no
+LogLevel ERROR
+Subsystem sftp internal-sftp
+"""
+
+
+def _unlocked_shadow(host: Host) -> Path | None:
+    """A copy of /etc/shadow where root's password is unset rather than locked, if needed.
+
+    Without PAM, sshd refuses every login (keys too) to an account whose password
+    starts with "!", as root's does on many images. The copy is bound over
+    /etc/shadow in the host's own mount namespace only.
+
+    Returns:
+        The copy's path, or None when root is not locked.
+    """
+    lines = Path("/etc/shadow").read_text().splitlines(keepends=True)
+    for n, line in enumerate(lines):
+        user, password, rest = [*line.split(":", 2), "", ""][:3]
+        if user == "root" and password.startswith("!"):
+            lines[n] = f"root:{password.lstrip('!') or '*'}:{rest}"
+            copy = host.workdir / "shadow"
+            copy.touch(mode=0o600)  # it holds the machine's password hashes
+            copy.write_text("".join(lines))
+            return copy
+    return None
+
+
+def _init_script(host: Host) -> str:
+    """What runs as the host's PID 1 before it becomes sshd.
+
+    Mounts happen in the host's own mount namespace, so nothing shows on the machine.
+    """
+    q = shlex.quote
+    lines = [
+        "set -e",
+        f"hostname {host.name}",
+        # Debian's sshd wants /run/sshd; a private /run gives every host its own and
+        # leaves nothing behind on the machine.
+        "mount -t tmpfs -o mode=755 orch-run /run",
+        "mkdir /run/sshd && mkdir -m 1777 /run/lock && ln -s /dev/shm /run/shm",
+    ]
+    # The private home hides whatever lives under root's home (a pyenv, the repository):
+    # bind those into it first, so the rbind below shows them at their usual paths.
+    for path in paths_hidden_by_private_home():
+        lines.append(
+            f"mount --bind {q(str(path.resolve()))} {q(str(host.home / path.relative_to(ROOT_HOME)))}"
+        )
+    lines.append(f"mount --rbind {q(str(host.home))} {q(str(ROOT_HOME))}")
+    shadow = _unlocked_shadow(host)
+    if shadow is not None:
+        lines.append(f"mount --bind {q(str(shadow))} /etc/shadow")
+    lines.append(f"exec {SSHD} -D -e -f {q(str(host.sshd_config))}")
+    return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""Fixtures for integration tests against the namespace test cluster (see cluster.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cluster import Cluster, OrchRunner, require_cluster_support
+
+CLUSTER_SIZE = 3  # most tests need 2 or 3 hosts; one boot per session serves them all
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "cluster: needs the test cluster of real sshd hosts (root, Linux namespaces); "
+        "skipped where unavailable, except in CI (CI=true) where that fails",
+    )
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """The session's cluster of hosts node1..node3 (10.77.0.11..13)."""
+    require_cluster_support()
+    with Cluster(CLUSTER_SIZE) as started:
+        yield started
+
+
+@pytest.fixture(autouse=True)
+def _cluster_healthy(request: pytest.FixtureRequest) -> None:
+    """Start every cluster test with all hosts up and connected.
+
+    The cluster outlives tests, so one that crashes or partitions a host must not
+    leave the next one a broken cluster.
+    """
+    if "cluster" in request.fixturenames:
+        request.getfixturevalue("cluster").ensure_healthy()
+
+
+@pytest.fixture
+def orch(cluster: Cluster) -> OrchRunner:
+    """Run the real ``orch`` CLI: ``orch("submit", job, timeout=60) -> CompletedProcess``.
+
+    Each test gets a fresh controller (HOME, ORCH_HOME, ORCH_KNOWN_HOSTS), so jobs
+    recorded by one test never show in another's ``orch status``.
+    """
+    return OrchRunner(cluster.new_controller())
+
+
+@pytest.fixture
+def inventory(cluster: Cluster, tmp_path: Path) -> Path:
+    """An inventory file listing every host of the cluster."""
+    return cluster.write_inventory(tmp_path / "inventory.yaml")

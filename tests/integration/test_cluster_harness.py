@@ -1,0 +1,211 @@
+"""The test cluster itself: separate hosts, reachable over real SSH, faults that bite, clean teardown."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.cluster import (
+    BRIDGE,
+    ROOT_HOME,
+    Cluster,
+    ClusterError,
+    repo_python,
+    skip_or_fail,
+)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 5) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` seconds pass; return whether it held."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def machine_pids_running(cmdline: str) -> list[int]:
+    """Pids, in the machine's own process table, of processes whose command line is ``cmdline``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (
+                entry.name.isdigit()
+                and (entry / "cmdline").read_bytes().split(b"\0")[:-1] == cmdline.encode().split()
+            ):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def start_background(cluster: Cluster, i: int, command: str) -> None:
+    """Start ``command`` detached on host ``i`` over SSH, as a job left behind would be."""
+    result = cluster.ssh(i, f"setsid {command} </dev/null >/dev/null 2>&1 &")
+    assert result.returncode == 0, result.stderr
+
+
+def sshd_accepts(address: str, timeout: float = 2) -> bool:
+    """Whether something accepts TCP on ``address:22``."""
+    try:
+        socket.create_connection((address, 22), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def orch_links() -> list[str]:
+    """Names of the links on this machine that belong to the harness."""
+    out = subprocess.run(
+        ["ip", "-o", "link", "show"], capture_output=True, text=True, check=True
+    ).stdout
+    names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()]
+    return [
+        name
+        for name in names
+        if name == BRIDGE or name.startswith("orchv") or name.startswith("orchi")
+    ]
+
+
+def orch_namespaces() -> list[str]:
+    """Names of the network namespaces on this machine that belong to the harness."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith("orch")]
+
+
+@pytest.mark.cluster
+def test_every_host_answers_ssh_with_its_own_hostname(cluster: Cluster) -> None:
+    for host in cluster.hosts:
+        result = cluster.ssh(host.index, "hostname")
+        assert (result.returncode, result.stdout.strip()) == (0, host.name), result.stderr
+
+
+@pytest.mark.cluster
+def test_hosts_have_their_own_process_table_and_home(cluster: Cluster) -> None:
+    start_background(cluster, 1, "sleep 4242")
+    assert cluster.ssh(1, "echo mine > ~/marker").returncode == 0
+
+    assert wait_until(lambda: any(cmd == "sleep 4242" for _, cmd in cluster.host_pids(1)))
+    assert not any("sleep 4242" in cmd for _, cmd in cluster.host_pids(2))
+    assert "sshd" in dict(cluster.host_pids(2))[1]  # PID 1 there is the host's own sshd
+    assert (cluster.home(1) / "marker").read_text() == "mine\n"
+    assert cluster.ssh(2, "test -e ~/marker").returncode == 1
+
+    # Killed orphans must be reaped, or "no process left" checks would see zombies.
+    (pid,) = [pid for pid, cmd in cluster.host_pids(1) if cmd == "sleep 4242"]
+    assert cluster.exec_on(1, ["kill", str(pid)]).returncode == 0
+    assert wait_until(lambda: pid not in dict(cluster.host_pids(1)))
+    (cluster.home(1) / "marker").unlink()
+
+
+@pytest.mark.cluster
+def test_exec_on_runs_inside_the_host(cluster: Cluster) -> None:
+    (cluster.home(2) / "seen-from-inside").touch()
+
+    assert cluster.exec_on(2, ["hostname"]).stdout.strip() == "node2"
+    assert (
+        "10.77.0.12/24"
+        in cluster.exec_on(2, ["ip", "-o", "-4", "addr", "show", "dev", "eth0"]).stdout
+    )
+    assert "seen-from-inside" in cluster.exec_on(2, ["ls", "-A", str(ROOT_HOME)]).stdout.split()
+
+
+@pytest.mark.cluster
+def test_venv_python_imports_torch_over_ssh(cluster: Cluster) -> None:
+    code = "import socket, torch; print(socket.gethostname(), torch.__version__)"
+    result = cluster.ssh(
+        3, f"{shlex.quote(str(repo_python()))} -c {shlex.quote(code)}", timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "node3"
+
+
+@pytest.mark.cluster
+def test_partition_cuts_host_off_until_healed(cluster: Cluster) -> None:
+    cluster.partition(3)
+    assert not sshd_accepts("10.77.0.13", timeout=1)
+    assert cluster.ssh(2, "true").returncode == 0  # the others stay reachable
+
+    cluster.heal(3)
+    assert wait_until(lambda: sshd_accepts("10.77.0.13"))
+
+
+@pytest.mark.cluster
+def test_crash_kills_every_process_of_the_host_and_restart_boots_it(cluster: Cluster) -> None:
+    start_background(cluster, 2, "sleep 4343")
+    assert wait_until(lambda: machine_pids_running("sleep 4343") != [])
+
+    cluster.crash(2)
+
+    assert machine_pids_running("sleep 4343") == []
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("10.77.0.12", 22), timeout=2)
+    assert cluster.ssh(2, "true").returncode == 255
+    cluster.restart(2)
+    assert cluster.ssh(2, "hostname").stdout.strip() == "node2"
+
+
+@pytest.mark.cluster
+def test_stop_after_a_crash_leaves_nothing_behind(cluster: Cluster) -> None:
+    cluster.crash(1)
+    pids = [host.process.pid for host in cluster.hosts if host.process is not None]
+    pids += [host.init_pid for host in cluster.hosts if host.init_pid is not None]
+    workdir = cluster.workdir
+    assert workdir is not None and len(pids) == 2 * len(cluster.hosts) - 1
+
+    cluster.stop()
+
+    assert orch_namespaces() == []
+    assert orch_links() == []
+    assert not workdir.exists()
+    assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == []
+    cluster.start()  # the rest of the session still needs its cluster
+    assert sorted(orch_namespaces()) == ["orch-node1", "orch-node2", "orch-node3"]
+
+
+@pytest.mark.cluster
+def test_second_cluster_waits_for_the_machine_instead_of_tearing_down_the_first(
+    cluster: Cluster,
+) -> None:
+    with pytest.raises(ClusterError, match="another test cluster"):
+        Cluster(1).start(lock_timeout=0)
+
+    assert cluster.ssh(1, "hostname").stdout.strip() == "node1"
+
+
+@pytest.mark.cluster
+def test_inventory_and_env_point_orch_at_the_cluster(cluster: Cluster, tmp_path: Path) -> None:
+    path = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[1, "node3"], node3={"slots": 2})
+
+    doc = yaml.safe_load(path.read_text())
+    assert doc["defaults"] == {
+        "user": "root",
+        "identity_file": str(cluster.client_key),
+        "python": str(repo_python()),
+    }
+    assert doc["hosts"] == [
+        {"name": "node1", "address": "10.77.0.11"},
+        {"name": "node3", "address": "10.77.0.13", "slots": 2},
+    ]
+    env = cluster.env(inventory=path)
+    assert env["ORCH_INVENTORY"] == str(path)
+    assert Path(env["HOME"]).is_dir() and Path(env["ORCH_HOME"]).is_dir()
+    assert "10.77.0.11 ssh-ed25519 " in Path(env["ORCH_KNOWN_HOSTS"]).read_text()
+
+
+@pytest.mark.parametrize(
+    ("ci", "outcome"), [("true", pytest.fail.Exception), ("", pytest.skip.Exception)]
+)
+def test_unavailable_cluster_skips_locally_but_fails_in_ci(
+    ci: str, outcome: type[BaseException]
+) -> None:
+    with pytest.raises(outcome, match="no sshd"):
+        skip_or_fail("no sshd", environ={"CI": ci})
