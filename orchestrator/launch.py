@@ -79,21 +79,6 @@ def probe(host: Host, transport: Transport, master: str | None) -> ProbeResult:
     return ProbeResult(facts, data.get("ssh_addr"))
 
 
-def push(node: NodeLaunch, transport: Transport, archive: bytes) -> None:
-    """Unpack the code archive into the node's job directory."""
-    job_dir = sh_path(node.job_dir)
-    command = f"mkdir -p {job_dir} && cd {job_dir} && tar -xzf -"
-    result = transport.run(command, stdin=archive, timeout=PUSH_TIMEOUT_S)
-    if not result.ok:
-        raise RemoteCommandError(
-            node.host.name,
-            command,
-            result.exit_code,
-            result.stderr,
-            f"check free disk space and permissions of {node.host.workdir}",
-        )
-
-
 def _supervisor(node: NodeLaunch, *args: str) -> str:
     """The command line that runs the node's supervisor from its job directory."""
     job_dir = sh_path(node.job_dir)
@@ -101,23 +86,28 @@ def _supervisor(node: NodeLaunch, *args: str) -> str:
     return f"cd {job_dir} && exec {sh_path(node.host.python)} {SUPERVISOR_NAME} {words}"
 
 
-def start(node: NodeLaunch, transport: Transport) -> dict[str, Any]:
-    """Start the node's torchrun under a detached supervisor; returns its pids.
+def push_and_start(node: NodeLaunch, transport: Transport, archive: bytes) -> dict[str, Any]:
+    """Unpack the code into the node's job directory and start torchrun there, in one
+    round trip: torchrun runs under a detached supervisor. Returns its pids.
 
     Raises:
-        RemoteCommandError: the supervisor could not start torchrun.
+        RemoteCommandError: unpacking failed, or the supervisor could not start torchrun.
     """
+    job_dir = sh_path(node.job_dir)
     spec = json.dumps({"argv": list(node.argv), "env": node.env})
-    command = _supervisor(node, "start", ".", spec)
-    result = transport.run(command, timeout=PROBE_TIMEOUT_S)
-    if not result.ok:
+    unpack = f"mkdir -p {job_dir} && cd {job_dir} && tar -xzf -"
+    command = f"{unpack} && {_supervisor(node, 'start', '.', spec)}"
+    result = transport.run(command, stdin=archive, timeout=PUSH_TIMEOUT_S)
+    try:
+        started: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        started = {}
+    if not result.ok or "pid" not in started:
+        what = unpack if not result.stdout.strip() else f"{SUPERVISOR_NAME} start"
         raise RemoteCommandError(
-            node.host.name,
-            f"{SUPERVISOR_NAME} start",
-            result.exit_code,
-            result.stdout + result.stderr,
+            node.host.name, what, result.exit_code, result.stderr + str(started.get("error", "")),
+            f"check free disk space and permissions of {node.host.workdir}",
         )
-    started: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     log.debug("[job=%s host=%s] started %s", node.env.get("ORCH_JOB_ID"), node.host.name, started)
     return started
 

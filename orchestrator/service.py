@@ -99,19 +99,21 @@ def submit(sub: Submission, reporter: Reporter, detach: bool = False) -> int:
     options = ConnectOptions(notice=reporter.notice)
     with HostGroup(sub.hosts, options) as group:
         group.connect()
+        log.info("connected to %d hosts", len(sub.hosts))
         plan = _plan_with_facts(sub, group)
+        log.info("probed %d hosts; master %s:%s", len(sub.hosts), plan.master_addr, plan.master_port)
         reporter.job_started(plan.job_id)
         nodes = {n.host.name: n for n in plan.nodes}
         log.info("pushing %d files (%d kB) to %d hosts", nfiles, len(archive) // 1024, len(nodes))
-        group.each(lambda host, t: launch.push(nodes[host.name], t, archive))
         started: list[str] = []
 
         def start(host: Host, transport: Transport) -> None:
-            launch.start(nodes[host.name], transport)
+            launch.push_and_start(nodes[host.name], transport, archive)
             started.append(host.name)
 
         try:
             group.each(start)
+            log.info("started torchrun on %d hosts", len(started))
         except OrchError:
             _teardown(plan, group, started, reporter)
             raise
