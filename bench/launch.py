@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.report import machine, median, write_section  # noqa: E402
-from tests.integration.cluster import Cluster, Controller, orch_command, repo_python  # noqa: E402
+from bench.report import machine, median, write_section
+from tests.integration.cluster import Cluster, Controller, orch_command, repo_python
 
 JOB_DIR = Path(__file__).resolve().parent / "jobs" / "first_line"
 SCRIPT = "first_line.py"

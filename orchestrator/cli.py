@@ -67,7 +67,9 @@ def _root(
 ) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(relativeCreated)6.0fms %(levelname)s %(name)s: %(message)s"
+        level=level,
+        stream=sys.stderr,
+        format="%(relativeCreated)6.0fms %(levelname)s %(name)s: %(message)s",
     )
     if verbose < 2:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)

@@ -105,7 +105,10 @@ def push_and_start(node: NodeLaunch, transport: Transport, archive: bytes) -> di
     if not result.ok or "pid" not in started:
         what = unpack if not result.stdout.strip() else f"{SUPERVISOR_NAME} start"
         raise RemoteCommandError(
-            node.host.name, what, result.exit_code, result.stderr + str(started.get("error", "")),
+            node.host.name,
+            what,
+            result.exit_code,
+            result.stderr + str(started.get("error", "")),
             f"check free disk space and permissions of {node.host.workdir}",
         )
     log.debug("[job=%s host=%s] started %s", node.env.get("ORCH_JOB_ID"), node.host.name, started)

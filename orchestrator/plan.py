@@ -252,7 +252,8 @@ def describe(plan: LaunchPlan) -> list[str]:
     """The plan as text: per host, its ranks, exact command and environment."""
     port = plan.master_port if plan.master_port is not None else UNKNOWN_PORT
     lines = [
-        f"job {plan.job_id}: {plan.job.entry} on {len(plan.nodes)} nodes, world size {plan.world_size}",
+        f"job {plan.job_id}",
+        f"{plan.job.entry} on {len(plan.nodes)} nodes, world size {plan.world_size}",
         f"master {plan.master.host.name} at {plan.master_addr}:{port}",
     ]
     for node in plan.nodes:

@@ -101,7 +101,9 @@ def submit(sub: Submission, reporter: Reporter, detach: bool = False) -> int:
         group.connect()
         log.info("connected to %d hosts", len(sub.hosts))
         plan = _plan_with_facts(sub, group)
-        log.info("probed %d hosts; master %s:%s", len(sub.hosts), plan.master_addr, plan.master_port)
+        log.info(
+            "probed %d hosts; master %s:%s", len(sub.hosts), plan.master_addr, plan.master_port
+        )
         reporter.job_started(plan.job_id)
         nodes = {n.host.name: n for n in plan.nodes}
         log.info("pushing %d files (%d kB) to %d hosts", nfiles, len(archive) // 1024, len(nodes))

@@ -31,6 +31,7 @@ class _Rules:
 
     base: str
     spec: pathspec.GitIgnoreSpec
+    negates: bool = False  # has `!pattern` lines, which may re-include files below an ignored dir
 
     def verdict(self, rel: str) -> bool | None:
         if self.base:
@@ -48,7 +49,10 @@ def _read_rules(directory: Path, base: str) -> _Rules | None:
             lines += (directory / name).read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
             continue
-    return _Rules(base, pathspec.GitIgnoreSpec.from_lines(lines)) if lines else None
+    if not lines:
+        return None
+    negates = any(line.lstrip().startswith("!") for line in lines)
+    return _Rules(base, pathspec.GitIgnoreSpec.from_lines(lines), negates)
 
 
 def _ignored(rel: str, rules: Iterable[_Rules]) -> bool:
@@ -60,14 +64,26 @@ def _ignored(rel: str, rules: Iterable[_Rules]) -> bool:
     return result
 
 
+def _skip_dir(rel: str, hard: pathspec.GitIgnoreSpec, rules: list[_Rules]) -> bool:
+    """Whether nothing below a directory can be pushed, so it need not be walked.
+
+    An ignored directory is still walked when a negation pattern is active: with `*`,
+    `!*/`, `!*.py` the `.py` files below it are wanted, and each file is decided alone.
+    """
+    if hard.match_file(rel + "/"):
+        return True
+    return _ignored(rel + "/", rules) and not any(r.negates for r in rules)
+
+
 def collect_files(root: Path, exclude: Iterable[str] = ()) -> list[str]:
     """Relative posix paths of the files, symlinks and empty dirs to push, sorted.
 
     Symlinks are kept as links and never followed, so nothing outside the tree is read.
     """
-    rules = [_Rules("", pathspec.GitIgnoreSpec.from_lines([*ALWAYS_EXCLUDED, *exclude]))]
+    # .git/ and the job's exclude: patterns are final: no ignore file can bring them back.
+    hard = pathspec.GitIgnoreSpec.from_lines([*ALWAYS_EXCLUDED, *exclude])
     found: list[str] = []
-    stack: list[tuple[Path, str, list[_Rules]]] = [(root, "", rules)]
+    stack: list[tuple[Path, str, list[_Rules]]] = [(root, "", [])]
     while stack:
         directory, base, active = stack.pop()
         own = _read_rules(directory, base)
@@ -76,14 +92,14 @@ def collect_files(root: Path, exclude: Iterable[str] = ()) -> list[str]:
             entries = sorted(os.scandir(directory), key=lambda e: e.name)
         except OSError:
             continue
-        if not entries and base:
+        if not entries and base and not _ignored(base + "/", active):
             found.append(base + "/")
         for entry in entries:
             rel = f"{base}/{entry.name}" if base else entry.name
             if entry.is_dir(follow_symlinks=False):
-                if not _ignored(rel + "/", active):
+                if not _skip_dir(rel, hard, active):
                     stack.append((Path(entry.path), rel, active))
-            elif not _ignored(rel, active):
+            elif not hard.match_file(rel) and not _ignored(rel, active):
                 found.append(rel)
     return sorted(found)
 

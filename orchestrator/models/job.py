@@ -91,7 +91,9 @@ def load_job(path: Path) -> JobSpec:
     check_keys(where, _JOB_KEYS)
     base = path.resolve().parent
 
-    name = get_str(where, "name") or path.stem
+    name = (
+        get_str(where, "name") or re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).strip("-._") or "job"
+    )
     if not _NAME_RE.match(name):
         raise where.error(
             "name", f"invalid job name {name!r}", "use letters, digits, '.', '_' and '-'"
@@ -113,7 +115,7 @@ def load_job(path: Path) -> JobSpec:
             "workdir", f"workdir {workdir} is not a directory", "point workdir at the code to push"
         )
     if script:
-        _check_script(where, workdir, script)
+        script = _check_script(where, workdir, script)
 
     nodes = get_int(where, "nodes", minimum=1)
     hosts = get_str_list(where, "hosts")
@@ -159,7 +161,8 @@ def load_job(path: Path) -> JobSpec:
     )
 
 
-def _check_script(where: Where, workdir: Path, script: str) -> None:
+def _check_script(where: Where, workdir: Path, script: str) -> str:
+    """The script's path relative to the workdir: where it will be on every host."""
     candidate = (workdir / script).resolve()
     if not candidate.is_relative_to(workdir):
         raise where.error(
@@ -173,6 +176,7 @@ def _check_script(where: Where, workdir: Path, script: str) -> None:
             f"script {script} not found in workdir {workdir}",
             "give the script's path relative to the workdir",
         )
+    return candidate.relative_to(workdir).as_posix()
 
 
 def _load_nproc(where: Where) -> int | None:
@@ -180,5 +184,9 @@ def _load_nproc(where: Where) -> int | None:
     if value == AUTO:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise where.error("nproc_per_node", f"expected 'auto' or a positive integer, got {value!r}")
+        raise where.error(
+            "nproc_per_node",
+            f"expected 'auto' or a positive integer, got {value!r}",
+            "write nproc_per_node: auto (the host's slots) or a number",
+        )
     return value

@@ -19,12 +19,15 @@ from orchestrator.models.errors import SpecError
 
 
 class PosDict(dict[str, Any]):
-    """A mapping that remembers the (line, column) of each key, 1-based."""
+    """A mapping that remembers the (line, column) of each key, 1-based, and the
+    source text of each value: YAML 1.1 would read `1.10` as 1.1, `on` as True and
+    `010` as 8, and args and env values must reach the script as they were written."""
 
     def __init__(self) -> None:
         super().__init__()
         self.positions: dict[str, tuple[int, int]] = {}
         self.start: tuple[int, int] = (1, 1)
+        self.source: dict[str, Any] = {}
 
 
 class _PosLoader(yaml.SafeLoader):
@@ -36,16 +39,34 @@ def _construct_mapping(loader: _PosLoader, node: yaml.MappingNode) -> PosDict:
     result.start = (node.start_mark.line + 1, node.start_mark.column + 1)
     loader.flatten_mapping(node)
     for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if not isinstance(key, str):
-            key = str(key)
+        key = (
+            key_node.value
+            if isinstance(key_node, yaml.ScalarNode)
+            else str(loader.construct_object(key_node))
+        )
         if key in result:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key '{key}'", key_node.start_mark
             )
         result[key] = loader.construct_object(value_node, deep=True)
         result.positions[key] = (value_node.start_mark.line + 1, value_node.start_mark.column + 1)
+        result.source[key] = _source_text(value_node)
     return result
+
+
+def _source_text(node: yaml.Node) -> Any:
+    """A node's scalars as written in the file (a list or dict of them for collections)."""
+    if isinstance(node, yaml.ScalarNode):
+        return node.value
+    if isinstance(node, yaml.SequenceNode):
+        return [_source_text(item) for item in node.value]
+    if isinstance(node, yaml.MappingNode):
+        return {
+            _source_text(k): _source_text(v)
+            for k, v in node.value
+            if isinstance(k, yaml.ScalarNode)
+        }
+    return None
 
 
 _PosLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
@@ -144,11 +165,16 @@ def _type_name(value: object) -> str:
 
 
 def get_str(where: Where, key: str, default: str | None = None) -> str | None:
-    """A string value; numbers are accepted and turned into strings only where harmless."""
+    """A string value."""
     value = where.mapping.get(key, default)
     if value is None or isinstance(value, str):
+        _check_text(where, key, value or "")
         return value
-    raise where.error(key, f"expected a string, got {_type_name(value)} {value!r}")
+    raise where.error(
+        key,
+        f"expected a string, got {_type_name(value)} {value!r}",
+        f'quote it: {key}: "{value}"' if not isinstance(value, (list, dict)) else "",
+    )
 
 
 def get_int(
@@ -159,9 +185,13 @@ def get_int(
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise where.error(key, f"expected an integer, got {_type_name(value)} {value!r}")
+        raise where.error(
+            key,
+            f"expected an integer, got {_type_name(value)} {value!r}",
+            f"write a whole number, e.g. {key}: {minimum if minimum is not None else 1}",
+        )
     if minimum is not None and value < minimum:
-        raise where.error(key, f"must be at least {minimum}, got {value}")
+        raise where.error(key, f"must be at least {minimum}, got {value}", f"use {minimum} or more")
     return value
 
 
@@ -171,12 +201,23 @@ def get_str_list(where: Where, key: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise where.error(key, f"expected a list, got {_type_name(value)} {value!r}")
+        raise where.error(
+            key,
+            f"expected a list, got {_type_name(value)} {value!r}",
+            f'write a YAML list, e.g. {key}: ["{value}"]',
+        )
+    source = where.mapping.source.get(key) or []
     out = []
-    for item in value:
+    for item, text in zip(value, source, strict=False):
         if isinstance(item, (list, dict)) or item is None:
-            raise where.error(key, f"list items must be strings or numbers, got {_type_name(item)}")
-        out.append(_scalar_text(item))
+            raise where.error(
+                key,
+                f"list items must be strings or numbers, got {_type_name(item)}",
+                "quote each item",
+            )
+        out.append(text if isinstance(text, str) else _scalar_text(item))
+    for text in out:
+        _check_text(where, key, text)
     return tuple(out)
 
 
@@ -186,15 +227,43 @@ def get_env(where: Where, key: str) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise where.error(key, f"expected a mapping of NAME: value, got {_type_name(value)}")
+        raise where.error(
+            key,
+            f"expected a mapping of NAME: value, got {_type_name(value)}",
+            f"write it as {key}: {{NAME: value}}",
+        )
+    source = where.mapping.source.get(key) or {}
     env: dict[str, str] = {}
     for name, item in value.items():
-        if not name.replace("_", "a").isalnum() or name[0].isdigit():
-            raise where.error(key, f"'{name}' is not a valid environment variable name")
+        if (
+            not name
+            or not name.replace("_", "a").isalnum()
+            or not name.isascii()
+            or name[0].isdigit()
+        ):
+            raise where.error(
+                key,
+                f"'{name}' is not a valid environment variable name",
+                "use letters, digits and '_', not starting with a digit",
+            )
         if isinstance(item, (list, dict)) or item is None:
-            raise where.error(key, f"value of {name} must be a string or number")
-        env[name] = _scalar_text(item)
+            raise where.error(
+                key, f"value of {name} must be a string or number", f'quote it: {name}: "..."'
+            )
+        text = source.get(name)
+        env[name] = text if isinstance(text, str) else _scalar_text(item)
+        _check_text(where, key, env[name])
     return env
+
+
+def _check_text(where: Where, key: str, text: str) -> None:
+    """A NUL byte cannot pass through argv or the environment of any process."""
+    if "\0" in text:
+        raise where.error(
+            key,
+            "contains a NUL character, which no command line can carry",
+            "remove the NUL character",
+        )
 
 
 def get_mapping(where: Where, key: str) -> PosDict | None:
@@ -202,7 +271,11 @@ def get_mapping(where: Where, key: str) -> PosDict | None:
     if value is None:
         return None
     if not isinstance(value, PosDict):
-        raise where.error(key, f"expected a mapping, got {_type_name(value)} {value!r}")
+        raise where.error(
+            key,
+            f"expected a mapping, got {_type_name(value)} {value!r}",
+            f"write it as {key}: {{name: value}}",
+        )
     return value
 
 

@@ -179,7 +179,7 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         write_json("exit.json", {"returncode": 127, "error": str(exc), "ended": time.time()})
         os.write(ready_fd, json.dumps({"error": f"cannot start {argv[0]}: {exc}"}).encode())
         return 1
@@ -266,9 +266,9 @@ def drain(
     emitted = False
     offset = offsets.get(stream, 0)
     while True:
-        cut = buf.find(b"\n")
+        cut = buf.find(b"\n", 0, MAX_LINE)
         if cut < 0 and len(buf) >= MAX_LINE:
-            cut = MAX_LINE - 1
+            cut = MAX_LINE - 1  # a line this long goes in pieces, whenever its newline comes
         elif cut < 0:
             break
         line, buf = buf[: cut + 1], buf[cut + 1 :]

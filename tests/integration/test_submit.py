@@ -121,7 +121,7 @@ def test_dry_run_prints_each_host_command_and_touches_no_host(cluster: Cluster, 
 
 
 def _only_older_jobs(cluster: Cluster, host: int, stdout: str) -> bool:
-    job_id = stdout.split()[1].rstrip(":")
+    job_id = stdout.split()[1]
     return not (cluster.home(host) / ".orch" / "jobs" / job_id).exists()
 
 
