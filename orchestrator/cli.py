@@ -7,17 +7,24 @@ code; no traceback ever reaches the user.
 
 from __future__ import annotations
 
+import json
 import logging
+import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from orchestrator import service
-from orchestrator.models.errors import EXIT_INTERRUPTED, InputError, OrchError
+from orchestrator import jobs, service
+from orchestrator.models.errors import EXIT_INTERRUPTED, InputError, MultiHostError, OrchError
+from orchestrator.models.states import JobState
 from orchestrator.plan import describe
+from orchestrator.state import JobRecord, Store
 
 app = typer.Typer(
     name="orch",
@@ -40,23 +47,28 @@ class ConsoleReporter:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._out = sys.stdout.buffer
 
     def job_started(self, job_id: str) -> None:
-        self._out(f"job {job_id}\n")
+        self._write(f"job {job_id}\n".encode())
 
-    def line(self, host: str, rank: int | None, text: str) -> None:
-        prefix = f"[{host} r{rank}]" if rank is not None else f"[{host}]"
-        self._out(f"{prefix} {text}\n")
+    def output(self, host: str, rank: int | None, data: bytes) -> None:
+        prefix = (f"[{host} r{rank}] " if rank is not None else f"[{host}] ").encode()
+        lines = data.split(b"\n")
+        if data.endswith(b"\n"):
+            lines.pop()
+        self._write(b"".join(prefix + line + b"\n" for line in lines))
 
     def notice(self, message: str) -> None:
         with self._lock:
+            self._out.flush()
             sys.stderr.write(f"orch: {message}\n")
             sys.stderr.flush()
 
-    def _out(self, text: str) -> None:
+    def _write(self, data: bytes) -> None:
         with self._lock:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            self._out.write(data)
+            self._out.flush()
 
 
 @app.callback()
@@ -104,30 +116,164 @@ def _not_yet(command: str) -> NoReturn:
 
 
 @app.command()
-def status(job_id: Annotated[str | None, typer.Argument()] = None) -> None:
-    """Table of jobs, or one job's nodes."""
-    _not_yet("status")
+def status(
+    job_id: Annotated[str | None, typer.Argument(help="A job id (or a unique prefix).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Table of jobs, or one job's nodes; reconciled with the hosts."""
+    records = jobs.status(Store(), job_id, ConsoleReporter())
+    if as_json:
+        typer.echo(json.dumps([_job_json(r) for r in records], indent=2))
+        return
+    console = Console()
+    if job_id:
+        console.print(_nodes_table(records[0]))
+        return
+    table = Table("id", "name", "state", "nodes", "started", "duration", "exit", box=None)
+    for r in records:
+        table.add_row(
+            r.id,
+            r.name,
+            _state(r.state),
+            str(len(r.nodes)),
+            _when(r.started or r.created),
+            _duration(r.duration),
+            "" if r.exit_code is None else str(r.exit_code),
+        )
+    console.print(table if records else "no jobs yet: orch submit JOB.yaml")
+
+
+def _state(state: JobState) -> str:
+    color = {"succeeded": "green", "failed": "red", "lost": "red", "killed": "yellow"}.get(
+        state.value, "cyan"
+    )
+    return f"[{color}]{state.value}[/{color}]"
+
+
+def _when(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return ""
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return str(code)
+
+
+def _nodes_table(record: JobRecord) -> Table:
+    table = Table(
+        "host",
+        "node rank",
+        "ranks",
+        "state",
+        "exit",
+        box=None,
+        title=f"job {record.id} ({record.name}): {record.state.value}",
+        title_justify="left",
+    )
+    for n in record.nodes:
+        ranks = str(n.first_rank) if n.nproc == 1 else f"{n.ranks.start}-{n.ranks.stop - 1}"
+        table.add_row(
+            n.host.name, str(n.node_rank), ranks, _state(n.state), _exit_text(n.exit_code)
+        )
+    return table
+
+
+def _job_json(r: JobRecord) -> dict[str, object]:
+    return {
+        "id": r.id,
+        "name": r.name,
+        "state": r.state.value,
+        "created": r.created,
+        "started": r.started,
+        "ended": r.ended,
+        "duration": r.duration,
+        "exit_code": r.exit_code,
+        "master_addr": r.master_addr,
+        "master_port": r.master_port,
+        "spec": r.spec,
+        "nodes": [
+            {
+                "host": n.host.name,
+                "address": n.host.address,
+                "node_rank": n.node_rank,
+                "ranks": list(n.ranks),
+                "state": n.state.value,
+                "exit_code": n.exit_code,
+                "signal": _exit_text(n.exit_code) if (n.exit_code or 0) < 0 else None,
+                "error": n.error,
+            }
+            for n in r.nodes
+        ],
+    }
 
 
 @app.command()
 def logs(
-    job_id: str,
-    follow: Annotated[bool, typer.Option("-f", "--follow")] = False,
-    node: Annotated[str | None, typer.Option("--node")] = None,
-    rank: Annotated[int | None, typer.Option("--rank")] = None,
-    tail: Annotated[int | None, typer.Option("--tail")] = None,
+    job_id: Annotated[str, typer.Argument(help="A job id (or a unique prefix).")],
+    follow: Annotated[
+        bool, typer.Option("-f", "--follow", help="Go on until the job ends.")
+    ] = False,
+    node: Annotated[str | None, typer.Option("--node", help="Only this host's lines.")] = None,
+    rank: Annotated[
+        int | None, typer.Option("--rank", help="Only this global rank's lines.")
+    ] = None,
+    tail: Annotated[
+        int | None, typer.Option("--tail", help="Only the last N lines of each rank.")
+    ] = None,
 ) -> None:
-    """Print a job's output."""
-    _not_yet("logs")
+    """Print everything a job's ranks have written, as [host rN] line."""
+    want = jobs.LogFilter(node=node, rank=rank, tail=tail)
+    raise typer.Exit(jobs.logs(Store(), job_id, want, follow, ConsoleReporter()))
 
 
 @app.command()
 def kill(
-    job_id: Annotated[str | None, typer.Argument()] = None,
-    all_jobs: Annotated[bool, typer.Option("--all")] = False,
+    job_id: Annotated[str | None, typer.Argument(help="A job id (or a unique prefix).")] = None,
+    all_jobs: Annotated[
+        bool, typer.Option("--all", help="Kill every job that has not ended.")
+    ] = False,
 ) -> None:
-    """Stop a job on every host."""
-    _not_yet("kill")
+    """Stop a job on every host: its process groups, then anything carrying its tag."""
+    if (job_id is None) == (not all_jobs):
+        raise InputError(
+            "give a job id or --all, not both or neither", "orch kill JOB_ID  |  orch kill --all"
+        )
+    outcomes = jobs.kill(Store(), None if all_jobs else job_id, ConsoleReporter())
+    unreachable = []
+    for outcome in outcomes:
+        if outcome.already is not None:
+            typer.echo(
+                f"job {outcome.job_id} had already ended ({outcome.already.value}): nothing to kill"
+            )
+            continue
+        for host, killed in outcome.killed.items():
+            what = ", ".join(
+                f"{pid} {cmd.split(' ', 1)[0].rsplit('/', 1)[-1]}" for pid, cmd in killed
+            )
+            typer.echo(f"[{host}] killed {len(killed)} processes" + (f": {what}" if killed else ""))
+        if outcome.port_free is not None:
+            typer.echo(
+                f"job {outcome.job_id}: rendezvous port "
+                + ("free" if outcome.port_free else "STILL IN USE")
+            )
+        typer.echo(f"job {outcome.job_id} killed")
+        unreachable += outcome.unreachable
+    if unreachable:
+        raise unreachable[0] if len(unreachable) == 1 else MultiHostError(unreachable)
 
 
 @app.command()

@@ -34,20 +34,31 @@ class HostGroup:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def connect(self) -> None:
+    def connect(self, tolerate: bool = False) -> list[OrchError]:
         """Connect to every host in parallel.
 
+        Args:
+            tolerate: keep going without the hosts that fail (status, logs and kill
+                work with whatever hosts answer); their errors are returned.
+
         Raises:
-            HostError / MultiHostError: naming each host that could not be reached.
+            HostError / MultiHostError: naming each host that could not be reached,
+                unless `tolerate`.
         """
-        transports = {h.name: open_transport(h, self.options) for h in self.hosts}
-        self.transports = transports
-        self.each(lambda _host, t: t.connect())
+        self.transports = {h.name: open_transport(h, self.options) for h in self.hosts}
+        connected, failures = self.try_each(lambda _host, t: t.connect())
+        if failures and not tolerate:
+            self.close()
+            raise _combined(failures, list(connected))
+        for failure in failures:
+            if isinstance(failure, HostError):
+                self.transports.pop(failure.host, None)
+        return failures
 
     def each(
         self, operation: Callable[[Host, Transport], T], only: Iterable[str] | None = None
     ) -> dict[str, T]:
-        """Run `operation` on every host (or the named ones) in parallel.
+        """Run `operation` on every connected host (or the named ones) in parallel.
 
         Returns:
             Each host's result by host name, in host order.
@@ -55,12 +66,25 @@ class HostGroup:
         Raises:
             OrchError: the one host's error, or MultiHostError when several failed.
         """
+        results, failures = self.try_each(operation, only)
+        if failures:
+            raise _combined(failures, list(results))
+        return results
+
+    def try_each(
+        self, operation: Callable[[Host, Transport], T], only: Iterable[str] | None = None
+    ) -> tuple[dict[str, T], list[OrchError]]:
+        """Like `each`, but returns the failures beside the results instead of raising."""
         names = set(only) if only is not None else None
-        targets = [h for h in self.hosts if names is None or h.name in names]
-        if not targets:
-            return {}
+        targets = [
+            h
+            for h in self.hosts
+            if h.name in self.transports and (names is None or h.name in names)
+        ]
         results: dict[str, T] = {}
         failures: list[OrchError] = []
+        if not targets:
+            return results, failures
         with ThreadPoolExecutor(max_workers=len(targets)) as pool:
             futures = {h.name: pool.submit(operation, h, self.transports[h.name]) for h in targets}
             for name, future in futures.items():
@@ -71,12 +95,12 @@ class HostGroup:
                 except Exception as exc:  # keep every host's failure, never only the first
                     log.debug("unexpected failure on %s", name, exc_info=True)
                     failures.append(HostError(name, f"unexpected error: {exc!r}"))
-        if failures:
-            if len(failures) == 1:
-                raise failures[0]
-            raise MultiHostError(failures, succeeded=list(results))
-        return results
+        return results, failures
 
     def close(self) -> None:
         for transport in self.transports.values():
             transport.close()
+
+
+def _combined(failures: list[OrchError], succeeded: list[str]) -> OrchError:
+    return failures[0] if len(failures) == 1 else MultiHostError(failures, succeeded=succeeded)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.inventory import Host
@@ -35,51 +37,45 @@ class ProbeResult:
     ssh_addr: str | None
 
 
-def probe(host: Host, transport: Transport, master: str | None) -> ProbeResult:
+def probe(
+    host: Host,
+    transport: Transport,
+    master: str | None,
+    port: int | None = None,
+    gpus: bool = False,
+    modules: Sequence[str] = (),
+) -> ProbeResult:
     """Learn a host's facts without importing torch (that costs seconds).
+
+    Args:
+        master: the address whose route (interface, source address) to report.
+        port: also report whether this port is free there, and who holds it.
+        gpus: also count GPUs (nvidia-smi, which can take a second on a big box).
+        modules: top-level modules to look for with the host's python.
 
     Raises:
         HostError: python is missing on the host, or torch is not installed for it.
     """
-    command = f"{sh_path(host.python)} - probe" + (f" {shlex.quote(master)}" if master else "")
-    result = transport.run(command, stdin=supervisor_source(), timeout=PROBE_TIMEOUT_S)
-    if result.exit_code in SHELL_NOT_FOUND:
-        raise HostError(
-            host.name,
-            f"python not found at {host.python}",
-            f"set 'python:' for {host.name} in the inventory to an interpreter that has torch",
-        )
-    if not result.ok:
-        raise RemoteCommandError(
-            host.name,
-            command,
-            result.exit_code,
-            result.stderr,
-            f"check that {host.python} is a working Python 3 on {host.name}",
-        )
-    try:
-        data: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise HostError(host.name, f"unreadable probe output: {result.stdout[-200:]!r}") from None
-    if not data.get("torch"):
-        raise HostError(
-            host.name,
-            f"torch is not installed for {host.python}",
-            f"install torch there ({host.python} -m pip install torch), "
-            f"or point 'python:' for {host.name} at an interpreter that has it",
-        )
-    facts = HostFacts(
-        hostname=str(data.get("hostname", "")),
-        python_version=str(data.get("python", "")),
-        torch_version=data.get("torch"),
-        iface=data.get("iface"),
-        local_addr=data.get("local_addr"),
-        free_port=data.get("free_port"),
-    )
-    return ProbeResult(facts, data.get("ssh_addr"))
+    found = probe_host(host, transport, master, port, gpus, modules)
+    if not found.facts.torch_version:
+        raise torch_missing(host)
+    return found
 
 
-def _supervisor(node: NodeLaunch, *args: str) -> str:
+class NodeRef(Protocol):
+    """What node operations need to know of a node: a plan's or a stored record's."""
+
+    @property
+    def host(self) -> Host: ...
+
+    @property
+    def node_rank(self) -> int: ...
+
+    @property
+    def job_dir(self) -> str: ...
+
+
+def _supervisor(node: NodeRef, *args: str) -> str:
     """The command line that runs the node's supervisor from its job directory."""
     job_dir = sh_path(node.job_dir)
     words = " ".join(shlex.quote(a) for a in args)
@@ -115,18 +111,145 @@ def push_and_start(node: NodeLaunch, transport: Transport, archive: bytes) -> di
     return started
 
 
-def follow_command(node: NodeLaunch, offsets: dict[str, int] | None = None) -> str:
-    """The command that streams the node's log lines as JSON records."""
-    return _supervisor(node, "follow", ".", json.dumps(offsets or {}))
+def follow_command(node: NodeRef, offsets: dict[str, int] | None = None, once: bool = False) -> str:
+    """The command that streams the node's log files from `offsets` as framed chunks."""
+    return _supervisor(
+        node, "follow", ".", json.dumps(offsets or {}), *(["--once"] if once else [])
+    )
 
 
-def kill(node: NodeLaunch, transport: Transport, grace_s: float = KILL_GRACE_S) -> dict[str, Any]:
-    """Stop everything the job runs on this node: its process groups, then tagged strays."""
-    command = _supervisor(node, "kill", ".", str(grace_s))
-    result = transport.run(command, timeout=grace_s + 30)
+def _run_sent(
+    node: NodeRef, transport: Transport, args: list[str], timeout: float
+) -> dict[str, Any]:
+    """Run a supervisor command from a copy sent on stdin: it works even where the
+    job directory was never created (a launch cut short)."""
+    command = f"{sh_path(node.host.python)} - " + " ".join(shlex.quote(a) for a in args)
+    result = transport.run(command, stdin=supervisor_source(), timeout=timeout)
+    try:
+        report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RemoteCommandError(
+            node.host.name, f"{SUPERVISOR_NAME} {args[0]}", result.exit_code, result.stderr
+        ) from None
+    return report
+
+
+def kill(
+    node: NodeRef,
+    transport: Transport,
+    job_id: str,
+    grace_s: float = KILL_GRACE_S,
+    port: int | None = None,
+) -> dict[str, Any]:
+    """Stop everything the job runs on this node: its process groups, then tagged strays.
+
+    Returns:
+        {"killed": [[pid, cmdline], ...], "forced": [...], "remaining": [...]}, and
+        "port_free" when a port was given.
+    """
+    args = ["kill", node.job_dir, str(grace_s), job_id, *([str(port)] if port is not None else [])]
+    return _run_sent(node, transport, args, timeout=grace_s + 30)
+
+
+def node_status(node: NodeRef, transport: Transport) -> dict[str, Any]:
+    """{"started", "running", "ended": exit record or None} of a node, from its host."""
+    return _run_sent(node, transport, ["status", node.job_dir], timeout=PROBE_TIMEOUT_S)
+
+
+def probe_host(
+    host: Host,
+    transport: Transport,
+    master: str | None = None,
+    port: int | None = None,
+    gpus: bool = True,
+    modules: Sequence[str] = (),
+) -> ProbeResult:
+    """The probe without a verdict: facts even where torch is missing (`orch check`).
+
+    Raises:
+        HostError: python is missing, or the probe's output cannot be read.
+        RemoteCommandError: the probe itself failed.
+    """
+    options = {
+        "master": master,
+        "port": port,
+        "workdir": host.workdir,
+        "gpus": gpus,
+        "modules": list(modules),
+    }
+    command = f"{sh_path(host.python)} - probe {shlex.quote(json.dumps(options))}"
+    result = transport.run(command, stdin=supervisor_source(), timeout=PROBE_TIMEOUT_S)
+    received = time.time()
+    if result.exit_code in SHELL_NOT_FOUND:
+        raise HostError(
+            host.name,
+            f"python not found at {host.python}",
+            f"set 'python:' for {host.name} in the inventory to an interpreter that has torch",
+        )
     if not result.ok:
         raise RemoteCommandError(
-            node.host.name, f"{SUPERVISOR_NAME} kill", result.exit_code, result.stderr
+            host.name,
+            f"{host.python} - probe",
+            result.exit_code,
+            result.stderr,
+            f"check that {host.python} is a working Python 3 on {host.name}",
         )
-    report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return report
+    try:
+        data: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise HostError(host.name, f"unreadable probe output: {result.stdout[-200:]!r}") from None
+    return ProbeResult(facts_from_probe(data, received), data.get("ssh_addr"))
+
+
+def torch_missing(host: Host) -> HostError:
+    return HostError(
+        host.name,
+        f"torch is not installed for {host.python}",
+        f"install torch there ({host.python} -m pip install torch), "
+        f"or point 'python:' for {host.name} at an interpreter that has it",
+    )
+
+
+def facts_from_probe(data: dict[str, Any], received_at: float) -> HostFacts:
+    """HostFacts from the probe's JSON; `received_at` is this machine's clock when it came.
+
+    The probe stamps its clock just before it answers, so the difference is the
+    clock offset, give or take the time the answer took to arrive.
+    """
+    gpus = data.get("gpus") or {}
+    port = data.get("port") or {}
+    remote_time = data.get("time")
+    return HostFacts(
+        hostname=str(data.get("hostname", "")),
+        python_version=str(data.get("python", "")),
+        torch_version=data.get("torch"),
+        iface=data.get("iface"),
+        local_addr=data.get("local_addr"),
+        free_port=data.get("free_port"),
+        os=str(data.get("os", "")),
+        python_executable=str(data.get("executable", "")),
+        torch_cuda=data.get("torch_cuda"),
+        nccl_version=data.get("nccl"),
+        gpu_count=gpus.get("count"),
+        gpu_names=tuple(str(g.get("name", "")) for g in gpus.get("list", ())),
+        gpu_error=gpus.get("error"),
+        addresses=tuple(sorted((data.get("addresses") or {}).items())),
+        route_error=data.get("route_error"),
+        port=port.get("port"),
+        port_free=port.get("free"),
+        port_holders=tuple(describe_holder(h) for h in port.get("holders", ())),
+        disk_free=data.get("disk_free"),
+        clock_offset_s=remote_time - received_at if isinstance(remote_time, float) else None,
+        modules_missing=tuple(m for m, found in (data.get("modules") or {}).items() if not found),
+    )
+
+
+def describe_holder(holder: dict[str, Any]) -> str:
+    """`pid 4242 (python train.py) of user bob`, or who it is when the pid is hidden."""
+    user = holder.get("user") or "?"
+    if not holder.get("pid"):
+        return f"a process of user {user} (hidden from this user: run check as {user} or root)"
+    command = " ".join(str(holder.get("command") or "?").split())
+    if len(command) > 80:
+        command = command[:77] + "..."
+    return f"pid {holder['pid']} ({command}) of user {user}"

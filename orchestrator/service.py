@@ -8,23 +8,29 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
+import signal
 import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from orchestrator import launch
 from orchestrator.hosts import HostGroup
+from orchestrator.launch import NodeRef
+from orchestrator.logstore import LogMirror
 from orchestrator.models.errors import HostError, InfraError, Interrupted, JobFailed, OrchError
 from orchestrator.models.inventory import Host, Inventory, builtin_local_inventory, load_inventory
 from orchestrator.models.job import JobSpec, load_job
+from orchestrator.models.states import JobState, job_state, node_state
 from orchestrator.plan import LaunchPlan, build_plan, select_hosts, static_master_addr
+from orchestrator.state import JobRecord, NodeRecord, Store
 from orchestrator.sync import pack_workdir
 from orchestrator.transport import ConnectOptions, Transport
-from orchestrator.watch import LineEvent, NodeExit, Watcher
+from orchestrator.watch import NodeExit, Output, Watcher
 
 log = logging.getLogger(__name__)
 TAIL_LINES = 20
@@ -34,13 +40,14 @@ class Reporter(Protocol):
     """What a running submit tells the user (implemented by the CLI).
 
     1. `job_started(job_id)` comes once, before any host is changed.
-    2. `line()` comes for every output line of every rank, in each rank's order.
+    2. `output()` comes with complete lines (bytes, newline-terminated but maybe the
+       very last) of one rank, or of a node's torchrun (rank None), in each one's order.
     3. `notice()` is a diagnostic for stderr: progress, host keys, teardown.
     """
 
     def job_started(self, job_id: str) -> None: ...
 
-    def line(self, host: str, rank: int | None, text: str) -> None: ...
+    def output(self, host: str, rank: int | None, data: bytes) -> None: ...
 
     def notice(self, message: str) -> None: ...
 
@@ -84,7 +91,9 @@ def dry_run(sub: Submission) -> LaunchPlan:
     return build_plan(sub.job, sub.hosts, sub.job_id, master_addr, sub.job.rendezvous_port)
 
 
-def submit(sub: Submission, reporter: Reporter, detach: bool = False) -> int:
+def submit(
+    sub: Submission, reporter: Reporter, detach: bool = False, store: Store | None = None
+) -> int:
     """Run a job on its hosts and, unless detached, stream its output until it ends.
 
     Returns:
@@ -95,6 +104,7 @@ def submit(sub: Submission, reporter: Reporter, detach: bool = False) -> int:
         JobFailed: a node failed; the job was stopped on every node.
         Interrupted: Ctrl-C; the job was stopped on every node.
     """
+    store = store or Store()
     archive, nfiles = pack_workdir(sub.job.workdir, sub.job.exclude)
     options = ConnectOptions(notice=reporter.notice)
     with HostGroup(sub.hosts, options) as group:
@@ -104,29 +114,52 @@ def submit(sub: Submission, reporter: Reporter, detach: bool = False) -> int:
         log.info(
             "probed %d hosts; master %s:%s", len(sub.hosts), plan.master_addr, plan.master_port
         )
+        # Recorded before anything starts, so that `orch kill` can always find the job.
+        store.add(record_of(plan))
         reporter.job_started(plan.job_id)
         nodes = {n.host.name: n for n in plan.nodes}
         log.info("pushing %d files (%d kB) to %d hosts", nfiles, len(archive) // 1024, len(nodes))
-        started: list[str] = []
 
         def start(host: Host, transport: Transport) -> None:
             launch.push_and_start(nodes[host.name], transport, archive)
-            started.append(host.name)
+            store.update_node(plan.job_id, host.name, JobState.RUNNING)
 
         try:
             group.each(start)
-            log.info("started torchrun on %d hosts", len(started))
+            log.info("started torchrun on %d hosts", len(nodes))
         except OrchError:
-            _teardown(plan, group, started, reporter)
+            teardown(plan.job_id, plan.master_port, plan.nodes, group, reporter)
+            store.update_job(plan.job_id, JobState.FAILED)
             raise
         except KeyboardInterrupt:
-            _teardown(plan, group, started, reporter)
+            teardown(plan.job_id, plan.master_port, plan.nodes, group, reporter)
+            store.update_job(plan.job_id, JobState.KILLED)
             raise Interrupted(
                 "interrupted while starting the job; stopped it on every host"
             ) from None
+        store.update_job(plan.job_id, JobState.RUNNING)
         if detach:
             return 0
-        return _watch(plan, group, reporter)
+        mirror = LogMirror(store.home / "logs", plan.job_id)
+        try:
+            return watch_job(store.get(plan.job_id), group, reporter, store, mirror, attached=True)
+        finally:
+            mirror.close()
+
+
+def record_of(plan: LaunchPlan) -> JobRecord:
+    """The job record of a plan, before any node started."""
+    job = plan.job
+    spec = {
+        "path": job.path,
+        "entry": job.entry,
+        "args": list(job.args),
+        "workdir": str(job.workdir),
+    }
+    nodes = [NodeRecord(n.host, n.node_rank, n.first_rank, n.nproc, n.job_dir) for n in plan.nodes]
+    return JobRecord(
+        plan.job_id, job.name, JobState.PENDING, plan.master_addr, plan.master_port, spec, nodes
+    )
 
 
 def _plan_with_facts(sub: Submission, group: HostGroup) -> LaunchPlan:
@@ -152,85 +185,172 @@ def _plan_with_facts(sub: Submission, group: HostGroup) -> LaunchPlan:
     return build_plan(sub.job, sub.hosts, sub.job_id, master_addr, port, facts)
 
 
-def _teardown(
-    plan: LaunchPlan,
+def teardown(
+    job_id: str,
+    port: int | None,
+    nodes: Sequence[NodeRef],
     group: HostGroup,
-    names: Sequence[str],
     reporter: Reporter,
     grace_s: float = launch.KILL_GRACE_S,
-) -> None:
-    """Stop the job on the named hosts; report, never raise (an error is already on its way)."""
-    if not names:
-        return
-    nodes = {n.host.name: n for n in plan.nodes}
-    try:
-        group.each(lambda host, t: launch.kill(nodes[host.name], t, grace_s), only=names)
-    except OrchError as exc:
-        reporter.notice(f"could not stop the job everywhere: {exc.message}")
+) -> dict[str, dict[str, Any]]:
+    """Stop the job on these nodes (on reachable hosts); report failures, never raise:
+    the error that led here is already on its way.
+
+    Returns:
+        Each reached host's kill report.
+    """
+    reachable = [n for n in nodes if n.host.name in group.transports]
+    master = nodes[0].host.name if nodes and nodes[0].node_rank == 0 else None
+
+    def kill(host: Host, transport: Transport) -> dict[str, Any]:
+        node = next(n for n in reachable if n.host.name == host.name)
+        return launch.kill(node, transport, job_id, grace_s, port if host.name == master else None)
+
+    results, failures = group.try_each(kill, only=[n.host.name for n in reachable])
+    for failure in failures:
+        reporter.notice(f"could not stop the job there: {failure.message}")
+    return results
 
 
-def _watch(plan: LaunchPlan, group: HostGroup, reporter: Reporter) -> int:
-    watcher = Watcher(plan, group)
-    tails: dict[tuple[str, int | None], deque[str]] = {}
-    first_failure: NodeExit | None = None
-    exited: set[str] = set()
+def watch_job(
+    record: JobRecord,
+    group: HostGroup,
+    reporter: Reporter,
+    store: Store,
+    mirror: LogMirror,
+    attached: bool,
+) -> int:
+    """Stream a job's output until every node ended; tear the job down when one fails.
+
+    Args:
+        attached: the submit that started the job: Ctrl-C kills the job (else it only
+            stops following).
+
+    Returns:
+        0 when every node succeeded.
+
+    Raises:
+        JobFailed: a node failed or was lost; the job was stopped on every node.
+        Interrupted: Ctrl-C on an attached submit; the job was stopped everywhere.
+    """
+    live = [
+        n for n in record.nodes if not n.state.is_terminal() and n.host.name in group.transports
+    ]
+    watcher = Watcher(live, group.transports, mirror)
+    tails: dict[tuple[str, int | None], deque[bytes]] = {}
+    failure: NodeExit | None = None
     killer: threading.Thread | None = None
     try:
         for event in watcher.events():
-            if isinstance(event, LineEvent):
-                tails.setdefault((event.host, event.rank), deque(maxlen=TAIL_LINES)).append(
-                    event.text
-                )
-                reporter.line(event.host, event.rank, event.text)
+            if isinstance(event, Output):
+                tail = tails.setdefault((event.host, event.rank), deque(maxlen=TAIL_LINES))
+                tail.extend(event.data.splitlines()[-TAIL_LINES:])
+                reporter.output(event.host, event.rank, event.data)
                 continue
-            exited.add(event.host)
-            if event.ok or first_failure is not None:
+            state = node_state(event.returncode, event.killed)
+            store.update_node(record.id, event.host, state, event.returncode, event.error)
+            record.node(event.host).state = state
+            if event.ok or failure is not None:
                 continue
-            first_failure = event
-            others = [n.host.name for n in plan.nodes if n.host.name not in exited]
+            failure = event
+            others = [
+                n for n in record.nodes if n.host.name != event.host and not n.state.is_terminal()
+            ]
             reporter.notice(
-                f"{_describe_exit(event)}: stopping the job on {len(others)} other node(s)"
+                f"{describe_exit(event)}: stopping the job on {len(others)} other node(s)"
             )
-            killer = threading.Thread(
-                target=_teardown, args=(plan, group, others, reporter), daemon=True
-            )
+            args = (record.id, record.master_port, others, group, reporter)
+            killer = threading.Thread(target=teardown, args=args, daemon=True)
             killer.start()
     except KeyboardInterrupt:
+        if not attached:
+            raise
         reporter.notice(
             "interrupted: stopping the job on every host (Ctrl-C again to skip the grace period)"
         )
         try:
-            _teardown(plan, group, [n.host.name for n in plan.nodes], reporter)
+            teardown(record.id, record.master_port, record.nodes, group, reporter)
         except KeyboardInterrupt:
-            _teardown(plan, group, [n.host.name for n in plan.nodes], reporter, grace_s=0)
-        raise Interrupted(f"job {plan.job_id} interrupted and stopped on every host") from None
+            teardown(record.id, record.master_port, record.nodes, group, reporter, grace_s=0)
+        for node in record.nodes:
+            store.update_node(record.id, node.host.name, JobState.KILLED)
+        store.update_job(record.id, JobState.KILLED)
+        raise Interrupted(f"job {record.id} interrupted and stopped on every host") from None
     finally:
         watcher.close()
         if killer is not None:
             killer.join()
-    if first_failure is None:
+    final = job_state([n.state for n in record.nodes])
+    if final.is_terminal():
+        store.update_job(record.id, final, 0 if final is JobState.SUCCEEDED else 1)
+    if failure is None and final is JobState.SUCCEEDED:
         return 0
-    raise JobFailed(_failure_summary(plan, first_failure, tails), "see the output above")
+    if failure is None:
+        raise JobFailed(f"job {record.id} ended {final.value}", f"see: orch status {record.id}")
+    raise JobFailed(failure_summary(record, failure, tails), f"all output: orch logs {record.id}")
 
 
-def _describe_exit(event: NodeExit) -> str:
+def describe_exit(event: NodeExit) -> str:
+    """How a node ended, in words."""
+    if event.killed:
+        return f"node {event.host} was killed"
     if event.returncode is None:
         return f"lost node {event.host} ({event.error or 'unknown'})"
     if event.returncode < 0:
-        return f"node {event.host} was killed by signal {-event.returncode}"
+        return f"node {event.host} was killed by {_signal_name(-event.returncode)}"
     return f"node {event.host} exited with code {event.returncode}"
 
 
-def _failure_summary(
-    plan: LaunchPlan, failure: NodeExit, tails: dict[tuple[str, int | None], deque[str]]
+def _signal_name(number: int) -> str:
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
+
+
+_ROOT_RANK = re.compile(rb"^\s*rank\s*:\s*(\d+)")
+_ROOT_EXIT = re.compile(rb"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+def root_cause(torchrun_tail: Sequence[bytes]) -> tuple[int | None, int | None]:
+    """The first failing rank and its exit code, from torchrun's failure report."""
+    lines = list(torchrun_tail)
+    start = next((i for i, line in enumerate(lines) if b"Root Cause" in line), None)
+    rank = code = None
+    for line in lines[start or 0 :]:
+        if rank is None and (m := _ROOT_RANK.match(line)):
+            rank = int(m.group(1))
+        elif code is None and (m := _ROOT_EXIT.match(line)):
+            code = int(m.group(1))
+    return rank, code
+
+
+def failure_summary(
+    record: JobRecord, failure: NodeExit, tails: dict[tuple[str, int | None], deque[bytes]]
 ) -> str:
-    node = next(n for n in plan.nodes if n.host.name == failure.host)
-    lines = [f"job {plan.job_id} failed: {_describe_exit(failure)} (node rank {node.node_rank})"]
-    # The rank whose output ends with a traceback is the one that failed first.
-    for rank in node.ranks:
-        tail = tails.get((node.host.name, rank))
-        if tail and any("Traceback" in line or "Error" in line for line in tail):
-            lines.append(f"last lines of rank {rank}:")
-            lines.extend("  " + line for line in tail)
-            break
+    """The first failing host and rank, how it ended, and the end of its output."""
+    node = record.node(failure.host)
+    rank, code = root_cause(list(tails.get((failure.host, None), ())))
+    if rank is None:  # no torchrun report: the rank whose output ends in a traceback
+        rank = next(
+            (
+                r
+                for r in node.ranks
+                if any(b"Traceback" in line for line in tails.get((node.host.name, r), ()))
+            ),
+            None,
+        )
+    what = describe_exit(failure)
+    if rank is not None:
+        how = (
+            ""
+            if code is None
+            else (f", exit code {code}" if code >= 0 else f", {_signal_name(-code)}")
+        )
+        what += f"; first failure: rank {rank}{how}"
+    lines = [f"job {record.id} failed: {what}"]
+    tail = tails.get((failure.host, rank)) if rank is not None else None
+    if tail:
+        lines.append(f"last lines of [{failure.host} r{rank}]:")
+        lines.extend("  " + line.decode("utf-8", "replace") for line in tail)
     return "\n".join(lines)

@@ -1,8 +1,12 @@
-"""Following a running job: every node's log records, merged into one event queue.
+"""Following a running job: every node's output, merged into one event queue.
 
 One thread per node reads its supervisor's `follow` stream over the node's existing
-connection. Lines of one rank arrive in the rank's own order; ranks and hosts
-interleave as they print.
+connection: framed chunks of complete lines, each at its byte offset in the host's
+file. Chunks go to the local log mirror first, then to the queue, so what the user
+saw is always on disk too. Lines of one rank arrive in the rank's own order.
+
+A node whose stream stays silent past the idle timeout (the supervisor sends a
+heartbeat every 2 s) or breaks is reported as lost: its host stopped answering.
 """
 
 from __future__ import annotations
@@ -11,104 +15,153 @@ import json
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import IO
 
-from orchestrator.hosts import HostGroup
-from orchestrator.launch import follow_command
+from orchestrator.launch import NodeRef, follow_command
+from orchestrator.logstore import LogMirror, rank_of
 from orchestrator.models.errors import OrchError
-from orchestrator.plan import LaunchPlan, NodeLaunch
-from orchestrator.transport import RemoteProcess
+from orchestrator.transport import RemoteProcess, Transport
 
 log = logging.getLogger(__name__)
+IDLE_TIMEOUT_S = 12.0  # six missed heartbeats: the host is gone
 
 
 @dataclass(frozen=True)
-class LineEvent:
-    """One line of output: from a rank (global rank), or from the node's torchrun (None)."""
+class Output:
+    """Complete lines from one stream: a rank (global rank), or the node's torchrun (None)."""
 
     host: str
     rank: int | None
-    text: str
+    data: bytes
 
 
 @dataclass(frozen=True)
 class NodeExit:
-    """How a node ended. `returncode` is None when it is unknown (host lost)."""
+    """How a node ended. `returncode` None means unknown: the host was lost."""
 
     host: str
     node_rank: int
     returncode: int | None
     killed: bool = False
     error: str | None = None
+    drained: bool = False  # --once: the stream stopped because it had sent everything
+    lost: bool = False  # the stream broke or went silent: the host stopped answering
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0
+        return self.returncode == 0 and not self.killed
 
 
-Event = LineEvent | NodeExit
+Event = Output | NodeExit
 
 
 class Watcher:
-    """Streams the events of every node of a plan until each node has exited."""
+    """Streams the output of nodes until each has ended (or, `once`, is drained)."""
 
-    def __init__(self, plan: LaunchPlan, group: HostGroup) -> None:
-        self.plan = plan
-        self.group = group
-        self._queue: queue.Queue[Event] = queue.Queue()
-        self._procs: dict[str, RemoteProcess] = {}
+    def __init__(
+        self,
+        nodes: Sequence[NodeRef],
+        transports: Mapping[str, Transport],
+        mirror: LogMirror | None = None,
+        once: bool = False,
+        idle_timeout: float = IDLE_TIMEOUT_S,
+    ) -> None:
+        self._queue: queue.Queue[Event] = queue.Queue(maxsize=256)
+        self._procs: list[RemoteProcess] = []
         self._lock = threading.Lock()
-        self._closed = False
-        self._threads = [
+        self._closed = threading.Event()
+        self._nodes = list(nodes)
+        self._mirror = mirror
+        for node in self._nodes:
+            transport = transports[node.host.name]
+            args = (node, transport, once, idle_timeout)
             threading.Thread(
-                target=self._follow, args=(node,), name=f"follow-{node.host.name}", daemon=True
-            )
-            for node in plan.nodes
-        ]
-        for thread in self._threads:
-            thread.start()
+                target=self._follow, args=args, name=f"follow-{node.host.name}", daemon=True
+            ).start()
 
-    def _follow(self, node: NodeLaunch) -> None:
+    def _follow(self, node: NodeRef, transport: Transport, once: bool, idle_timeout: float) -> None:
         name = node.host.name
+        offsets = self._mirror.offsets(name) if self._mirror else {}
         try:
-            proc = self.group.transports[name].stream(follow_command(node))
+            proc = transport.stream(follow_command(node, offsets, once), idle_timeout=idle_timeout)
         except OrchError as exc:
-            self._queue.put(NodeExit(name, node.node_rank, None, error=exc.message))
+            self._put(NodeExit(name, node.node_rank, None, error=exc.message, lost=True))
             return
         with self._lock:
-            self._procs[name] = proc
-            if self._closed:
-                proc.close()
-        for raw in proc.lines():
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                log.debug("[host=%s] not a follow record: %r", name, raw)
-                continue
-            if record.get("k") == "line":
-                stream = record.get("s")
-                rank = int(stream) if isinstance(stream, str) and stream.isdigit() else None
-                self._queue.put(LineEvent(name, rank, str(record.get("t", ""))))
-            elif record.get("k") == "exit":
-                self._queue.put(
-                    NodeExit(
-                        name,
-                        node.node_rank,
-                        record.get("returncode"),
-                        bool(record.get("killed")),
-                        record.get("error"),
-                    )
+            self._procs.append(proc)
+        if self._closed.is_set():
+            proc.close()
+        try:
+            self._put(self._read(node, proc.stdout))
+        except TimeoutError:
+            self._put(
+                NodeExit(
+                    name,
+                    node.node_rank,
+                    None,
+                    error=f"no answer from {name} for {idle_timeout:.0f} s",
                 )
-                return
-        if not self._closed:
-            self._queue.put(
-                NodeExit(name, node.node_rank, None, error="lost the connection while following")
             )
 
+    def _read(self, node: NodeRef, stdout: IO[bytes]) -> NodeExit:
+        """Read records until the stream's last one; returns how the node ended."""
+        name = node.host.name
+        while header := stdout.readline():
+            try:
+                record = json.loads(header)
+            except ValueError:
+                log.debug("[host=%s] not a follow record: %r", name, header[:200])
+                continue
+            kind = record.get("k")
+            if kind == "data":
+                data = _read_exact(stdout, int(record["n"]))
+                if len(data) < int(record["n"]):
+                    break
+                if self._mirror is not None:
+                    self._mirror.write(name, record["s"], int(record["o"]), data)
+                self._put(Output(name, rank_of(str(record["s"])), data))
+            elif kind == "exit":
+                return NodeExit(
+                    name,
+                    node.node_rank,
+                    record.get("returncode"),
+                    bool(record.get("killed")),
+                    record.get("error"),
+                )
+            elif kind == "end":
+                ended = record.get("ended")
+                if ended:
+                    return NodeExit(
+                        name,
+                        node.node_rank,
+                        ended.get("returncode"),
+                        bool(ended.get("killed")),
+                        ended.get("error"),
+                        drained=True,
+                    )
+                return NodeExit(
+                    name,
+                    node.node_rank,
+                    None,
+                    drained=True,
+                    error=None if record.get("started") else "not started",
+                )
+        error = None if self._closed.is_set() else f"lost the connection to {name}"
+        return NodeExit(name, node.node_rank, None, error=error, lost=True)
+
+    def _put(self, event: Event) -> None:
+        while not self._closed.is_set():
+            try:
+                self._queue.put(event, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
     def events(self) -> Iterator[Event]:
-        """Every event, until all nodes exited. Short waits keep Ctrl-C responsive."""
-        remaining = {n.host.name for n in self.plan.nodes}
+        """Every event, until all nodes ended. Short waits keep Ctrl-C responsive."""
+        remaining = {n.host.name for n in self._nodes}
         while remaining:
             try:
                 event = self._queue.get(timeout=0.2)
@@ -120,8 +173,19 @@ class Watcher:
 
     def close(self) -> None:
         """Stop following; the job itself goes on."""
+        self._closed.set()
         with self._lock:
-            self._closed = True
-            procs = list(self._procs.values())
+            procs = list(self._procs)
         for proc in procs:
             proc.close()
+
+
+def _read_exact(stdout: IO[bytes], size: int) -> bytes:
+    chunks = []
+    while size > 0:
+        chunk = stdout.read(size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)

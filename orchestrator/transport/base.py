@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 
 CONNECT_TIMEOUT_S = 10.0
 
@@ -30,13 +30,19 @@ class CommandResult:
 
 
 class RemoteProcess(Protocol):
-    """A command whose stdout is read line by line while it runs.
+    """A command whose stdout is read while it runs.
 
-    1. `lines()` yields stdout lines without their newline, until the command ends
+    1. `stdout` is its raw stdout; a read raises TimeoutError when nothing arrived
+       for the stream's idle timeout, and returns b"" at the end or when the
+       connection dropped.
+    2. `lines()` yields stdout lines without their newline, until the command ends
        or the connection drops.
-    2. `wait()` returns the exit code, or -1 when the connection was lost.
-    3. `close()` stops reading and releases the channel; the remote command may go on.
+    3. `wait()` returns the exit code, or -1 when the connection was lost.
+    4. `close()` stops reading and releases the channel; the remote command may go on.
     """
+
+    @property
+    def stdout(self) -> IO[bytes]: ...
 
     def lines(self) -> Iterator[str]: ...
 
@@ -53,7 +59,8 @@ class Transport(Protocol):
     1. `connect()` reaches the host or raises HostError (exit 3) naming it.
     2. `run()` runs a /bin/sh command line, with optional stdin bytes, and returns
        its exit code and output; it never raises for a non-zero exit.
-    3. `stream()` starts a command and returns a RemoteProcess to follow its stdout.
+    3. `stream()` starts a command and returns a RemoteProcess to follow its stdout;
+       with `idle_timeout`, reads give up after that many silent seconds.
     4. Commands may run concurrently on one transport, from several threads.
     5. `close()` releases the connection; it never raises.
     """
@@ -66,7 +73,7 @@ class Transport(Protocol):
         self, command: str, stdin: bytes | None = None, timeout: float | None = None
     ) -> CommandResult: ...
 
-    def stream(self, command: str) -> RemoteProcess: ...
+    def stream(self, command: str, idle_timeout: float | None = None) -> RemoteProcess: ...
 
     def close(self) -> None: ...
 

@@ -22,9 +22,13 @@ class LocalProcess:
             stderr=self._stderr,
         )
 
-    def lines(self) -> Iterator[str]:
+    @property
+    def stdout(self) -> IO[bytes]:
         assert self._proc.stdout is not None
-        for raw in self._proc.stdout:
+        return self._proc.stdout
+
+    def lines(self) -> Iterator[str]:
+        for raw in self.stdout:
             yield raw.decode("utf-8", "replace").rstrip("\n")
 
     def wait(self) -> int:
@@ -68,7 +72,8 @@ class LocalTransport:
             proc.stderr.decode("utf-8", "replace"),
         )
 
-    def stream(self, command: str) -> LocalProcess:
+    def stream(self, command: str, idle_timeout: float | None = None) -> LocalProcess:
+        # A local command cannot be cut off by the network: no idle timeout needed.
         return LocalProcess(command)
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import paramiko
 from fabric import Config, Connection
@@ -48,12 +48,43 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
         )
 
 
+class _TimeoutReader:
+    """A channel file whose reads raise TimeoutError (not socket.timeout's other
+    spellings) when the channel stays silent, and return b"" when it breaks."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._call(self._raw.readline, size)
+
+    def read(self, size: int = -1) -> bytes:
+        return self._call(self._raw.read, size)
+
+    def _call(self, method: Any, size: int) -> bytes:
+        try:
+            data: bytes = method(size)
+            return data
+        except TimeoutError:
+            raise TimeoutError("no data from the host within the idle timeout") from None
+        except (OSError, EOFError, paramiko.SSHException):
+            return b""
+
+    def __iter__(self) -> Iterator[bytes]:
+        while line := self.readline():
+            yield line
+
+
 class SshProcess:
     """A command on an SSH channel, followed line by line (RemoteProcess)."""
 
     def __init__(self, channel: paramiko.Channel) -> None:
         self._channel = channel
-        self._stdout = channel.makefile("rb")
+        self._stdout = _TimeoutReader(channel.makefile("rb"))
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        return self._stdout  # type: ignore[return-value]
 
     def lines(self) -> Iterator[str]:
         try:
@@ -202,9 +233,10 @@ class SshTransport:
             code, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace")
         )
 
-    def stream(self, command: str) -> SshProcess:
+    def stream(self, command: str, idle_timeout: float | None = None) -> SshProcess:
         channel = self._channel()
         try:
+            channel.settimeout(idle_timeout)
             channel.exec_command(command)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             channel.close()

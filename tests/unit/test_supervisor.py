@@ -1,33 +1,47 @@
-"""The node supervisor's log framing: `drain()` turns growing log files into JSON
-line records with byte offsets, so that a follower can stop and resume anywhere."""
+"""The node supervisor's log framing: `send_new()` turns growing log files into framed
+chunks of complete lines at their byte offsets, so that a follower can mirror the
+files and stop and resume anywhere without losing or doubling a line."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from orchestrator.logstore import LogMirror
 from orchestrator.remote import supervisor as sup
 
 
 class Log:
-    """One rank's log file and one follower's view of it (offsets, pending bytes)."""
+    """One rank's log file and one follower's offsets into it."""
 
     def __init__(self, path: Path, stream: str = "0") -> None:
         self.path = path
         self.stream = stream
         self.offsets: dict[str, int] = {}
-        self.pending: dict[str, bytes] = {}
         path.touch()
 
     def append(self, data: bytes) -> None:
         with self.path.open("ab") as f:
             f.write(data)
 
-    def drain(self, final: bool = False) -> bool:
-        return sup.drain(self.stream, str(self.path), self.offsets, self.pending, final)
+    def send(self, final: bool = False) -> list[tuple[dict[str, object], bytes]]:
+        """The chunks one send_new() call writes, parsed back."""
+        out = io.BytesIO()
+        sup.send_new(out, self.stream, str(self.path), self.offsets, final)
+        return parse(out.getvalue())
+
+
+def parse(raw: bytes) -> list[tuple[dict[str, object], bytes]]:
+    chunks = []
+    stream = io.BytesIO(raw)
+    while header := stream.readline():
+        record = json.loads(header)
+        data = stream.read(int(record["n"])) if record["k"] == "data" else b""
+        chunks.append((record, data))
+    return chunks
 
 
 @pytest.fixture
@@ -35,186 +49,116 @@ def log(tmp_path: Path) -> Log:
     return Log(tmp_path / "rank-0.log")
 
 
-def records(capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
-    """What the supervisor wrote since the last call: one JSON record per stdout line."""
-    out = capsys.readouterr().out
-    assert out == "" or out.endswith("\n")
-    return [json.loads(line) for line in out.splitlines()]
-
-
-def texts(capsys: pytest.CaptureFixture[str]) -> list[str]:
-    return [r["t"] for r in records(capsys)]
-
-
-def test_complete_lines_are_emitted_with_their_end_offsets(
-    log: Log, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_complete_lines_go_in_one_chunk_at_their_offset(log: Log) -> None:
     log.append(b"epoch 1\nloss 0.41\n")
-    assert log.drain() is True
-    assert records(capsys) == [
-        {"k": "line", "s": "0", "o": 8, "t": "epoch 1"},
-        {"k": "line", "s": "0", "o": 18, "t": "loss 0.41"},
-    ]
+    assert log.send() == [({"k": "data", "s": "0", "o": 0, "n": 18}, b"epoch 1\nloss 0.41\n")]
     assert log.offsets == {"0": 18}
 
 
-def test_nothing_new_emits_nothing(log: Log, capsys: pytest.CaptureFixture[str]) -> None:
+def test_nothing_new_sends_nothing(log: Log) -> None:
     log.append(b"a\n")
-    log.drain()
-    records(capsys)
-    assert log.drain() is False
-    assert records(capsys) == []
+    log.send()
+    assert log.send() == []
 
 
-def test_missing_file_emits_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert sup.drain("3", str(tmp_path / "rank-3.log"), {}, {}, final=True) is False
-    assert records(capsys) == []
+def test_missing_file_sends_nothing(tmp_path: Path) -> None:
+    out = io.BytesIO()
+    assert sup.send_new(out, "3", str(tmp_path / "nope.log"), {}, final=False) is False
+    assert out.getvalue() == b""
 
 
-def test_partial_line_is_held_back_until_its_newline(
-    log: Log, capsys: pytest.CaptureFixture[str]
+def test_partial_line_waits_for_its_newline(log: Log) -> None:
+    log.append(b"done\nstep 1 of")
+    assert log.send() == [({"k": "data", "s": "0", "o": 0, "n": 5}, b"done\n")]
+    assert log.send() == []
+    log.append(b" 9\n")
+    assert log.send() == [({"k": "data", "s": "0", "o": 5, "n": 12}, b"step 1 of 9\n")]
+
+
+def test_final_send_includes_the_unterminated_last_line(log: Log) -> None:
+    log.append(b"a\nno newline")
+    assert [data for _, data in log.send(final=True)] == [b"a\nno newline"]
+
+
+def test_binary_junk_stays_inside_its_own_line(log: Log) -> None:
+    junk = b"\xff\xfe\x00\x1b[2J\r"
+    log.append(b"before\n" + junk + b"\nafter\n")
+    ((header, data),) = log.send()
+    assert data.split(b"\n") == [b"before", junk, b"after", b""]
+    assert header["n"] == len(data)
+
+
+def test_long_line_below_max_line_is_kept_whole(log: Log) -> None:
+    line = b"x" * (1 << 20) + b"\n"
+    log.append(line)
+    assert [data for _, data in log.send()] == [line]
+
+
+def test_unterminated_line_reaching_max_line_goes_in_pieces(
+    log: Log, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log.append(b"done\nepoch 2 lo")
-    log.drain()
-    assert texts(capsys) == ["done"]
-    assert log.offsets == {"0": 5}  # the partial line is not counted yet
-
-    log.append(b"ss 0.3")
-    assert log.drain() is False
-    assert records(capsys) == []
-
-    log.append(b"8\nnext\n")
-    log.drain()
-    assert records(capsys) == [
-        {"k": "line", "s": "0", "o": 5 + 18, "t": "epoch 2 loss 0.38"},
-        {"k": "line", "s": "0", "o": 5 + 18 + 5, "t": "next"},
-    ]
-
-
-def test_final_drain_emits_the_unterminated_last_line(
-    log: Log, capsys: pytest.CaptureFixture[str]
-) -> None:
-    log.append(b"first\nTraceback: no newline")
-    log.drain()
-    assert texts(capsys) == ["first"]
-    assert log.drain(final=True) is True
-    assert records(capsys) == [{"k": "line", "s": "0", "o": 6 + 21, "t": "Traceback: no newline"}]
-    assert log.drain(final=True) is False  # and only once
-    assert records(capsys) == []
-
-
-def test_binary_junk_is_replaced_without_breaking_the_framing(
-    log: Log, capsys: pytest.CaptureFixture[str]
-) -> None:
-    log.append(b"ok \xff\xfe\x00 \x1b[31mred\x1b[0m\rcr\n")
-    log.append("é \u2028 sep\n".encode())
-    log.append(b"\xe2\x82\n")  # a UTF-8 sequence cut short
-    log.append(b"after\n")
-    log.drain()
-    out = capsys.readouterr().out
-    lines = out.splitlines()
-    assert len(lines) == 4  # one stdout line per record, whatever the bytes were
-    got = [json.loads(line)["t"] for line in lines]
-    assert got == [
-        "ok \ufffd\ufffd\x00 \x1b[31mred\x1b[0m\rcr",
-        "é \u2028 sep",
-        "\ufffd",
-        "after",
-    ]
-    assert json.loads(lines[-1])["o"] == log.path.stat().st_size
-
-
-def test_long_line_below_max_line_is_kept_whole(
-    log: Log, capsys: pytest.CaptureFixture[str]
-) -> None:
-    line = b"x" * (sup.MAX_LINE // 2)
-    for i in range(0, len(line), 4096):  # written in pieces, drained after each
-        log.append(line[i : i + 4096])
-        log.drain()
-    assert records(capsys) == []
+    monkeypatch.setattr(sup, "MAX_LINE", 16)
+    log.append(b"y" * 40)
+    pieces = [data for _ in range(3) for _, data in log.send()]
+    assert pieces == [b"y" * 16, b"y" * 16]  # the last 8 bytes wait for a newline
     log.append(b"\n")
-    log.drain()
-    (record,) = records(capsys)
-    assert record["t"] == line.decode()
-    assert record["o"] == len(line) + 1
+    assert [data for _, data in log.send()] == [b"y" * 8 + b"\n"]
 
 
-def test_unterminated_line_reaching_max_line_is_cut(
-    log: Log, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sup, "MAX_LINE", 8)
-    log.append(b"abcdefghijklmnopqrst")  # 20 bytes, no newline yet
-    log.drain()
-    assert records(capsys) == [
-        {"k": "line", "s": "0", "o": 8, "t": "abcdefgh"},
-        {"k": "line", "s": "0", "o": 16, "t": "ijklmnop"},
-    ]
-    log.append(b"\n")
-    log.drain()
-    assert texts(capsys) == ["qrst"]
-
-
-def test_line_longer_than_max_line_is_cut_even_with_its_newline(
-    log: Log, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sup, "MAX_LINE", 8)
-    log.append(b"abcdefghijklmnopqrst\n")
-    log.drain()
-    assert texts(capsys) == ["abcdefgh", "ijklmnop", "qrst"]
-
-
-def test_resuming_from_offsets_emits_no_line_twice(
-    log: Log, capsys: pytest.CaptureFixture[str]
-) -> None:
-    written = [f"line {i} " + "y" * (i * 37 % 300) for i in range(200)]
-    data = "".join(f"{t}\n" for t in written).encode()
-    seen: list[str] = []
-    resume: dict[str, int] = {}
-    # Followers come and go at arbitrary byte boundaries; each new one starts from the
-    # offsets of the last record the controller received, with nothing pending.
-    for cut in (1, 700, 701, 5000, 12000, 20000, len(data)):
-        already = log.path.stat().st_size
-        log.append(data[already:cut])
-        follower = Log(log.path)
-        follower.offsets = dict(resume)
-        follower.drain()
-        follower.drain()  # a second pass over the same bytes adds nothing
-        got = records(capsys)
-        seen += [r["t"] for r in got]
-        if got:
-            resume = {"0": got[-1]["o"]}
-    assert seen == written
-
-
-def test_streams_are_framed_independently(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    offsets: dict[str, int] = {}
-    pending: dict[str, bytes] = {}
-    (tmp_path / "a.log").write_bytes(b"a1\na2 part")
-    (tmp_path / "b.log").write_bytes(b"b1\n")
-    sup.drain("0", str(tmp_path / "a.log"), offsets, pending, final=False)
-    sup.drain("1", str(tmp_path / "b.log"), offsets, pending, final=False)
-    assert [(r["s"], r["t"]) for r in records(capsys)] == [("0", "a1"), ("1", "b1")]
-    assert offsets == {"0": 3, "1": 3}
-    assert pending == {"0": b"a2 part", "1": b""}
+def test_resuming_from_a_mirror_sends_no_line_twice(log: Log, tmp_path: Path) -> None:
+    mirror = LogMirror(tmp_path / "mirror", "job-1")
+    log.append(b"one\ntwo\n")
+    for header, data in log.send():
+        mirror.write("node1", "0", int(str(header["o"])), data)
+    log.append(b"three\n")
+    resumed = Log(log.path)
+    resumed.offsets = mirror.offsets("node1")
+    for header, data in resumed.send():
+        mirror.write("node1", "0", int(str(header["o"])), data)
+    # A second follower writing the same chunk again changes nothing.
+    mirror.write("node1", "0", 4, b"two\n")
+    mirror.close()
+    assert list(mirror.lines("node1", "0")) == [b"one", b"two", b"three"]
 
 
 def test_log_files_are_torchrun_log_then_every_rank(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "logs").mkdir()
-    for name in ("rank-0.log", "rank-10.log", "rank-2.log", "rank-0.pid", "other.log"):
-        (tmp_path / "logs" / name).write_text("")
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "logs").mkdir()
+    for name in ("rank-10.log", "rank-2.log", "rank-2.pid", "other.txt"):
+        (tmp_path / "logs" / name).write_text("")
     assert sup.log_files() == [
         ("node", "torchrun.log"),
-        ("0", "logs/rank-0.log"),
         ("10", "logs/rank-10.log"),
         ("2", "logs/rank-2.log"),
     ]
 
 
+def test_follow_once_sends_everything_then_the_node_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank-0.log").write_bytes(b"hello\n")
+    (tmp_path / "node.json").write_text("{}")
+    (tmp_path / "exit.json").write_text(json.dumps({"returncode": 3}))
+    assert sup.cmd_follow([str(tmp_path), json.dumps({}), "--once"]) == 0
+    chunks = parse(capsysbinary.readouterr().out)
+    assert chunks[0] == ({"k": "data", "s": "0", "o": 0, "n": 6}, b"hello\n")
+    assert chunks[-1][0] == {"k": "exit", "returncode": 3, "killed": False}
+
+
+def test_port_listening_reads_the_kernel_table() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        assert sup.port_listening(port) is False
+        s.listen()
+        assert sup.port_listening(port) is True
+
+
 def test_unknown_command_prints_usage_and_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert sup.main(["launch"]) == 2
-    assert "usage: orch_supervisor.py {probe,start,follow,kill,rank}" in capsys.readouterr().err
+    assert sup.main(["nonsense"]) == 2
+    assert "usage:" in capsys.readouterr().err

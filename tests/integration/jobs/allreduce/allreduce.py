@@ -10,7 +10,11 @@ world (``sum == world * (world + 1) / 2``).
 Failure injection for exit-code tests:
 
 * ``--fail-rank N``  -- rank N raises ``RuntimeError("boom from rank N")`` after the all_reduce;
-* ``--exit-code N``  -- rank 0 exits with status N (``sys.exit``) after the all_reduce.
+* ``--exit-code N``  -- rank 0 exits with status N (``sys.exit``) after a clean shutdown.
+
+Note that torchrun itself exits with status 1 whenever any worker fails, whatever
+the worker's own status; the worker's status appears in torchrun's error report
+(``exitcode  : N``).
 """
 
 from __future__ import annotations
@@ -61,12 +65,15 @@ def main() -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
+    # Leave the process group before any injected failure: a gloo group that is
+    # still alive during interpreter shutdown can turn the intended clean exit
+    # status into a SIGABRT.
+    dist.destroy_process_group()
+
     if args.fail_rank is not None and rank == args.fail_rank:
         raise RuntimeError(f"boom from rank {rank}")
     if args.exit_code is not None and rank == 0:
         sys.exit(args.exit_code)
-
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

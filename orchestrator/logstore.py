@@ -1,0 +1,82 @@
+"""The controller's copy of every job's logs.
+
+`$ORCH_HOME/logs/<job>/<host>/<stream>.log` is a byte-exact prefix of the host's own
+file (`torchrun.log` for the stream `node`, `logs/rank-N.log` for rank N). Chunks
+from the hosts arrive with their byte offset and are written at that offset, so two
+controllers following the same job (an attached submit and an `orch logs -f`), or one
+that reconnects, can never double or drop a line: the file's size is where the next
+read starts. A dead host's lines stay readable up to the moment it died.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+NODE_STREAM = "node"
+_STREAM = re.compile(r"^(node|\d+)$")
+
+
+def rank_of(stream: str) -> int | None:
+    """The global rank a stream belongs to; None for the node's torchrun output."""
+    return int(stream) if stream.isdigit() else None
+
+
+class LogMirror:
+    """Local mirror of one job's log files, safe to write from several threads."""
+
+    def __init__(self, root: Path, job_id: str) -> None:
+        self.dir = root / job_id
+        self._fds: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def _path(self, host: str, stream: str) -> Path:
+        if not _STREAM.match(stream):
+            raise ValueError(f"bad stream name {stream!r}")
+        return self.dir / host / f"{stream}.log"
+
+    def offsets(self, host: str) -> dict[str, int]:
+        """How many bytes of each of a host's streams are here already."""
+        folder = self.dir / host
+        if not folder.is_dir():
+            return {}
+        return {p.stem: p.stat().st_size for p in folder.glob("*.log") if _STREAM.match(p.stem)}
+
+    def write(self, host: str, stream: str, offset: int, data: bytes) -> None:
+        """Store bytes that sit at `offset` in the host's file."""
+        key = (host, stream)
+        with self._lock:
+            fd = self._fds.get(key)
+            if fd is None:
+                path = self._path(host, stream)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                self._fds[key] = fd
+        os.pwrite(fd, data, offset)
+
+    def streams(self, host: str) -> list[str]:
+        """A host's streams: the node's torchrun output first, then ranks in order."""
+        names = self.offsets(host)
+        return sorted(names, key=lambda s: -1 if s == NODE_STREAM else int(s))
+
+    def lines(self, host: str, stream: str) -> Iterator[bytes]:
+        """The lines stored for a stream, without their newlines."""
+        try:
+            data = self._path(host, stream).read_bytes()
+        except FileNotFoundError:
+            return
+        if not data:
+            return
+        parts = data.split(b"\n")
+        if data.endswith(b"\n"):
+            parts.pop()
+        yield from parts
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()

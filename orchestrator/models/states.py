@@ -1,0 +1,52 @@
+"""The states a job and each of its nodes go through."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    """A job's (or one node's) state.
+
+    pending -> running -> succeeded | failed | killed | lost. `lost` means a host stopped
+    answering and the outcome is unknown.
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+    LOST = "lost"
+
+    def is_terminal(self) -> bool:
+        return self not in (JobState.PENDING, JobState.RUNNING)
+
+
+def node_state(returncode: int | None, killed: bool) -> JobState:
+    """A node's final state from how its torchrun ended."""
+    if killed:
+        return JobState.KILLED
+    if returncode is None:
+        return JobState.LOST
+    return JobState.SUCCEEDED if returncode == 0 else JobState.FAILED
+
+
+def job_state(nodes: list[JobState]) -> JobState:
+    """A job's state from its nodes' states.
+
+    Any node still going keeps the job running. Once all ended: a failed node fails
+    the job; a lost host whose peers orch then stopped (killed) fails it too; a lost
+    host alone leaves the outcome unknown (lost); killed nodes alone mean the user
+    killed it; and a job succeeds only when every node did.
+    """
+    if all(s is JobState.PENDING for s in nodes):
+        return JobState.PENDING
+    if any(not s.is_terminal() for s in nodes):
+        return JobState.RUNNING
+    if JobState.FAILED in nodes or (JobState.LOST in nodes and JobState.KILLED in nodes):
+        return JobState.FAILED
+    for state in (JobState.LOST, JobState.KILLED):
+        if state in nodes:
+            return state
+    return JobState.SUCCEEDED

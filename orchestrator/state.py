@@ -1,0 +1,277 @@
+"""Local job records: SQLite (stdlib) under $ORCH_HOME (default ~/.local/state/orch).
+
+A record is written before any node starts, with every host's connection details,
+job directory and rendezvous port, so that any later `orch` command (status, logs,
+kill) can find the job on its hosts even if the controller that started it died.
+Several `orch` processes may write at once: every write is one short transaction,
+and SQLite's locking (WAL, a busy timeout) serialises them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.models.errors import InfraError, InputError
+from orchestrator.models.inventory import Host
+from orchestrator.models.states import JobState
+
+DB_NAME = "jobs.db"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created REAL NOT NULL,
+    started REAL,
+    ended REAL,
+    exit_code INTEGER,
+    master_addr TEXT NOT NULL,
+    master_port INTEGER,
+    spec TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS nodes (
+    job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    host TEXT NOT NULL,
+    node_rank INTEGER NOT NULL,
+    first_rank INTEGER NOT NULL,
+    nproc INTEGER NOT NULL,
+    job_dir TEXT NOT NULL,
+    state TEXT NOT NULL,
+    exit_code INTEGER,
+    error TEXT,
+    host_spec TEXT NOT NULL,
+    PRIMARY KEY (job_id, host)
+);
+"""
+
+
+def orch_home() -> Path:
+    """Where the controller keeps its state: $ORCH_HOME, else ~/.local/state/orch."""
+    return Path(os.environ.get("ORCH_HOME") or Path.home() / ".local" / "state" / "orch")
+
+
+@dataclass
+class NodeRecord:
+    """One node of a recorded job."""
+
+    host: Host
+    node_rank: int
+    first_rank: int
+    nproc: int
+    job_dir: str
+    state: JobState = JobState.PENDING
+    exit_code: int | None = None
+    error: str | None = None
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.nproc)
+
+
+@dataclass
+class JobRecord:
+    """A job as the controller remembers it."""
+
+    id: str
+    name: str
+    state: JobState
+    master_addr: str
+    master_port: int | None
+    spec: dict[str, Any]
+    nodes: list[NodeRecord] = field(default_factory=list)
+    created: float = field(default_factory=time.time)
+    started: float | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+
+    def node(self, host: str) -> NodeRecord:
+        return next(n for n in self.nodes if n.host.name == host)
+
+    @property
+    def duration(self) -> float | None:
+        if self.started is None:
+            return None
+        return (self.ended or time.time()) - self.started
+
+
+def _host_to_json(host: Host) -> str:
+    return json.dumps(dataclasses.asdict(host))
+
+
+def _host_from_json(text: str) -> Host:
+    data = json.loads(text)
+    data["gpus"] = tuple(data.get("gpus", ()))
+    data["labels"] = tuple(data.get("labels", ()))
+    return Host(**data)
+
+
+class Store:
+    """The job records of this controller."""
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home or orch_home()
+        self.path = self.home / DB_NAME
+
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        try:
+            self.home.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise InfraError(
+                f"cannot open the job store {self.path}: {exc}",
+                "check the permissions of $ORCH_HOME, or point ORCH_HOME elsewhere",
+            ) from None
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.executescript(_SCHEMA)
+            yield conn
+        except sqlite3.DatabaseError as exc:
+            raise InfraError(
+                f"the job store {self.path} is unreadable: {exc}",
+                f"move it away (mv {self.path} {self.path}.bad); orch starts a new one, "
+                "and jobs running on hosts keep running",
+            ) from None
+        finally:
+            conn.close()
+
+    def add(self, job: JobRecord) -> None:
+        """Record a new job and its nodes, in one transaction."""
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(
+                "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    job.id,
+                    job.name,
+                    job.state.value,
+                    job.created,
+                    job.started,
+                    job.ended,
+                    job.exit_code,
+                    job.master_addr,
+                    job.master_port,
+                    json.dumps(job.spec),
+                ),
+            )
+            db.executemany(
+                "INSERT INTO nodes VALUES (?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        job.id,
+                        n.host.name,
+                        n.node_rank,
+                        n.first_rank,
+                        n.nproc,
+                        n.job_dir,
+                        n.state.value,
+                        n.exit_code,
+                        n.error,
+                        _host_to_json(n.host),
+                    )
+                    for n in job.nodes
+                ],
+            )
+            db.execute("COMMIT")
+
+    def update_node(
+        self,
+        job_id: str,
+        host: str,
+        state: JobState,
+        exit_code: int | None = None,
+        error: str | None = None,
+    ) -> None:
+        with self._db() as db:
+            db.execute(
+                "UPDATE nodes SET state=?, exit_code=?, error=? WHERE job_id=? AND host=?",
+                (state.value, exit_code, error, job_id, host),
+            )
+
+    def update_job(self, job_id: str, state: JobState, exit_code: int | None = None) -> None:
+        """Move a job to a state; stamps started/ended the first time it gets there."""
+        now = time.time()
+        with self._db() as db:
+            db.execute(
+                "UPDATE jobs SET state=?, exit_code=COALESCE(?, exit_code),"
+                " started=CASE WHEN started IS NULL AND ? != 'pending' THEN ? ELSE started END,"
+                " ended=CASE WHEN ended IS NULL AND ? THEN ? ELSE ended END WHERE id=?",
+                (state.value, exit_code, state.value, now, state.is_terminal(), now, job_id),
+            )
+
+    def jobs(self) -> list[JobRecord]:
+        """Every job, newest first."""
+        with self._db() as db:
+            rows = db.execute("SELECT * FROM jobs ORDER BY created DESC").fetchall()
+            nodes = db.execute("SELECT * FROM nodes ORDER BY job_id, node_rank").fetchall()
+        by_job: dict[str, list[NodeRecord]] = {}
+        for n in nodes:
+            by_job.setdefault(n["job_id"], []).append(_node_from_row(n))
+        return [_job_from_row(r, by_job.get(r["id"], [])) for r in rows]
+
+    def get(self, job_id: str) -> JobRecord:
+        """One job, by its id or a unique prefix of it.
+
+        Raises:
+            InputError: no such job (exit 2), with the nearest ids as the hint.
+        """
+        with self._db() as db:
+            ids = [r["id"] for r in db.execute("SELECT id FROM jobs ORDER BY created DESC")]
+        matches = [i for i in ids if i == job_id] or [i for i in ids if i.startswith(job_id)]
+        if len(matches) != 1:
+            if len(matches) > 1:
+                raise InputError(
+                    f"job id '{job_id}' is ambiguous", "it could be: " + ", ".join(matches[:5])
+                )
+            close = difflib.get_close_matches(job_id, ids, n=3, cutoff=0.5)
+            hint = ("did you mean: " + ", ".join(close)) if close else "list jobs with: orch status"
+            raise InputError(f"unknown job id '{job_id}' (in {self.path})", hint)
+        found = matches[0]
+        with self._db() as db:
+            row = db.execute("SELECT * FROM jobs WHERE id=?", (found,)).fetchone()
+            nodes = db.execute(
+                "SELECT * FROM nodes WHERE job_id=? ORDER BY node_rank", (found,)
+            ).fetchall()
+        return _job_from_row(row, [_node_from_row(n) for n in nodes])
+
+
+def _node_from_row(row: sqlite3.Row) -> NodeRecord:
+    return NodeRecord(
+        host=_host_from_json(row["host_spec"]),
+        node_rank=row["node_rank"],
+        first_rank=row["first_rank"],
+        nproc=row["nproc"],
+        job_dir=row["job_dir"],
+        state=JobState(row["state"]),
+        exit_code=row["exit_code"],
+        error=row["error"],
+    )
+
+
+def _job_from_row(row: sqlite3.Row, nodes: list[NodeRecord]) -> JobRecord:
+    return JobRecord(
+        id=row["id"],
+        name=row["name"],
+        state=JobState(row["state"]),
+        master_addr=row["master_addr"],
+        master_port=row["master_port"],
+        spec=json.loads(row["spec"]),
+        nodes=nodes,
+        created=row["created"],
+        started=row["started"],
+        ended=row["ended"],
+        exit_code=row["exit_code"],
+    )
