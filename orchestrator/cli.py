@@ -53,11 +53,12 @@ class ConsoleReporter:
         self._write(f"job {job_id}\n".encode())
 
     def output(self, host: str, rank: int | None, data: bytes) -> None:
-        prefix = (f"[{host} r{rank}] " if rank is not None else f"[{host}] ").encode()
-        lines = data.split(b"\n")
+        prefix = f"[{host} r{rank}] " if rank is not None else f"[{host}] "
+        # Invalid UTF-8 from a rank becomes U+FFFD: the output stays valid text.
+        lines = data.decode("utf-8", "replace").split("\n")
         if data.endswith(b"\n"):
             lines.pop()
-        self._write(b"".join(prefix + line + b"\n" for line in lines))
+        self._write("".join(prefix + line + "\n" for line in lines).encode())
 
     def notice(self, message: str) -> None:
         with self._lock:

@@ -272,12 +272,16 @@ def kill(store: Store, job_id: str | None, reporter: Reporter) -> list[KillOutco
 
 def _kill_one(store: Store, record: JobRecord, reporter: Reporter) -> KillOutcome:
     outcome = KillOutcome(record.id)
+    nodes = record.nodes
     if record.state.is_terminal():
-        outcome.already = record.state
-        return outcome
-    group, failures = _connect(record.nodes, reporter)
+        # An ended job may still have processes on a host that vanished and came back.
+        nodes = [n for n in record.nodes if n.state is JobState.LOST]
+        if not nodes:
+            outcome.already = record.state
+            return outcome
+    group, failures = _connect(nodes, reporter)
     with group:
-        reports = teardown(record.id, record.master_port, record.nodes, group, reporter)
+        reports = teardown(record.id, record.master_port, nodes, group, reporter)
     outcome.unreachable = failures
     for name, report in reports.items():
         outcome.killed[name] = [(int(pid), str(cmd)) for pid, cmd in report.get("killed", [])]
@@ -286,8 +290,7 @@ def _kill_one(store: Store, record: JobRecord, reporter: Reporter) -> KillOutcom
         store.update_node(record.id, name, JobState.KILLED)
     for failure in failures:
         if isinstance(failure, HostError):
-            store.update_node(
-                record.id, failure.host, JobState.LOST, error="host not answering at kill"
-            )
-    store.update_job(record.id, JobState.KILLED, 1)
+            store.update_node(record.id, failure.host, JobState.LOST, error="host not answering at kill")
+    if not record.state.is_terminal():
+        store.update_job(record.id, JobState.KILLED, 1)
     return outcome

@@ -1,0 +1,88 @@
+"""Integration-test job for orch: a torchrun workload with dials for every failure.
+
+Every rank joins a gloo process group, then, in order:
+- prints `--lines` numbered lines `r<RANK> <i>` (with `--junk`: also partial writes,
+  binary bytes and one 200 kB line, in between);
+- with `--daemon`, leaves behind a process that escaped via double fork + setsid;
+- prints `ready r<RANK>`;
+- rank `--fail-rank` fails after `--fail-after` s: `--fail-how` raise | sigkill | exit;
+- sleeps `--sleep` s (0 = forever with `--hang`), then meets the others in a barrier
+  (where survivors of a failure would block), and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+import torch.distributed as dist  # noqa: E402
+
+
+def escape() -> None:
+    """Double fork + setsid: a process outside torchrun's process groups."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            time.sleep(3600)
+        os._exit(0)
+    os.wait()
+
+
+def print_lines(rank: int, count: int, junk: bool) -> None:
+    out = sys.stdout.buffer
+    for i in range(count):
+        if junk and i % 100 == 7:
+            out.write(f"r{rank} {i} partial".encode())  # a line written in pieces
+            out.flush()
+            time.sleep(0.001)
+            out.write(b" \xff\xfe\x00junk end\n")
+        elif junk and i == 500:
+            out.write(f"r{rank} {i} long ".encode() + b"x" * 200_000 + b"\n")
+        else:
+            out.write(f"r{rank} {i}\n".encode())
+    out.flush()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lines", type=int, default=0)
+    parser.add_argument("--junk", action="store_true")
+    parser.add_argument("--daemon", action="store_true")
+    parser.add_argument("--fail-rank", type=int, default=None)
+    parser.add_argument("--fail-after", type=float, default=0.0)
+    parser.add_argument("--fail-how", choices=["raise", "sigkill", "exit"], default="raise")
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--hang", action="store_true")
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    print_lines(rank, args.lines, args.junk)
+    if args.daemon:
+        escape()
+    print(f"ready r{rank}", flush=True)
+    if rank == args.fail_rank:
+        time.sleep(args.fail_after)
+        if args.fail_how == "raise":
+            raise RuntimeError(f"boom from rank {rank}")
+        if args.fail_how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        sys.exit(3)
+    deadline = time.monotonic() + args.sleep
+    while args.hang or time.monotonic() < deadline:
+        time.sleep(0.2)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
