@@ -1,0 +1,186 @@
+"""When anything fails the whole job goes, and `orch kill` leaves nothing behind.
+
+"Nothing left" is always checked in each host's own process table.
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cluster import Cluster, OrchRunner, orch_command
+from tests.integration.test_jobs import job_id_of, status_json
+from tests.integration.test_submit import assert_no_job_left, job_processes, write_job
+
+pytestmark = pytest.mark.cluster
+
+
+def wait_for(condition: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def start_attached(orch: OrchRunner, job: Path, inventory: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([*orch_command(), "submit", str(job), "-i", str(inventory)], env=orch.controller.env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_ready(proc: subprocess.Popen[str], ranks: int) -> tuple[str, list[str]]:
+    """The job id, and the lines read until every rank printed 'ready'."""
+    assert proc.stdout is not None
+    job_id = proc.stdout.readline().split()[1]
+    seen, lines = set(), []
+    for line in proc.stdout:
+        lines.append(line)
+        if " ready r" in line:
+            seen.add(line.split(" ready r")[1].strip())
+        if len(seen) == ranks:
+            return job_id, lines
+    raise AssertionError("the job ended before every rank was ready: " + "".join(lines[-20:]))
+
+
+def test_raising_rank_fails_the_job_shows_the_traceback_and_leaves_nothing(cluster: Cluster, orch: OrchRunner,
+                                                                           inventory: Path, tmp_path: Path) -> None:
+    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--fail-rank", "1", "--hang"])
+    result = orch("submit", str(job), "-i", str(inventory), timeout=120)
+    assert result.returncode == 1, result.stderr
+    summary = result.stderr.split("error: ")[-1]
+    assert "node node2 exited with code 1; first failure: rank 1, exit code 1" in summary
+    assert "Traceback (most recent call last)" in summary and "RuntimeError: boom from rank 1" in summary
+    assert_no_job_left(cluster, [1, 2, 3])
+    assert status_json(orch, job_id_of(result.stdout))["state"] == "failed"
+
+
+def test_sigkilled_rank_fails_the_job_everywhere(cluster: Cluster, orch: OrchRunner, inventory: Path,
+                                                 tmp_path: Path) -> None:
+    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--fail-rank", "2", "--fail-how", "sigkill",
+                                                                         "--hang"])
+    result = orch("submit", str(job), "-i", str(inventory), timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "first failure: rank 2, signal 9 (SIGKILL)" in result.stderr
+    assert_no_job_left(cluster, [1, 2, 3])
+
+
+def test_crashed_node_is_lost_and_the_rest_is_torn_down(cluster: Cluster, orch: OrchRunner, inventory: Path,
+                                                        tmp_path: Path) -> None:
+    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--hang"])
+    proc = start_attached(orch, job, inventory)
+    job_id, _ = wait_ready(proc, 3)
+    crashed = time.monotonic()
+    cluster.crash(3)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert time.monotonic() - crashed < 20, "a silent host is noticed within the keepalive"
+    assert "lost node node3" in err
+    assert_no_job_left(cluster, [1, 2])
+    data = status_json(orch, job_id)
+    assert data["state"] == "failed" and data["nodes"][2]["state"] == "lost"
+
+
+def test_partitioned_node_is_lost_and_orch_kill_cleans_it_after_healing(cluster: Cluster, orch: OrchRunner,
+                                                                         inventory: Path, tmp_path: Path) -> None:
+    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--hang"])
+    proc = start_attached(orch, job, inventory)
+    job_id, _ = wait_ready(proc, 3)
+    cluster.partition(2)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "lost node node2" in err
+    assert_no_job_left(cluster, [1, 3])
+    assert job_processes(cluster, 2), "behind the partition the job still runs"
+    cluster.heal(2)
+    killed = orch("kill", job_id, timeout=60)
+    assert killed.returncode == 0, killed.stderr
+    assert "[node2] killed" in killed.stdout
+    assert_no_job_left(cluster, [1, 2, 3])
+
+
+def test_kill_finds_escaped_daemons_frees_the_port_and_is_idempotent(cluster: Cluster, orch: OrchRunner,
+                                                                      inventory: Path, tmp_path: Path) -> None:
+    job = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--daemon", "--hang"],
+                    rendezvous={"port": 29611})
+    job_id = job_id_of(orch("submit", "-d", str(job), "-i", str(inventory), timeout=120).stdout)
+    wait_for(lambda: any("workload" in cmd for _, cmd in job_processes(cluster, 2)), 60, "the job to run")
+    wait_for(lambda: len([c for _, c in job_processes(cluster, 1) if "workload.py" in c]) >= 2, 30,
+             "the escaped daemon")
+    started = time.monotonic()
+    killed = orch("kill", job_id, timeout=60)
+    elapsed = time.monotonic() - started
+    assert killed.returncode == 0, killed.stderr
+    assert "[node1] killed" in killed.stdout and "[node2] killed" in killed.stdout
+    assert "rendezvous port free" in killed.stdout
+    assert_no_job_left(cluster, [1, 2])
+    assert elapsed < 15
+    assert status_json(orch, job_id)["state"] == "killed"
+    again = orch("kill", job_id, timeout=60)
+    assert again.returncode == 0 and "nothing to kill" in again.stdout
+
+
+def test_killing_one_job_leaves_the_other_running(cluster: Cluster, orch: OrchRunner, inventory: Path,
+                                                  tmp_path: Path) -> None:
+    first = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--hang"]).rename(tmp_path / "first.yaml")
+    keep = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--sleep", "6"]).rename(tmp_path / "keep.yaml")
+    submitted = orch("submit", "-d", str(first), "-i", str(inventory), timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    victim = job_id_of(submitted.stdout)
+    survivor = job_id_of(orch("submit", "-d", str(keep), "-i", str(inventory), timeout=120).stdout)
+    killed = orch("kill", victim, timeout=60)
+    assert killed.returncode == 0, killed.stderr
+    assert status_json(orch, survivor)["state"] == "running"
+    followed = orch("logs", survivor, "-f", timeout=120)
+    assert followed.returncode == 0, followed.stderr
+    assert status_json(orch, survivor)["state"] == "succeeded"
+    assert_no_job_left(cluster, [1, 2])
+
+
+def test_ctrl_c_stops_the_job_everywhere_and_exits_130(cluster: Cluster, orch: OrchRunner, inventory: Path,
+                                                       tmp_path: Path) -> None:
+    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--hang"])
+    proc = start_attached(orch, job, inventory)
+    job_id, _ = wait_ready(proc, 3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert_no_job_left(cluster, [1, 2, 3])
+    assert status_json(orch, job_id)["state"] == "killed"
+
+
+def test_controller_killed_during_launch_leaves_nothing_orch_kill_cannot_find(cluster: Cluster, orch: OrchRunner,
+                                                                              inventory: Path, tmp_path: Path) -> None:
+    workdir = tmp_path / "big"
+    workdir.mkdir()
+    (workdir / "workload.py").write_bytes((Path(__file__).parent / "jobs/workload/workload.py").read_bytes())
+    (workdir / "weights.bin").write_bytes(bytes(range(256)) * 4096 * 24)  # a push that takes a moment
+    job = tmp_path / "big.yaml"
+    job.write_text(f"name: big\nworkdir: {workdir}\nscript: workload.py\nargs: [--hang]\nnodes: 3\n")
+    proc = start_attached(orch, job, inventory)
+    store = orch.controller.state_dir / "jobs.db"
+
+    def recorded() -> bool:
+        if not store.exists():
+            return False
+        with sqlite3.connect(store) as db:
+            try:
+                return db.execute("SELECT count(*) FROM jobs").fetchone()[0] > 0
+            except sqlite3.Error:
+                return False
+
+    wait_for(recorded, 60, "the job record")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    with sqlite3.connect(store) as db:
+        job_id = db.execute("SELECT id FROM jobs").fetchone()[0]
+    time.sleep(1)  # whatever the dead controller had set going has landed
+    killed = orch("kill", job_id, timeout=60)
+    assert killed.returncode == 0, killed.stderr
+    assert_no_job_left(cluster, [1, 2, 3])
