@@ -44,6 +44,8 @@ lint: setup
 ## bench: the benchmarks of docs/BENCHMARKS.md (root: they start test hosts)
 bench: setup test-deps
 	$(PY) bench/launch.py
+	$(PY) bench/logs.py
+	$(PY) bench/failure.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

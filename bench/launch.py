@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import place_file, ssh_argv
 from bench.report import machine, median, write_section
 from tests.integration.cluster import Cluster, Controller, orch_command, repo_python
 
@@ -69,12 +70,6 @@ def time_to_all_ranks(commands: Sequence[list[str]], ranks: int, env: dict[str, 
     return finished_at[0]
 
 
-def ssh_argv(cluster: Cluster, controller: Controller, address: str, command: str) -> list[str]:
-    return ["ssh", "-F", "/dev/null", "-i", str(cluster.client_key), "-o", "BatchMode=yes",
-            "-o", f"UserKnownHostsFile={controller.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-            f"root@{address}", command]
-
-
 def baseline_commands(cluster: Cluster, controller: Controller, n: int, port: int) -> list[list[str]]:
     python = shlex.quote(str(repo_python()))
     master = cluster.hosts[0].address
@@ -87,14 +82,6 @@ def baseline_commands(cluster: Cluster, controller: Controller, n: int, port: in
     return commands
 
 
-def place_code(cluster: Cluster, controller: Controller) -> None:
-    """The baseline's code is already on every host (not timed)."""
-    source = (JOB_DIR / SCRIPT).read_bytes()
-    for host in cluster.hosts:
-        cmd = f"mkdir -p {BASELINE_DIR} && cat > {BASELINE_DIR}/{SCRIPT}"
-        subprocess.run(ssh_argv(cluster, controller, host.address, cmd), input=source, check=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4, 8])
@@ -105,7 +92,7 @@ def main() -> None:
     with Cluster(max(args.hosts)) as cluster:
         controller = cluster.new_controller()
         env = controller.env()
-        place_code(cluster, controller)
+        place_file(cluster, controller, JOB_DIR / SCRIPT, BASELINE_DIR)
         job = controller.home / "job.yaml"
         port = 29700
         for n in args.hosts:

@@ -47,6 +47,7 @@ def reconcile(store: Store, record: JobRecord, reporter: Reporter) -> JobRecord:
         by_host = {n.host.name: n for n in open_nodes}
         statuses, more = group.try_each(lambda h, t: launch.node_status(by_host[h.name], t))
         unreachable = {f.host for f in [*failures, *more] if isinstance(f, HostError)}
+        last_end: float | None = None
         for node in open_nodes:
             if node.host.name in unreachable:
                 node.state, node.error = JobState.LOST, "host not answering"
@@ -55,6 +56,7 @@ def reconcile(store: Store, record: JobRecord, reporter: Reporter) -> JobRecord:
             if ended:
                 node.state = node_state(ended.get("returncode"), bool(ended.get("killed")))
                 node.exit_code, node.error = ended.get("returncode"), ended.get("error")
+                last_end = max(last_end or 0.0, float(ended.get("ended") or 0.0)) or None
                 store.update_node(record.id, node.host.name, node.state, node.exit_code, node.error)
             elif statuses[node.host.name].get("started"):
                 node.state = JobState.RUNNING
@@ -69,13 +71,10 @@ def reconcile(store: Store, record: JobRecord, reporter: Reporter) -> JobRecord:
                 node.state = JobState.KILLED
                 store.update_node(record.id, node.host.name, JobState.KILLED)
     state = job_state([n.state for n in record.nodes])
-    # A host that does not answer while others run is not yet a lost job.
-    if state.is_terminal() and not (
-        state is JobState.LOST
-        and len(unreachable) < len(record.nodes)
-        and any(n.state is JobState.RUNNING for n in record.nodes)
-    ):
-        store.update_job(record.id, state, _exit_code(record))
+    # A host that does not answer keeps its node LOST in this answer only; the job
+    # becomes lost only once every other node has ended.
+    if state.is_terminal():
+        store.update_job(record.id, state, _exit_code(record), ended=last_end)
     elif state is JobState.RUNNING and record.state is JobState.PENDING:
         store.update_job(record.id, state)
     return store.get(record.id) if state.is_terminal() else _with_state(record, state)

@@ -72,6 +72,7 @@ def main() -> None:
     print(f"ready r{rank}", flush=True)
     if rank == args.fail_rank:
         time.sleep(args.fail_after)
+        print(f"crash at {time.time():.6f}", flush=True)  # benchmarks time the teardown from here
         if args.fail_how == "raise":
             raise RuntimeError(f"boom from rank {rank}")
         if args.fail_how == "sigkill":

@@ -1,0 +1,56 @@
+"""Helpers shared by the benchmarks: OpenSSH baselines and finding a job's processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from tests.integration.cluster import Cluster, Controller
+
+
+def ssh_argv(cluster: Cluster, controller: Controller, address: str, command: str) -> list[str]:
+    """Plain OpenSSH, as a user types it, with the test cluster's key and known_hosts."""
+    return ["ssh", "-F", "/dev/null", "-i", str(cluster.client_key), "-o", "BatchMode=yes",
+            "-o", f"UserKnownHostsFile={controller.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+            f"root@{address}", command]
+
+
+def tagged_pids(tag: bytes) -> list[int]:
+    """Processes anywhere on this machine whose environment holds `tag` (NAME=value).
+
+    The test hosts' pid namespaces are nested in this one, so one scan of /proc sees
+    every host's processes at once, with no round trip to any host.
+    """
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if tag in f.read().split(b"\0"):
+                    with open(f"/proc/{entry}/stat") as s:
+                        if s.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def wait_gone(tag: bytes, timeout: float, poll: float = 0.01) -> float | None:
+    """Seconds (time.time()) when the last tagged process was gone, or None at timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not tagged_pids(tag):
+            return time.time()
+        time.sleep(poll)
+    return None
+
+
+def place_file(cluster: Cluster, controller: Controller, source: Path, remote_dir: str) -> None:
+    """Put a file on every host (not timed): what the baselines start from."""
+    data = source.read_bytes()
+    for host in cluster.hosts:
+        cmd = f"mkdir -p {remote_dir} && cat > {remote_dir}/{source.name}"
+        subprocess.run(ssh_argv(cluster, controller, host.address, cmd), input=data, check=True)
