@@ -46,6 +46,10 @@ bench: setup test-deps
 	$(PY) bench/launch.py
 	$(PY) bench/logs.py
 	$(PY) bench/failure.py
+	$(PY) bench/preflight.py
+	@command -v rsync >/dev/null || { echo "installing rsync (the baseline of bench/sync.py)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rsync >/dev/null; }
+	$(PY) bench/sync.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

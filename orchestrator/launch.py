@@ -11,7 +11,7 @@ import json
 import logging
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -82,27 +82,23 @@ def _supervisor(node: NodeRef, *args: str) -> str:
     return f"cd {job_dir} && exec {sh_path(node.host.python)} {SUPERVISOR_NAME} {words}"
 
 
-def push_and_start(node: NodeLaunch, transport: Transport, archive: bytes) -> dict[str, Any]:
-    """Unpack the code into the node's job directory and start torchrun there, in one
-    round trip: torchrun runs under a detached supervisor. Returns its pids.
+def start(node: NodeLaunch, transport: Transport) -> dict[str, Any]:
+    """Start torchrun under a detached supervisor in the node's job directory, whose
+    code snapshot and supervisor `push.push` put there. Returns its pids.
 
     Raises:
-        RemoteCommandError: unpacking failed, or the supervisor could not start torchrun.
+        RemoteCommandError: the supervisor could not start torchrun.
     """
-    job_dir = sh_path(node.job_dir)
     spec = json.dumps({"argv": list(node.argv), "env": node.env})
-    unpack = f"mkdir -p {job_dir} && cd {job_dir} && tar -xzf -"
-    command = f"{unpack} && {_supervisor(node, 'start', '.', spec)}"
-    result = transport.run(command, stdin=archive, timeout=PUSH_TIMEOUT_S)
+    result = transport.run(_supervisor(node, "start", ".", spec), timeout=PUSH_TIMEOUT_S)
     try:
         started: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         started = {}
     if not result.ok or "pid" not in started:
-        what = unpack if not result.stdout.strip() else f"{SUPERVISOR_NAME} start"
         raise RemoteCommandError(
             node.host.name,
-            what,
+            f"{SUPERVISOR_NAME} start",
             result.exit_code,
             result.stderr + str(started.get("error", "")),
             f"check free disk space and permissions of {node.host.workdir}",
@@ -250,6 +246,48 @@ def describe_holder(holder: dict[str, Any]) -> str:
     if not holder.get("pid"):
         return f"a process of user {user} (hidden from this user: run check as {user} or root)"
     command = " ".join(str(holder.get("command") or "?").split())
-    if len(command) > 80:
-        command = command[:77] + "..."
+    if len(command) > 80:  # keep both ends: the program, and the arguments that name the run
+        command = f"{command[:38]} ... {command[-38:]}"
     return f"pid {holder['pid']} ({command}) of user {user}"
+
+
+SETUP_TAIL_LINES = 15
+
+
+def setup(
+    node: NodeLaunch,
+    transport: Transport,
+    script: str,
+    marker: str,
+    digest: str,
+    on_line: Callable[[str], None],
+) -> None:
+    """Run the job's `setup:` command with /bin/sh in the node's code snapshot, passing
+    each output line to `on_line`; on success the host records `marker`, so that the
+    same setup for the same code version does not run there again.
+
+    Raises:
+        HostError: the setup command failed; names the host, the exit code and the
+            last lines of its output.
+    """
+    spec = {"script": script, "env": node.env, "marker": marker, "manifest": digest}
+    process = transport.stream(_supervisor(node, "setup", ".", json.dumps(spec)))
+    tail: list[str] = []
+    try:
+        for line in process.lines():
+            on_line(line)
+            tail = [*tail[1 - SETUP_TAIL_LINES :], line]
+        code = process.wait()
+        if code != 0 and not tail:
+            tail = process.stderr().strip().splitlines()[-SETUP_TAIL_LINES:]
+    finally:
+        process.close()
+    if code != 0:
+        how = "the connection was lost" if code < 0 else f"it exited with code {code}"
+        raise HostError(
+            node.host.name,
+            f"setup failed on {node.host.name}: {how}; last lines of its output:\n"
+            + "\n".join("  " + line for line in tail),
+            "fix the job's setup: command (it runs with /bin/sh in the job's code "
+            f"directory); its full output is in {node.job_dir}/setup.log there",
+        )

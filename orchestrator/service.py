@@ -13,22 +13,31 @@ import secrets
 import signal
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from orchestrator import launch
+from orchestrator.check import preflight
 from orchestrator.hosts import HostGroup
 from orchestrator.launch import NodeRef
 from orchestrator.logstore import LogMirror
-from orchestrator.models.errors import HostError, InfraError, Interrupted, JobFailed, OrchError
+from orchestrator.manifest import Tree
+from orchestrator.models.errors import Interrupted, JobFailed, OrchError
 from orchestrator.models.inventory import Host, Inventory, builtin_local_inventory, load_inventory
 from orchestrator.models.job import JobSpec, load_job
 from orchestrator.models.states import JobState, job_state, node_state
 from orchestrator.plan import LaunchPlan, build_plan, select_hosts, static_master_addr
+from orchestrator.push import PushProgress, push
 from orchestrator.state import JobRecord, NodeRecord, Store
-from orchestrator.sync import pack_workdir
+from orchestrator.sync import (
+    collect_garbage,
+    scan_workdir,
+    setup_key,
+    setup_marker,
+    snapshot_retention,
+)
 from orchestrator.transport import ConnectOptions, Transport
 from orchestrator.watch import NodeExit, Output, Watcher
 
@@ -105,7 +114,7 @@ def submit(
         Interrupted: Ctrl-C; the job was stopped on every node.
     """
     store = store or Store()
-    archive, nfiles = pack_workdir(sub.job.workdir, sub.job.exclude)
+    tree = scan_workdir(sub.job.workdir, sub.job.exclude)
     options = ConnectOptions(notice=reporter.notice)
     with HostGroup(sub.hosts, options) as group:
         group.connect()
@@ -118,13 +127,19 @@ def submit(
         store.add(record_of(plan))
         reporter.job_started(plan.job_id)
         nodes = {n.host.name: n for n in plan.nodes}
-        log.info("pushing %d files (%d kB) to %d hosts", nfiles, len(archive) // 1024, len(nodes))
+        log.info(
+            "pushing %d files (%d kB) to %d hosts",
+            len(tree.entries),
+            tree.total_bytes // 1024,
+            len(nodes),
+        )
 
         def start(host: Host, transport: Transport) -> None:
-            launch.push_and_start(nodes[host.name], transport, archive)
+            launch.start(nodes[host.name], transport)
             store.update_node(plan.job_id, host.name, JobState.RUNNING)
 
         try:
+            push_code(plan, group, tree, reporter)
             group.each(start)
             log.info("started torchrun on %d hosts", len(nodes))
         except OrchError:
@@ -163,26 +178,18 @@ def record_of(plan: LaunchPlan) -> JobRecord:
 
 
 def _plan_with_facts(sub: Submission, group: HostGroup) -> LaunchPlan:
-    master = sub.hosts[0]
-    master_addr = static_master_addr(master)
-    if master_addr is None:
-        # A DNS name or ssh alias: use the address the master's sshd was reached at.
-        first = group.each(lambda h, t: launch.probe(h, t, None), only=[master.name])[master.name]
-        if not first.ssh_addr:
-            raise HostError(
-                master.name,
-                f"cannot tell which address other hosts reach {master.address} at",
-                "give the master host its IP address in the inventory",
-            )
-        master_addr = first.ssh_addr
-    probes = group.each(lambda h, t: launch.probe(h, t, master_addr))
-    port = sub.job.rendezvous_port or probes[master.name].facts.free_port
-    if port is None:
-        raise InfraError(
-            f"no free port found on the master {master.name}", "pin one with rendezvous: {port: N}"
-        )
-    facts = {name: p.facts for name, p in probes.items()}
-    return build_plan(sub.job, sub.hosts, sub.job_id, master_addr, port, facts)
+    """Probe the hosts and run check's blocking checks; refuse on any error found.
+
+    Raises:
+        HostError / MultiHostError: python or torch missing on a host.
+        PreflightError: what `orch check` reports as errors (exit 3, same messages).
+    """
+    checked = preflight(sub.job, sub.hosts, group)
+    for warning in checked.warnings:
+        group.options.notice(f"warning: {warning.message}")
+    return build_plan(
+        sub.job, sub.hosts, sub.job_id, checked.master_addr, checked.port, checked.facts
+    )
 
 
 def teardown(
@@ -354,3 +361,83 @@ def failure_summary(
         lines.append(f"last lines of [{failure.host} r{rank}]:")
         lines.extend("  " + line.decode("utf-8", "replace") for line in tail)
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- code push
+
+
+@runtime_checkable
+class ProgressReporter(Protocol):
+    """A Reporter that can also show how far a code push is (optional: those without
+    `progress` get no progress).
+
+    1. `progress()` comes from the hosts' threads, for each host at the start of its
+       push, after each round trip, and once with `finished` at its end.
+    """
+
+    def progress(self, update: PushProgress) -> None: ...
+
+
+def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter) -> None:
+    """Build the job's code snapshot on every node, then run its `setup:` where it has
+    not yet run for this setup text and code version. Nothing is started here.
+
+    Raises:
+        HostError / MultiHostError: a push or a setup failed, naming each such host.
+        InfraError: a file changed while it was being pushed.
+    """
+    nodes = {n.host.name: n for n in plan.nodes}
+    script = plan.job.setup
+    keys = {
+        name: setup_key(script, tree.digest, node.host.python)
+        for name, node in nodes.items()
+        if script
+    }
+    progress = reporter.progress if isinstance(reporter, ProgressReporter) else None
+    results = push(group, tree, {name: n.job_dir for name, n in nodes.items()}, keys, progress)
+    log.info(
+        "pushed %s",
+        ", ".join(
+            f"{r.files_sent} files ({r.wire_bytes // 1024} kB) to {h}" for h, r in results.items()
+        ),
+    )
+    if not script:
+        return
+    cached = [name for name, result in results.items() if result.setup_done]
+    todo = [name for name in results if name not in cached]
+    if cached:
+        reporter.notice(f"setup: cached on {', '.join(cached)} (same setup and code ran there)")
+    if not todo:
+        return
+    reporter.notice(f"setup: running on {', '.join(todo)}")
+
+    def run_setup(host: Host, transport: Transport) -> None:
+        def line(text: str) -> None:
+            reporter.output(f"{host.name} setup", None, (text + "\n").encode())
+
+        marker = setup_marker(host, keys[host.name])
+        launch.setup(nodes[host.name], transport, script, marker, tree.digest, line)
+
+    group.each(run_setup, only=todo)
+
+
+def gc(
+    inventory_path: Path | None, keep: int | None, notice: Callable[[str], None]
+) -> dict[str, dict[str, Any]]:
+    """`orch gc`: on every host of the inventory, remove the code snapshots of finished
+    jobs but the newest `keep` (default: $ORCH_KEEP_SNAPSHOTS), then the stored
+    content that no snapshot uses any more. Logs and job records stay.
+
+    Returns:
+        Each host's report: snapshots removed and kept, jobs running, objects removed,
+        bytes freed.
+
+    Raises:
+        InputError: a bad inventory or retention.
+        HostError / MultiHostError: hosts that could not be reached or collected.
+    """
+    keep = snapshot_retention() if keep is None else keep
+    inventory = resolve_inventory(inventory_path, None)
+    with HostGroup(inventory.hosts, ConnectOptions(notice=notice)) as group:
+        group.connect()
+        return group.each(lambda host, transport: collect_garbage(host, transport, keep))

@@ -1,25 +1,48 @@
-"""Pushing the job's code to hosts.
+"""Pushing the job's code to hosts: incremental, content-addressed, one snapshot per job.
 
-The workdir is packed once into a gzip tar stream, honouring `.gitignore` and
-`.orchignore` files (at any depth, deeper files winning, with negation) and the job's
-`exclude:` patterns. The same bytes go to every host in parallel, together with the
-supervisor script, over the host's existing connection: one command per host that
-unpacks and starts the node.
+1. The workdir is scanned into a manifest (`manifest.py`): every path that
+   `.gitignore`, `.orchignore` (at any depth, deeper files winning, with negation) and
+   the job's `exclude:` patterns leave in, with its kind and sha256.
+2. Each host keeps a content store under its workdir. The controller remembers which
+   objects it pushed to each host, sends only the ones the host lacks, in one
+   compressed stream per host (`wire.py`), all hosts in parallel; the host checks
+   that it holds every object of the manifest and says which are missing otherwise.
+   An unchanged resubmit sends nothing but that check.
+3. The host builds the job's `code/` from hard links into its store
+   (`orch_supervisor.py sync`): a push never changes another job's files, and the
+   snapshots of ten jobs share every unchanged file.
+
+Old snapshots go when their job has finished and more than ORCH_KEEP_SNAPSHOTS newer
+finished ones exist on the host (checked in the background after each push, and by
+`orch gc`); then content no snapshot links to goes too.
 """
 
 from __future__ import annotations
 
-import io
+import functools
+import hashlib
+import json
 import os
-import tarfile
+import shlex
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pathspec
 
-from orchestrator.plan import SUPERVISOR_NAME
+from orchestrator import wire
+from orchestrator.manifest import Tree, scan
+from orchestrator.models.errors import (
+    HostError,
+    InputError,
+    RemoteCommandError,
+)
+from orchestrator.models.inventory import Host
+from orchestrator.shell import sh_path
+from orchestrator.transport import Transport
 
 IGNORE_FILES = (".gitignore", ".orchignore")
 ALWAYS_EXCLUDED = (".git/",)
@@ -109,26 +132,136 @@ def supervisor_source() -> bytes:
     return resources.files("orchestrator.remote").joinpath("supervisor.py").read_bytes()
 
 
-def build_archive(root: Path, files: Iterable[str]) -> bytes:
-    """A gzip tar of the supervisor at the top and the workdir's files under code/."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-        _add_bytes(tar, SUPERVISOR_NAME, supervisor_source(), 0o755)
-        code_dir = tarfile.TarInfo("code")
-        code_dir.type, code_dir.mode = tarfile.DIRTYPE, 0o755
-        tar.addfile(code_dir)
-        for rel in files:
-            tar.add(root / rel.rstrip("/"), arcname=f"code/{rel.rstrip('/')}", recursive=False)
-    return buf.getvalue()
+def scan_workdir(root: Path, exclude: Iterable[str] = ()) -> Tree:
+    """The manifest of what a job pushes from `root` (hashes from the stat cache).
+
+    Raises:
+        InputError: a file cannot be read.
+    """
+    return scan(root, collect_files(root, exclude))
 
 
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode = len(data), mode
-    tar.addfile(info, io.BytesIO(data))
+# ---------------------------------------------------------------- hosts
+
+# Runs a supervisor command from a copy in the host's store (store/bin), imported, so
+# that Python keeps its bytecode: compiling 50 kB on every push would cost more than
+# the push. The copy comes first on stdin (zlib), always, and is written only when the
+# host lacks it; the rest of stdin is the command's. One round trip either way. -I -S:
+# the stdlib is all it needs, and site-packages of a torch venv take time to import.
+LOADER = """\
+import os,sys,zlib
+n,tag,d=int(sys.argv[1]),sys.argv[2],os.path.expanduser(sys.argv[3])
+z=sys.stdin.buffer.read(n)
+name="orch_supervisor_"+tag
+f=os.path.join(d,name+".py")
+if not os.path.exists(f):
+    os.makedirs(d,exist_ok=True)
+    t="%s.%d"%(f,os.getpid())
+    with open(t,"wb") as o:
+        o.write(zlib.decompress(z))
+    os.replace(t,f)
+sys.path.insert(0,d)
+sys.exit(__import__(name).main(sys.argv[4:]))
+"""
+KEEP_ENV = "ORCH_KEEP_SNAPSHOTS"
+DEFAULT_KEEP = 10
+SHELL_NOT_FOUND = (126, 127)
 
 
-def pack_workdir(root: Path, exclude: Iterable[str] = ()) -> tuple[bytes, int]:
-    """The archive to push and the number of files in it."""
-    files = collect_files(root, exclude)
-    return build_archive(root, files), len(files)
+def store_dir(host: Host) -> str:
+    """The host's content store (may start with ~)."""
+    return f"{host.workdir.rstrip('/')}/store"
+
+
+def setup_marker(host: Host, key: str) -> str:
+    """Where the host records that setup `key` succeeded (may start with ~)."""
+    return f"{store_dir(host)}/setup/{key}"
+
+
+def host_key(host: Host) -> str:
+    """Identifies a store: two inventory names of one machine and workdir share one."""
+    return f"{host.user or ''}@{host.address}:{host.port or ''}:{host.workdir}"
+
+
+def setup_key(script: str, digest: str, python: str) -> str:
+    """Names one run of `setup:`: the setup text, the code version and the interpreter
+    (a setup that installs packages must run again for another interpreter)."""
+    return hashlib.sha256(f"{script}\0{digest}\0{python}".encode()).hexdigest()
+
+
+def snapshot_retention() -> int:
+    """How many finished jobs keep their code snapshot per host: $ORCH_KEEP_SNAPSHOTS.
+
+    Raises:
+        InputError: the variable is not a whole number >= 0.
+    """
+    raw = os.environ.get(KEEP_ENV, "").strip()
+    if not raw:
+        return DEFAULT_KEEP
+    if not raw.isdigit():
+        raise InputError(
+            f"{KEEP_ENV}={raw!r} is not a whole number (environment)",
+            f"set {KEEP_ENV} to how many finished jobs keep their code per host, e.g. 10",
+        )
+    return int(raw)
+
+
+@functools.cache
+def packed_supervisor() -> bytes:
+    """The supervisor as `supervisor_command` wants it first on stdin."""
+    return zlib.compress(supervisor_source(), 9)
+
+
+@functools.cache
+def _supervisor_tag() -> str:
+    return hashlib.sha256(supervisor_source()).hexdigest()[:16]
+
+
+def supervisor_command(host: Host, command: str) -> str:
+    """The command line that runs a supervisor command; `packed_supervisor()` must come
+    first on its stdin."""
+    loader = shlex.quote(LOADER)
+    size, tag, where = (
+        len(packed_supervisor()),
+        _supervisor_tag(),
+        sh_path(store_dir(host) + "/bin"),
+    )
+    return f"{sh_path(host.python)} -I -S -c {loader} {size} {tag} {where} {command}"
+
+
+def last_json(stdout: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# ---------------------------------------------------------------- gc
+
+
+def collect_garbage(
+    host: Host, transport: Transport, keep: int, grace_s: float | None = None
+) -> dict[str, Any]:
+    """Remove the host's snapshots of finished jobs but the newest `keep`, and content
+    that no snapshot uses any more.
+
+    Returns:
+        {"snapshots_removed", "snapshots_kept", "running", "objects_removed", "bytes_freed"}
+
+    Raises:
+        HostError: the host could not collect.
+    """
+    options: dict[str, Any] = {"workdir": host.workdir, "keep": keep}
+    if grace_s is not None:
+        options["grace"] = grace_s
+    stdin = packed_supervisor() + wire.json_frame(b"H", options)
+    result = transport.run(supervisor_command(host, "gc"), stdin=stdin, timeout=600)
+    report = last_json(result.stdout)
+    if report is None:
+        raise RemoteCommandError(
+            host.name, "orch_supervisor.py gc", result.exit_code, result.stderr
+        )
+    if "error" in report:
+        raise HostError(host.name, f"gc failed: {report['error']}")
+    return report

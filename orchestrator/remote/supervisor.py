@@ -12,6 +12,10 @@ It is sent with the job's code and run with the host's own Python:
     rank LOG_DIR KIND TARGET -- ARGS
                             torchrun's entry for each rank: send the rank's output to
                             its own log file, then exec the user's script or module
+    sync                    (stdin: framed) store pushed content, build a job's code/
+                            snapshot from hard links into the store; see sync.py
+    setup JOB_DIR SPEC      run the job's setup: command in code/, mark it done
+    gc                      (stdin: framed) drop old snapshots and unused content
 
 A job directory holds: node.json (argv, env), code/, logs/rank-N.log and .pid,
 torchrun.log, pid.json, exit.json, and `killed` once orch kill ran.
@@ -20,13 +24,21 @@ torchrun.log, pid.json, exit.json, and `killed` once orch kill ran.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import glob
+import hashlib
 import json
 import os
+import re
+import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
+import zlib
 from typing import Any
 
 POLL_S = 0.05
@@ -832,6 +844,471 @@ def cmd_rank(args: list[str]) -> int:
     return 127  # not reached
 
 
+# ---------------------------------------------------------------- sync
+# The code push of orchestrator/sync.py. A host keeps one content store per workdir,
+# WORKDIR/store: objects/ab/<rest of sha256>[.x] (read-only; `.x` is executable),
+# manifests/<digest>, setup/<key> (done markers), bin/ (this script, as sync.py's
+# loader runs it) and tmp/. Each job's code/ is a snapshot made of hard links into it,
+# so a push never changes a job's files and ten jobs do not cost ten copies. Every
+# name arrives framed on stdin (see orchestrator/wire.py), never through a shell.
+
+FRAME = struct.Struct(">cQ")  # kind, payload length
+MAX_FRAME = 256 << 20
+KEY_RE = re.compile(r"[0-9a-f]{64}(\.x)?")
+DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+TOKEN_RE = re.compile(r"[0-9A-Za-z_-]{1,64}")
+GC_GRACE_S = 600.0  # younger store files may belong to a push in flight
+ABANDONED_S = 86400.0  # a snapshot never started (setup failed, say) this long is finished
+SWEEP_EVERY_S = 86400.0
+GC_EVERY_S = 60.0
+
+
+class Mismatch(ValueError):
+    """Received bytes whose hash is not their key: the file changed during the push."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"content of object {key} does not match its hash")
+        self.key = key
+
+
+class Missing(Exception):
+    """A snapshot needs objects the store lacks."""
+
+    def __init__(self, keys: list[str]) -> None:
+        super().__init__(f"{len(keys)} objects missing")
+        self.keys = keys
+
+
+class ContentStore:
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.objects = os.path.join(root, "objects")
+        self._made: set[str] = set()
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    def made(self, path: str) -> str:
+        """`path`, created if need be (once per command: a push makes thousands of calls)."""
+        if path not in self._made:
+            os.makedirs(path, exist_ok=True)
+            self._made.add(path)
+        return path
+
+    def object_path(self, key: str) -> str:
+        """Where an object lives. Keys from the wire are checked here; keys from a
+        stored manifest were checked when it was stored."""
+        if not KEY_RE.fullmatch(key):
+            raise ValueError(f"bad object key {key!r}")
+        return f"{self.objects}/{key[:2]}/{key[2:]}"
+
+    def has(self, key: str, size: int) -> bool:
+        try:
+            return os.stat(f"{self.objects}/{key[:2]}/{key[2:]}").st_size == size
+        except OSError:
+            return False
+
+    def put_piece(self, meta: dict[str, Any], data: bytes, push: str) -> bool:
+        """Write one piece of an object; True when it completed (and was verified)."""
+        key, size, off = str(meta["k"]), int(meta["size"]), int(meta["off"])
+        final = self.object_path(key)
+        if meta.get("z"):
+            data = zlib.decompress(data)
+        end = off + len(data)
+        if off < 0 or end > size:
+            raise ValueError(f"piece of {key} out of bounds")
+        tmp = os.path.join(self.made(self.path("tmp")), f"{key}.{push}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if off == 0 else 0), 0o600)
+        try:
+            written = 0
+            while written < len(data):
+                written += os.pwrite(fd, memoryview(data)[written:], off + written)
+            if end == size:
+                digest = hashlib.sha256(data) if off == 0 else file_hash(tmp)
+                if digest.hexdigest() != key[:64]:
+                    os.unlink(tmp)
+                    raise Mismatch(key)
+                # Read-only: the object is shared by every snapshot that links to it.
+                os.fchmod(fd, 0o555 if key.endswith(".x") else 0o444)
+        finally:
+            os.close(fd)
+        if end < size:
+            return False
+        self.made(os.path.dirname(final))
+        os.replace(tmp, final)
+        return True
+
+    def add_manifest(self, body: bytes) -> str:
+        parse_manifest(body)
+        digest = hashlib.sha256(body).hexdigest()
+        write_bytes(os.path.join(self.made(self.path("manifests")), digest), body)
+        return digest
+
+    def manifest(self, digest: str) -> list[list[Any]] | None:
+        if not DIGEST_RE.fullmatch(digest):
+            raise ValueError(f"bad manifest digest {digest!r}")
+        try:
+            with open(self.path("manifests", digest), "rb") as f:
+                entries: list[list[Any]] = json.loads(f.read())["entries"]
+                return entries  # checked by parse_manifest before it was stored
+        except FileNotFoundError:
+            return None
+
+    def setup_marker(self, key: str) -> str:
+        if not DIGEST_RE.fullmatch(key):
+            raise ValueError(f"bad setup key {key!r}")
+        return self.path("setup", key)
+
+
+def file_hash(path: str) -> Any:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest
+
+
+def write_bytes(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write atomically, so a reader never sees half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def parse_manifest(body: bytes) -> list[list[Any]]:
+    """The entries [path, kind, value, size] of a manifest, refused unless every path
+    stays inside the snapshot: relative, no `..`, and never below a file or symlink."""
+    entries: list[list[Any]] = json.loads(body)["entries"]
+    if not all(isinstance(e, list) and len(e) == 4 and isinstance(e[0], str) for e in entries):
+        raise ValueError("malformed manifest")
+    leaves = {path for path, kind, _, _ in entries if kind != "d"}
+    for path, kind, value, size in entries:
+        parts = path.split("/")
+        if (
+            "\0" in path
+            or any(p in ("", ".", "..") for p in parts)
+            or any("/".join(parts[:i]) in leaves for i in range(1, len(parts)))
+            or kind not in ("f", "x", "l", "d")
+            or not isinstance(value, str)
+            or (kind in ("f", "x") and not DIGEST_RE.fullmatch(value))
+            or not isinstance(size, int)
+        ):
+            raise ValueError(f"unsafe manifest entry {path!r}")
+    return entries
+
+
+def entry_key(kind: str, value: str) -> str:
+    return value + ".x" if kind == "x" else value
+
+
+def read_exact(stream: Any, n: int) -> bytes:
+    data = stream.read(n)
+    if len(data) != n:
+        raise EOFError("input ended in the middle of a frame")
+    return bytes(data)
+
+
+def read_frame(stream: Any) -> tuple[bytes, bytes]:
+    kind, size = FRAME.unpack(read_exact(stream, FRAME.size))
+    if size > MAX_FRAME:
+        raise ValueError(f"frame of {size} bytes is too large")
+    return kind, read_exact(stream, size)
+
+
+def cmd_sync(args: list[str]) -> int:
+    """Take pieces of objects, manifests and snapshot requests; answer in one JSON line.
+
+    Frames: H header {"store", "push"} first, then any of P {"k", "off", "size", "z"}
+    followed by B (its bytes), M (a zlib-compressed manifest), S (a snapshot request),
+    and Z at the end.
+    """
+    stream = sys.stdin.buffer
+    reply: dict[str, Any] = {"stored": 0, "bytes": 0}
+    after: dict[str, Any] | None = None
+    try:
+        kind, payload = read_frame(stream)
+        header = json.loads(payload) if kind == b"H" else None
+        if header is None or not TOKEN_RE.fullmatch(str(header.get("push"))):
+            raise ValueError("the stream does not start with a valid header")
+        store = ContentStore(os.path.expanduser(header["store"]))
+        meta: dict[str, Any] = {}
+        while True:
+            kind, payload = read_frame(stream)
+            if kind == b"P":
+                meta = json.loads(payload)
+            elif kind == b"B":
+                reply["stored"] += store.put_piece(meta, payload, header["push"])
+                reply["bytes"] += len(payload)
+            elif kind == b"M":
+                store.add_manifest(zlib.decompress(payload))
+            elif kind == b"S":
+                request = json.loads(payload)
+                reply.update(make_snapshot(store, request))
+                after = request if reply.get("snapshot") else None
+            elif kind == b"Z":
+                break
+            else:
+                raise ValueError(f"unknown frame {kind!r}")
+    except Mismatch as exc:
+        reply.update(error=str(exc), changed=exc.key)
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zlib.error) as exc:
+        reply["error"] = describe_error(exc)
+    if "error" in reply:
+        with contextlib.suppress(OSError):
+            while stream.read(1 << 20):  # take the rest, so that the reply gets through
+                pass
+    print(json.dumps(reply), flush=True)
+    if after is not None and gc_due(store):
+        in_background(collect_garbage, os.path.dirname(store.root), int(after["keep"]))
+    return 1 if "error" in reply else 0
+
+
+def describe_error(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def make_snapshot(store: ContentStore, request: dict[str, Any]) -> dict[str, Any]:
+    """Build JOB_DIR/code from a stored manifest, if the store holds all of its objects."""
+    digest = str(request["digest"])
+    entries = store.manifest(digest)
+    if entries is None:
+        return {"need_manifest": True}
+    sizes = {entry_key(k, v): s for _, k, v, s in entries if k in ("f", "x")}
+    missing = sorted(key for key, size in sizes.items() if not store.has(key, size))
+    if missing:
+        return {"missing": missing}
+    job_dir = os.path.expanduser(str(request["job_dir"]))
+    os.makedirs(job_dir, exist_ok=True)
+    try:
+        build_tree(store, entries, os.path.join(job_dir, "code"))
+    except Missing as exc:  # collected by a concurrent gc since the check above
+        return {"missing": exc.keys}
+    with open(__file__, "rb") as f:  # the copy in the store that runs this command
+        write_bytes(os.path.join(job_dir, "orch_supervisor.py"), f.read(), 0o755)
+    write_json(os.path.join(job_dir, "snapshot.json"), {"manifest": digest, "created": time.time()})
+    setup = request.get("setup")
+    done = isinstance(setup, str) and os.path.exists(store.setup_marker(setup))
+    return {"snapshot": True, "setup_done": done}
+
+
+def build_tree(store: ContentStore, entries: list[list[Any]], code: str) -> None:
+    """Create `code` from the entries, all at once: it appears complete or not at all.
+
+    Symlinks come last, so that no path is ever created through one.
+    """
+    if os.path.lexists(code):
+        raise ValueError(f"{code} exists already")
+    tmp = f"{code}.part{os.getpid()}"
+    dirs = set()
+    for path, kind, _, _ in entries:
+        path = path if kind == "d" else path.rpartition("/")[0]
+        while path and path not in dirs:
+            dirs.add(path)
+            path = path.rpartition("/")[0]
+    os.makedirs(tmp)
+    try:
+        for path in sorted(dirs, key=lambda d: d.count("/")):  # parents first
+            os.mkdir(f"{tmp}/{path}")
+        for path, kind, value, _ in entries:
+            if kind in ("f", "x"):
+                place(store, entry_key(kind, value), f"{tmp}/{path}")
+        for path, kind, value, _ in entries:
+            if kind == "l":
+                os.symlink(value, f"{tmp}/{path}")
+        os.rename(tmp, code)
+    except BaseException:
+        remove_tree(tmp)
+        raise
+
+
+def place(store: ContentStore, key: str, target: str) -> None:
+    source = f"{store.objects}/{key[:2]}/{key[2:]}"
+    try:
+        os.link(source, target)
+    except FileNotFoundError:
+        if not os.path.exists(source):
+            raise Missing([key]) from None
+        raise
+    except OSError as exc:  # too many links, another filesystem, or no hard links at all
+        if exc.errno not in (errno.EMLINK, errno.EXDEV, errno.EPERM, errno.ENOTSUP):
+            raise
+        shutil.copyfile(source, target)
+        os.chmod(target, os.stat(source).st_mode & 0o777)
+
+
+def in_background(function: Any, *args: Any) -> None:
+    """Run `function` in a detached grandchild, after this command answered."""
+    sys.stdout.flush()
+    child = os.fork()
+    if child:
+        os.waitpid(child, 0)
+        return
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # let go of the SSH channel
+            os.dup2(devnull, fd)
+        function(*args)
+    finally:
+        os._exit(0)
+
+
+def gc_due(store: ContentStore) -> bool:
+    """Whether a push should collect in the background: at most once a minute, since
+    a finished job's snapshot may wait that long, and pushes come in bursts."""
+    stamp = store.path("gc.last")
+    try:
+        if time.time() - os.path.getmtime(stamp) < GC_EVERY_S:
+            return False
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        write_bytes(stamp, b"")
+    return True
+
+
+def remove_tree(path: str) -> None:
+    def writable(function: Any, failed: str, _exc: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(failed), 0o700)
+            function(failed)
+
+    shutil.rmtree(path, onerror=writable)
+
+
+def snapshot_end(job_dir: str, created: float) -> float | None:
+    """When the job that uses this snapshot ended; None while it runs (or may still)."""
+    with contextlib.suppress(OSError):
+        return os.path.getmtime(os.path.join(job_dir, "exit.json"))
+    started = read_json(os.path.join(job_dir, "pid.json"))
+    if started is not None:
+        if alive(int(started.get("supervisor", 0))):
+            return None
+        return float(started.get("started", created))
+    return created if time.time() - created > ABANDONED_S else None
+
+
+def collect_garbage(
+    workdir: str, keep: int, grace_s: float = GC_GRACE_S, sweep: bool = False
+) -> dict[str, Any]:
+    """Drop the snapshots of finished jobs but the newest `keep`, then content and
+    manifests no snapshot uses (and older than `grace_s`: a push may be in flight).
+
+    Without `sweep`, the store is swept only when a snapshot went, or once a day.
+    """
+    store = ContentStore(os.path.join(workdir, "store"))
+    os.makedirs(store.root, exist_ok=True)
+    with open(store.path("gc.lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | (0 if sweep else fcntl.LOCK_NB))
+        except OSError:
+            return {"busy": True}  # another gc is at it
+        finished, kept, running = [], set(), 0
+        for job_dir in glob.glob(os.path.join(glob.escape(workdir), "jobs", "*", "*")):
+            meta = read_json(os.path.join(job_dir, "snapshot.json"))
+            if meta is None or not os.path.isdir(os.path.join(job_dir, "code")):
+                continue
+            ended = snapshot_end(job_dir, float(meta.get("created", 0)))
+            if ended is None:
+                running += 1
+                kept.add(str(meta.get("manifest")))
+            else:
+                finished.append((ended, job_dir, str(meta.get("manifest"))))
+        finished.sort(reverse=True)
+        kept.update(digest for _, _, digest in finished[:keep])
+        for _, job_dir, _ in finished[keep:]:
+            remove_tree(os.path.join(job_dir, "code"))
+            os.unlink(os.path.join(job_dir, "snapshot.json"))
+        report: dict[str, Any] = {
+            "snapshots_removed": len(finished[keep:]),
+            "snapshots_kept": min(len(finished), keep),
+            "running": running,
+            "objects_removed": 0,
+            "bytes_freed": 0,
+        }
+        stamp = store.path("gc.stamp")
+        due = not os.path.exists(stamp) or time.time() - os.path.getmtime(stamp) > SWEEP_EVERY_S
+        if sweep or finished[keep:] or due:
+            report.update(sweep_store(store, kept, time.time() - grace_s))
+            write_bytes(stamp, b"")
+        return report
+
+
+def sweep_store(store: ContentStore, kept: set[str], before: float) -> dict[str, int]:
+    """Remove objects no snapshot links to, and manifests and markers none refers to."""
+    removed = freed = 0
+    for path in glob.glob(store.path("objects", "*", "*")):
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            if st.st_nlink == 1 and st.st_mtime < before:
+                os.unlink(path)
+                removed, freed = removed + 1, freed + st.st_size
+    for path in glob.glob(store.path("manifests", "*")) + glob.glob(store.path("tmp", "*")):
+        with contextlib.suppress(OSError):
+            if os.path.basename(path) not in kept and os.path.getmtime(path) < before:
+                os.unlink(path)
+    for path in glob.glob(store.path("setup", "*")):
+        marker = read_json(path) or {}
+        with contextlib.suppress(OSError):
+            if marker.get("manifest") not in kept and os.path.getmtime(path) < before:
+                os.unlink(path)
+    return {"objects_removed": removed, "bytes_freed": freed}
+
+
+def cmd_gc(args: list[str]) -> int:
+    """`gc` with a header frame {"workdir", "keep", "grace"} on stdin: collect now."""
+    try:
+        _, payload = read_frame(sys.stdin.buffer)
+        options = json.loads(payload)
+        report = collect_garbage(
+            os.path.expanduser(options["workdir"]),
+            int(options["keep"]),
+            float(options.get("grace", GC_GRACE_S)),
+            sweep=True,
+        )
+    except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
+        report = {"error": describe_error(exc)}
+    print(json.dumps(report))
+    return 1 if "error" in report else 0
+
+
+def cmd_setup(args: list[str]) -> int:
+    """`setup JOB_DIR SPEC`: run the job's setup command in its code dir, streaming its
+    output, and mark it done for this code version when it succeeds."""
+    os.chdir(os.path.expanduser(args[0]))
+    spec = json.loads(args[1])
+    env = dict(os.environ)
+    env.update(spec.get("env", {}))
+    # `pip install ...` should mean the pip of the interpreter that runs the job.
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    with open("setup.log", "ab") as log:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", spec["script"]],
+            cwd="code",
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+        code = proc.wait()
+    if code == 0:
+        marker = os.path.expanduser(spec["marker"])
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        write_json(marker, {"manifest": spec["manifest"], "done": time.time()})
+    return code
+
+
 COMMANDS = {
     "status": cmd_status,
     "probe": cmd_probe,
@@ -839,6 +1316,9 @@ COMMANDS = {
     "follow": cmd_follow,
     "kill": cmd_kill,
     "rank": cmd_rank,
+    "sync": cmd_sync,
+    "setup": cmd_setup,
+    "gc": cmd_gc,
 }
 
 

@@ -728,6 +728,117 @@ class Cluster:
                 "check iptables FORWARD policy and net.bridge.bridge-nf-call-iptables"
             )
 
+    # -- extra networks, firewalls and port holders (orch check tests) -------------
+    # Each is undone by its own method; all of it also dies with the host's namespaces.
+
+    def add_link(self, a: int, b: int, subnet: int = 240) -> tuple[str, str]:
+        """A second interface, ``eth1``, on hosts ``a`` and ``b``: a direct cable between them.
+
+        The two ends get 10.77.0.{subnet+1} and {subnet+2} in a /30, a more specific
+        route than the bridge's /24, so only traffic for those two addresses takes it.
+
+        Returns:
+            The addresses of host ``a``'s and host ``b``'s ends.
+        """
+        if subnet % 4 or not 16 <= subnet <= 252:
+            raise ValueError("subnet must be a /30 boundary of 10.77.0.x above the hosts")
+        ends = [(self.host(a), f"{SUBNET}.{subnet + 1}"), (self.host(b), f"{SUBNET}.{subnet + 2}")]
+        first, second = (f"{VETH_PREFIX}l{h.index}" for h, _ in ends)
+        _run(["ip", "link", "add", first, "type", "veth", "peer", "name", second])
+        for (host, address), name in zip(ends, (first, second), strict=True):
+            _run(["ip", "link", "set", name, "netns", host.netns])
+            inside = ["ip", "-n", host.netns]
+            _run([*inside, "link", "set", name, "name", "eth1"])
+            _run([*inside, "addr", "add", f"{address}/30", "dev", "eth1"])
+            _run([*inside, "link", "set", "eth1", "up"])
+        return ends[0][1], ends[1][1]
+
+    def route_via_link(self, i: int, target: int | str, source: str) -> None:
+        """Make host ``i`` reach host ``target``'s bridge address over its ``eth1``."""
+        host, address = self.host(i), self.host(target).address
+        _run(
+            ["ip", "-n", host.netns, "route", "add", f"{address}/32", "dev", "eth1", "src", source]
+        )
+
+    def remove_link(self, i: int) -> None:
+        """Remove host ``i``'s ``eth1`` (both ends of the cable, and routes over it)."""
+        _run(["ip", "-n", self.host(i).netns, "link", "del", "eth1"], check=False)
+
+    def _firewall_rule(self, i: int, port: int, source: int | str | None) -> list[str]:
+        rule = ["INPUT", "-p", "tcp", "--dport", str(port)]
+        if source is not None:
+            rule += ["-s", self.host(source).address]
+        return [*rule, "-m", "comment", "--comment", "orch-test", "-j", "DROP"]
+
+    def block_port(self, i: int, port: int, source: int | str | None = None) -> None:
+        """Drop TCP packets to ``port`` on host ``i`` (from host ``source``, else from anyone).
+
+        Raises:
+            ClusterError: iptables is missing or refuses (callers may skip).
+        """
+        if shutil.which("iptables") is None:
+            raise ClusterError("iptables is not installed")
+        argv = ["ip", "netns", "exec", self.host(i).netns, "iptables", "-A"]
+        _run([*argv, *self._firewall_rule(i, port, source)])
+
+    def unblock_port(self, i: int, port: int, source: int | str | None = None) -> None:
+        argv = ["ip", "netns", "exec", self.host(i).netns, "iptables", "-D"]
+        _run([*argv, *self._firewall_rule(i, port, source)], check=False)
+
+    def hold_port(
+        self, i: int | str, port: int, address: str = "0.0.0.0", name: str = "leftover-trainer"
+    ) -> subprocess.Popen[str]:
+        """Start a process on host ``i`` that listens on ``port`` (a previous run's leftover).
+
+        Its command line ends with ``name``. Stop it with ``release_port``.
+        """
+        host = self.host(i)
+        if host.init_pid is None:
+            raise ClusterError(f"{host.name} is down")
+        code = (
+            "import socket, sys, time\n"
+            "s = socket.socket()\n"
+            f"s.bind(({address!r}, {port}))\n"
+            "s.listen()\n"
+            "print('listening', flush=True)\n"
+            "time.sleep(600)\n"
+        )
+        holder = subprocess.Popen(
+            [
+                "nsenter",
+                "-t",
+                str(host.init_pid),
+                "-n",
+                "-p",
+                "-m",
+                "-u",
+                "--",
+                sys.executable,
+                "-I",
+                "-S",
+                "-c",
+                code,
+                name,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        assert holder.stdout is not None
+        if holder.stdout.readline().strip() != "listening":
+            self.release_port(holder)
+            raise ClusterError(
+                f"cannot hold port {port} on {host.name}: {holder.stderr.read() if holder.stderr else ''}"
+            )
+        return holder
+
+    def release_port(self, holder: subprocess.Popen[str]) -> None:
+        """Stop a ``hold_port`` process: the listener inside the host, then its nsenter."""
+        with contextlib.suppress(ClusterError, ProcessLookupError):
+            os.kill(_child_pid(holder.pid, timeout=1), signal.SIGKILL)
+        holder.wait(timeout=10)
+
 
 def remove_leftovers() -> None:
     """Remove what a crashed earlier run left: namespaces (and their processes), links, temp dirs.

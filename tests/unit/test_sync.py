@@ -1,14 +1,20 @@
-"""Which files are pushed, and the archive they travel in."""
+"""Which files are pushed, and the manifest that describes them."""
 
 from __future__ import annotations
 
-import io
-import tarfile
+import hashlib
 from pathlib import Path
 
 import pytest
 
-from orchestrator.sync import build_archive, collect_files, pack_workdir, supervisor_source
+from orchestrator.manifest import Entry, Tree
+from orchestrator.sync import collect_files, scan_workdir, supervisor_source
+
+
+@pytest.fixture(autouse=True)
+def _orch_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stat cache goes to a fresh $ORCH_HOME, never the user's."""
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "orch-home"))
 
 
 def make_tree(root: Path, files: dict[str, str]) -> Path:
@@ -23,16 +29,12 @@ def make_tree(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def members(archive: bytes) -> dict[str, tarfile.TarInfo]:
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-        return {m.name: m for m in tar.getmembers()}
+def entries(tree: Tree) -> dict[str, Entry]:
+    return {e.path: e for e in tree.entries}
 
 
-def read_member(archive: bytes, name: str) -> bytes:
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-        f = tar.extractfile(name)
-        assert f is not None
-        return f.read()
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def test_gitignore_at_the_root_excludes_matching_files(tmp_path: Path) -> None:
@@ -182,12 +184,9 @@ def test_symlink_to_a_directory_outside_is_one_entry_and_not_followed(tmp_path: 
     files = collect_files(root)
     assert files == ["data", "link.py", "train.py"]
 
-    archive = build_archive(root, files)
-    found = members(archive)
-    assert found["code/data"].issym()
-    assert found["code/data"].linkname == str(outside)
-    assert found["code/link.py"].issym()
-    assert found["code/link.py"].linkname == "train.py"
+    found = entries(scan_workdir(root))
+    assert (found["data"].kind, found["data"].value) == ("l", str(outside))
+    assert (found["link.py"].kind, found["link.py"].value) == ("l", "train.py")
     assert not [name for name in found if "secret" in name or "more" in name]
 
 
@@ -195,38 +194,30 @@ def test_dangling_symlink_is_kept_as_a_link(tmp_path: Path) -> None:
     (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
     files = collect_files(tmp_path)
     assert files == ["gone"]
-    assert members(build_archive(tmp_path, files))["code/gone"].issym()
+    assert entries(scan_workdir(tmp_path))["gone"].kind == "l"
 
 
 def test_empty_directories_are_kept(tmp_path: Path) -> None:
     make_tree(tmp_path, {"outputs/": "", "a/b/c/": "", "train.py": ""})
     files = collect_files(tmp_path)
     assert files == ["a/b/c/", "outputs/", "train.py"]
-    found = members(build_archive(tmp_path, files))
-    assert found["code/outputs"].isdir()
-    assert found["code/a/b/c"].isdir()
+    found = entries(scan_workdir(tmp_path))
+    assert found["outputs"].kind == "d"
+    assert found["a/b/c"].kind == "d"
 
 
-def test_archive_holds_the_supervisor_and_the_code(tmp_path: Path) -> None:
+def test_manifest_holds_each_file_with_its_hash_size_and_executable_bit(tmp_path: Path) -> None:
     make_tree(tmp_path, {"train.py": "print('hi')\n", "pkg/model.py": "X = 1\n"})
     (tmp_path / "run.sh").write_text("#!/bin/sh\n")
     (tmp_path / "run.sh").chmod(0o755)
-    archive, count = pack_workdir(tmp_path)
-    assert count == 3
-    found = members(archive)
-    assert sorted(found) == [
-        "code",
-        "code/pkg/model.py",
-        "code/run.sh",
-        "code/train.py",
-        "orch_supervisor.py",
-    ]
-    assert read_member(archive, "orch_supervisor.py") == supervisor_source()
-    assert found["orch_supervisor.py"].mode == 0o755
-    assert found["code"].isdir()
-    assert read_member(archive, "code/train.py") == b"print('hi')\n"
-    assert read_member(archive, "code/pkg/model.py") == b"X = 1\n"
-    assert found["code/run.sh"].mode & 0o111  # executables stay executable
+    tree = scan_workdir(tmp_path)
+    found = entries(tree)
+    assert sorted(found) == ["pkg/model.py", "run.sh", "train.py"]
+    assert found["train.py"] == Entry("train.py", "f", sha(b"print('hi')\n"), 12)
+    assert found["pkg/model.py"].value == sha(b"X = 1\n")
+    assert found["run.sh"].kind == "x"  # executables stay executable
+    assert found["run.sh"].key == sha(b"#!/bin/sh\n") + ".x"
+    assert tree.total_bytes == 12 + 6 + 10
 
 
 def test_supervisor_source_is_the_remote_supervisor_script() -> None:
@@ -251,10 +242,9 @@ AWKWARD_NAMES = [
 
 
 @pytest.mark.parametrize("name", AWKWARD_NAMES)
-def test_awkward_file_names_survive_into_the_archive(tmp_path: Path, name: str) -> None:
+def test_awkward_file_names_survive_into_the_manifest(tmp_path: Path, name: str) -> None:
     make_tree(tmp_path, {name: f"content of {name}"})
     files = collect_files(tmp_path)
     assert files == [name]
-    archive = build_archive(tmp_path, files)
-    assert f"code/{name}" in members(archive)
-    assert read_member(archive, f"code/{name}") == f"content of {name}".encode()
+    found = entries(scan_workdir(tmp_path))
+    assert found[name].value == sha(f"content of {name}".encode())

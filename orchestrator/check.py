@@ -1,0 +1,313 @@
+"""`orch check`, and the blocking part of it that `orch submit` runs before it starts.
+
+Both probe every host in parallel (one command each, no torch import), judge the facts
+with the rules of check_rules, and test the rendezvous port for real: free on the
+master, and open to every other node. `check` reports everything, unreachable hosts
+included; `preflight` raises on the first host it cannot use, and on any error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from orchestrator import check_net, launch
+from orchestrator.check_net import Throughput
+from orchestrator.check_rules import (
+    PreflightError,
+    Problem,
+    bandwidth_problems,
+    cluster_problems,
+    host_problems,
+    merge_hosts,
+    port_problems,
+    reach_problems,
+    unusable,
+)
+from orchestrator.hosts import HostGroup
+from orchestrator.models.errors import HostError, OrchError
+from orchestrator.models.inventory import Host, Inventory
+from orchestrator.models.job import JobSpec
+from orchestrator.plan import HostFacts, select_hosts, static_master_addr
+from orchestrator.transport import ConnectOptions, Transport
+
+log = logging.getLogger(__name__)
+# torchrun's own default: the port firewalls of training clusters tend to leave open.
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """One host as check saw it: its facts, or the error that stopped the probe."""
+
+    host: Host
+    facts: HostFacts | None = None
+    error: OrchError | None = None
+    error_topic: str = ""  # "ssh" (could not connect) or "python" (could not probe)
+    ssh_ms: float | None = None  # a command's round trip; None for local hosts
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """The job's rendezvous port on the master, and who could reach it."""
+
+    master: str
+    addr: str
+    port: int
+    pinned: bool
+    free: bool | None  # whether the wanted port was free on the master
+    holders: tuple[str, ...] = ()
+    moved_from: int | None = None  # the default port, busy, that submit moves away from
+    tested: tuple[str, ...] = ()  # the nodes that tried to connect
+    unreachable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    hosts: tuple[HostStatus, ...]
+    master_addr: str | None
+    rendezvous: Rendezvous | None
+    throughput: dict[str, Throughput] | None
+    problems: tuple[Problem, ...]
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.is_error]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if not p.is_error]
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What submit needs to plan: the master's address, the port, every host's facts."""
+
+    master_addr: str
+    port: int
+    facts: dict[str, HostFacts]
+    warnings: tuple[Problem, ...]
+
+
+def run_check(
+    inventory: Inventory,
+    job: JobSpec | None = None,
+    measure_bandwidth: bool = False,
+    options: ConnectOptions | None = None,
+) -> CheckReport:
+    """Probe the hosts (the job's, else the inventory's) and report every problem found.
+
+    Raises:
+        SpecError: the job selects hosts the inventory does not have.
+    """
+    hosts = select_hosts(job, inventory) if job else list(inventory.hosts)
+    master = hosts[0]
+    with HostGroup(hosts, options or ConnectOptions()) as group:
+        failed = {_host_of(e): e for e in group.connect(tolerate=True)}
+        master_addr = _master_addr_or_none(group, master)
+        wanted = (job.rendezvous_port or DEFAULT_PORT) if job else None
+        modules = _modules_to_find(job)
+
+        def inspect(host: Host, transport: Transport) -> HostStatus:
+            port = wanted if host.name == master.name else None
+            try:
+                found = launch.probe_host(host, transport, master_addr, port, True, modules)
+            except OrchError as exc:
+                return HostStatus(host, error=exc, error_topic="python")
+            return HostStatus(host, found.facts, ssh_ms=_round_trip_ms(host, transport))
+
+        probed, errors = group.try_each(inspect)
+        failed.update({_host_of(e): e for e in errors})
+        statuses = tuple(
+            probed.get(h.name) or HostStatus(h, error=failed.get(h.name), error_topic="ssh")
+            for h in hosts
+        )
+        usable = [s.host for s in statuses if s.facts and s.facts.torch_version]
+        rendezvous = None
+        if job and master_addr and master in usable and wanted is not None:
+            facts = probed[master.name].facts
+            assert facts is not None
+            rendezvous = _test_rendezvous(group, job, hosts, usable, master_addr, wanted, facts)
+        throughput = None
+        if measure_bandwidth and master_addr and master in usable:
+            others = [h for h in usable if h.name != master.name]
+            throughput = check_net.bandwidth(group, master, master_addr, others)
+    problems = merge_hosts(_judge(hosts, statuses, job, rendezvous, throughput))
+    return CheckReport(statuses, master_addr, rendezvous, throughput, tuple(problems))
+
+
+def preflight(job: JobSpec, hosts: Sequence[Host], group: HostGroup) -> Preflight:
+    """Submit's check of the connected hosts, before anything is started anywhere.
+
+    Raises:
+        HostError / MultiHostError: python or torch missing on a host.
+        PreflightError: a blocking problem (versions, GPUs, routes, the port).
+    """
+    master = hosts[0]
+    master_addr = _master_addr(group, master)
+    wanted = job.rendezvous_port or DEFAULT_PORT
+    modules = _modules_to_find(job)
+    probes = group.each(
+        lambda h, t: launch.probe(
+            h,
+            t,
+            master_addr,
+            port=wanted if h.name == master.name else None,
+            gpus=bool(h.gpus),  # nvidia-smi can take a second: only where GPUs are declared
+            modules=modules,
+        )
+    )
+    facts = {name: p.facts for name, p in probes.items()}
+    problems = [p for h in hosts for p in host_problems(h, facts[h.name], _job_env(h, job))]
+    problems += cluster_problems(hosts, facts)
+    rendezvous = _test_rendezvous(group, job, hosts, hosts, master_addr, wanted, facts[master.name])
+    problems += _rendezvous_problems(rendezvous)
+    problems = merge_hosts(problems)
+    errors = [p for p in problems if p.is_error]
+    if errors:
+        raise PreflightError(errors)
+    if rendezvous.moved_from:
+        log.info("port %d is busy on %s: using %d", wanted, master.name, rendezvous.port)
+    warnings = tuple(p for p in problems if not p.is_error)
+    return Preflight(master_addr, rendezvous.port, facts, warnings)
+
+
+def _test_rendezvous(
+    group: HostGroup,
+    job: JobSpec,
+    hosts: Sequence[Host],
+    usable: Sequence[Host],
+    master_addr: str,
+    wanted: int,
+    master_facts: HostFacts,
+) -> Rendezvous:
+    """Pick the port as submit does, then have every other node connect to it."""
+    master = hosts[0]
+    pinned = job.rendezvous_port is not None
+    port, moved_from = wanted, None
+    if master_facts.port_free is False and not pinned and master_facts.free_port:
+        port, moved_from = master_facts.free_port, wanted
+    result = Rendezvous(
+        master.name,
+        master_addr,
+        port,
+        pinned,
+        master_facts.port_free,
+        master_facts.port_holders,
+        moved_from,
+    )
+    if pinned and master_facts.port_free is False:
+        return result  # nothing to test against: the port is someone else's
+    # Nodes on the master's own machine reach it over loopback: nothing to learn there.
+    others = [h for h in usable if h.name != master.name and not (h.is_local and master.is_local)]
+    unreachable = check_net.reachability(group, master, master_addr, port, others)
+    tested = tuple(h.name for h in others)
+    return replace(result, tested=tested, unreachable=unreachable)
+
+
+def _judge(
+    hosts: Sequence[Host],
+    statuses: Sequence[HostStatus],
+    job: JobSpec | None,
+    rendezvous: Rendezvous | None,
+    throughput: dict[str, Throughput] | None,
+) -> list[Problem]:
+    problems: list[Problem] = []
+    facts: dict[str, HostFacts] = {}
+    for status in statuses:
+        if status.error is not None:
+            problems.append(unusable(status.host, status.error, status.error_topic))
+        elif status.facts is not None and not status.facts.torch_version:
+            problems.append(unusable(status.host, launch.torch_missing(status.host), "torch"))
+        elif status.facts is not None:
+            facts[status.host.name] = status.facts
+            problems += host_problems(status.host, status.facts, _job_env(status.host, job))
+    problems += cluster_problems(hosts, facts)
+    if rendezvous is not None:
+        problems += _rendezvous_problems(rendezvous)
+    if throughput:
+        rates = {name: (t.up_gbps, t.down_gbps) for name, t in throughput.items()}
+        with_gpus = any(h.gpus or (facts.get(h.name) or HostFacts()).gpu_count for h in hosts)
+        problems += bandwidth_problems(rates, bool(with_gpus))
+    return problems
+
+
+def _rendezvous_problems(r: Rendezvous) -> list[Problem]:
+    return port_problems(r.master, r.addr, r.port, r.pinned, r.free, r.holders) + reach_problems(
+        r.master, r.addr, r.port, r.unreachable
+    )
+
+
+def _master_addr(group: HostGroup, master: Host) -> str:
+    """The address every node reaches the master at.
+
+    Raises:
+        HostError: the master is named by a DNS name or ssh alias, and its sshd does
+            not say which address it was reached at.
+    """
+    static = static_master_addr(master)
+    if static is not None:
+        return static
+    # A DNS name or ssh alias: use the address the master's sshd was reached at.
+    first = group.each(lambda h, t: launch.probe_host(h, t, gpus=False), only=[master.name])
+    ssh_addr = first[master.name].ssh_addr
+    if not ssh_addr:
+        raise HostError(
+            master.name,
+            f"cannot tell which address other hosts reach {master.address} at",
+            "give the master host its IP address in the inventory",
+        )
+    return ssh_addr
+
+
+def _master_addr_or_none(group: HostGroup, master: Host) -> str | None:
+    if master.name not in group.transports:
+        return static_master_addr(master)
+    try:
+        return _master_addr(group, master)
+    except OrchError:
+        return None  # the probe that follows reports what is wrong with the master
+
+
+def _modules_to_find(job: JobSpec | None) -> list[str]:
+    """The job's module, when it is not in the workdir: it must be installed on the hosts."""
+    if job is None or not job.module:
+        return []
+    top = job.module.split(".")[0]
+    in_workdir = (job.workdir / top).is_dir() or (job.workdir / f"{top}.py").is_file()
+    return [] if in_workdir else [top]
+
+
+def _job_env(host: Host, job: JobSpec | None) -> dict[str, str]:
+    return {**host.env, **(job.env if job else {})}
+
+
+def _round_trip_ms(host: Host, transport: Transport) -> float | None:
+    """How long a trivial command takes over the host's connection, in ms."""
+    if host.is_local:
+        return None
+    started = time.perf_counter()
+    transport.run("true", timeout=10)
+    return (time.perf_counter() - started) * 1000
+
+
+def _host_of(error: OrchError) -> str:
+    return error.host if isinstance(error, HostError) else ""
+
+
+def describe_port(r: Rendezvous) -> str:
+    """One line on the rendezvous port: where, whether free, who reached it."""
+    kind = "pinned" if r.pinned else "default" if r.moved_from is None else "free"
+    line = f"rendezvous: {r.master} at {r.addr}:{r.port} ({kind})"
+    if r.moved_from is not None:
+        line += f"; {r.moved_from} is busy on {r.master}, so submit moves to a free port"
+    elif r.free is False:
+        return f"{line}: busy"
+    if r.tested:
+        ok = [n for n in r.tested if n not in r.unreachable]
+        line += f"; reached from {', '.join(ok) if ok else 'no node'}"
+        if r.unreachable:
+            line += f", not from {', '.join(r.unreachable)}"
+    return line

@@ -1,0 +1,164 @@
+"""Network tests between the job's hosts, run with their own Python (remote/nettest.py).
+
+- `reachability`: a temporary listener on the master's rendezvous port, and a TCP
+  connection to it from every other node. Not a guess from routes: a firewall that
+  drops the port shows up as what it is.
+- `bandwidth`: TCP throughput from each node to the master and back, one node at a
+  time so that they do not share the master's link (iperf-like, nothing to install).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from orchestrator.hosts import HostGroup
+from orchestrator.models.errors import HostError, OrchError
+from orchestrator.models.inventory import Host
+from orchestrator.shell import sh_path
+from orchestrator.transport import RemoteProcess, Transport
+
+log = logging.getLogger(__name__)
+CONNECT_TIMEOUT_S = 3.0
+# The listener's own deadline: it must be gone before torchrun binds the port, even
+# when a node never connects and nobody is left to stop it.
+LISTEN_S = CONNECT_TIMEOUT_S + 2.0
+BANDWIDTH_S = 1.0
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """One node's link to the master, in Gbit/s each way; `error` when unmeasured."""
+
+    up_gbps: float | None = None  # node -> master
+    down_gbps: float | None = None  # master -> node
+    error: str | None = None
+
+
+def nettest_command(python: str, *args: object) -> str:
+    """The command line that runs a nettest command with the host's python."""
+    source = resources.files("orchestrator.remote").joinpath("nettest.py").read_text()
+    words = " ".join(shlex.quote(str(a)) for a in args)
+    # -S: the tests need nothing beyond the standard library, and skipping site's
+    # imports saves a good part of the interpreter's start on every node.
+    return f"{sh_path(python)} -S -c {shlex.quote(source)} {words}"
+
+
+def reachability(
+    group: HostGroup, master: Host, master_addr: str, port: int, nodes: Sequence[Host]
+) -> dict[str, str]:
+    """Which nodes cannot open a TCP connection to `master_addr:port`, and why.
+
+    Returns:
+        {node name: reason} for each node that failed; empty when all got through.
+
+    Raises:
+        HostError: the test listener could not start on the master.
+    """
+    if not nodes:
+        return {}
+    token = secrets.token_hex(8)
+    transport = group.transports[master.name]
+    command = nettest_command(master.python, "listen", port, len(nodes), LISTEN_S, token)
+    listener = transport.stream(command, idle_timeout=LISTEN_S + 10)
+    try:
+        ready = _first_record(listener)
+        if not ready.get("ready"):
+            raise HostError(
+                master.name,
+                f"cannot listen on port {port} for the connection test: "
+                f"{ready.get('error') or listener.stderr()[-300:]}",
+                "is the port still free? run orch check again",
+            )
+
+        def connect(host: Host, t: Transport) -> str | None:
+            args = ("connect", master_addr, port, CONNECT_TIMEOUT_S, token)
+            result = t.run(nettest_command(host.python, *args), timeout=CONNECT_TIMEOUT_S + 30)
+            record = _last_record(result.stdout)
+            if record.get("ok"):
+                return None
+            return str(record.get("error") or f"test exited {result.exit_code}")
+
+        results, errors = group.try_each(connect, only=[n.name for n in nodes])
+        failures = {name: reason for name, reason in results.items() if reason}
+        failures.update({_host_of(e): _what(e) for e in errors})
+        if not failures:
+            # All connected: the listener is closing the port now; wait until it has,
+            # so that torchrun can bind it right after.
+            for _ in listener.lines():
+                pass
+        return failures
+    finally:
+        listener.close()
+
+
+def bandwidth(
+    group: HostGroup, master: Host, master_addr: str, nodes: Sequence[Host]
+) -> dict[str, Throughput]:
+    """Throughput between each node and the master, measured one node at a time."""
+    if not nodes:
+        return {}
+    transport = group.transports[master.name]
+    idle = BANDWIDTH_S + 30
+    command = nettest_command(master.python, "bwserve", BANDWIDTH_S, len(nodes), idle)
+    server = transport.stream(command, idle_timeout=idle)
+    try:
+        ready = _first_record(server)
+        if not ready.get("ready"):
+            error = f"cannot start the test server on {master.name}: {ready.get('error')}"
+            return {n.name: Throughput(error=error) for n in nodes}
+        port = int(ready["port"])
+        rates = {}
+        for node in nodes:
+            rates[node.name] = _measure(group.transports.get(node.name), node, master_addr, port)
+        return rates
+    finally:
+        server.close()
+
+
+def _measure(transport: Transport | None, node: Host, master_addr: str, port: int) -> Throughput:
+    if transport is None:
+        return Throughput(error="not connected")
+    command = nettest_command(node.python, "bwclient", master_addr, port, BANDWIDTH_S)
+    try:
+        result = transport.run(command, timeout=2 * BANDWIDTH_S + 30)
+    except OrchError as exc:
+        return Throughput(error=exc.message)
+    record = _last_record(result.stdout)
+    if "error" in record or not record:
+        return Throughput(error=str(record.get("error") or f"test exited {result.exit_code}"))
+    return Throughput(record.get("up_gbps"), record.get("down_gbps"))
+
+
+def _first_record(process: RemoteProcess) -> dict[str, Any]:
+    for line in process.lines():
+        if line.startswith("{"):
+            record: dict[str, Any] = json.loads(line)
+            return record
+    return {"ready": False, "error": process.stderr().strip()[-300:] or "no answer"}
+
+
+def _last_record(stdout: str) -> dict[str, Any]:
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                record: dict[str, Any] = json.loads(line)
+                return record
+            except ValueError:
+                break
+    return {}
+
+
+def _host_of(error: OrchError) -> str:
+    return error.host if isinstance(error, HostError) else "?"
+
+
+def _what(error: OrchError) -> str:
+    """The error without its `(host NAME)`: the problem built from it names the host."""
+    return error.message.removesuffix(f" (host {_host_of(error)})")

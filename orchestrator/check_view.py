@@ -1,0 +1,158 @@
+"""How `orch check` looks: a row per host, the rendezvous line, the problems.
+
+Builds rich renderables and text lines; printing them is the CLI's job. Cells a
+problem concerns are red (error) or yellow (warning) on a terminal; every problem is
+also spelled out below the table, so nothing depends on colour.
+"""
+
+from __future__ import annotations
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.check import CheckReport, HostStatus, describe_port
+from orchestrator.check_net import BANDWIDTH_S
+from orchestrator.check_rules import Problem, Severity, human_bytes
+from orchestrator.models.errors import RemoteCommandError
+from orchestrator.plan import IFNAME_VARS
+
+COLUMNS = (
+    ("host", "host"),
+    ("ssh", "ssh"),
+    ("os", "os"),
+    ("python", "python"),
+    ("torch", "torch"),
+    ("cuda / nccl", "torch"),
+    ("gpus", "gpus"),
+    ("disk free", "disk"),
+    ("clock", "clock"),
+    ("route to master", "route"),
+)
+STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow"}
+
+
+def host_table(report: CheckReport) -> Table:
+    """One row per host; the first host is the master."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for title, _ in COLUMNS:
+        table.add_column(title, no_wrap=title in ("host", "ssh", "clock"))
+    worst = _worst_by_cell(report.problems)
+    master = report.hosts[0].host.name
+    for status in report.hosts:
+        cells = host_cells(status, is_master=status.host.name == master)
+        table.add_row(
+            *(
+                Text(cell, style=_style(worst.get((status.host.name, topic))))
+                for cell, (_, topic) in zip(cells, COLUMNS, strict=True)
+            )
+        )
+    return table
+
+
+def host_cells(status: HostStatus, is_master: bool = False) -> list[str]:
+    """The text of a host's row, column by column."""
+    host, facts = status.host, status.facts
+    name = f"{host.name} (master)" if is_master else host.name
+    if status.error_topic == "ssh":
+        return [name, "failed", *["-"] * (len(COLUMNS) - 2)]
+    ssh = "local" if status.ssh_ms is None else f"ok {status.ssh_ms:.0f} ms"
+    if facts is None:  # python missing, or the probe failed in it
+        python = "failed" if isinstance(status.error, RemoteCommandError) else "not found"
+        return [name, ssh, "-", python, *["-"] * (len(COLUMNS) - 4)]
+    builds = [v for v in (facts.torch_cuda, facts.nccl_version) if v]
+    return [
+        name,
+        ssh,
+        facts.os or "-",
+        facts.python_version or "-",
+        facts.torch_version or "missing",
+        " / ".join([facts.torch_cuda or "-", facts.nccl_version or "-"]) if builds else "-",
+        _gpus(status),
+        human_bytes(facts.disk_free) if facts.disk_free is not None else "-",
+        f"{facts.clock_offset_s:+.1f} s" if facts.clock_offset_s is not None else "-",
+        _route(status),
+    ]
+
+
+def _gpus(status: HostStatus) -> str:
+    facts = status.facts
+    assert facts is not None
+    declared = len(status.host.gpus)
+    seen = "?" if facts.gpu_count is None else str(facts.gpu_count)
+    count = f"{seen}/{declared}" if declared else seen
+    names = sorted({n.removeprefix("NVIDIA ") for n in facts.gpu_names})
+    return f"{count} {', '.join(names)}" if names else count
+
+
+def _route(status: HostStatus) -> str:
+    facts = status.facts
+    assert facts is not None
+    if not facts.iface:
+        return "none"
+    text = f"{facts.iface} {facts.local_addr or ''}".strip()
+    pinned = [f"{var}={status.host.env[var]}" for var in IFNAME_VARS if var in status.host.env]
+    return f"{text} ({', '.join(pinned)})" if pinned else text
+
+
+def _style(severity: Severity | None) -> str:
+    return STYLE[severity] if severity is not None else ""
+
+
+def _worst_by_cell(problems: tuple[Problem, ...]) -> dict[tuple[str, str], Severity]:
+    worst: dict[tuple[str, str], Severity] = {}
+    for p in problems:
+        for host in p.hosts:
+            if worst.get((host, p.topic)) is not Severity.ERROR:
+                worst[(host, p.topic)] = p.severity
+    return worst
+
+
+def bandwidth_title(report: CheckReport) -> Text:
+    master = report.hosts[0].host.name
+    return Text(f"TCP throughput with the master {master} ({BANDWIDTH_S:g} s each way):")
+
+
+def bandwidth_table(report: CheckReport) -> Table:
+    """Gbit/s between each node and the master, each way."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for title in ("host", "to master", "from master"):
+        table.add_column(title, justify="left" if title == "host" else "right")
+    worst = _worst_by_cell(report.problems)
+    for name, rate in (report.throughput or {}).items():
+        style = _style(worst.get((name, "bandwidth")))
+        if rate.error:
+            table.add_row(name, Text(rate.error, style="yellow"), "")
+            continue
+        table.add_row(
+            name, Text(_gbits(rate.up_gbps), style=style), Text(_gbits(rate.down_gbps), style=style)
+        )
+    return table
+
+
+def _gbits(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} Gbit/s"
+
+
+def summary_lines(report: CheckReport) -> list[Text]:
+    """The rendezvous line, each problem as error/warning + hint, and the tally."""
+    lines = []
+    if report.rendezvous is not None:
+        lines.append(Text(describe_port(report.rendezvous)))
+    for problem in report.problems:
+        head, *hint = problem.lines()
+        label, _, rest = head.partition(": ")
+        lines.append(Text.assemble((label, STYLE[problem.severity]), ": ", rest))
+        lines += [Text(h) for h in hint]
+    errors, warnings = len(report.errors), len(report.warnings)
+    hosts = f"{len(report.hosts)} host{'s' if len(report.hosts) != 1 else ''}"
+    if not errors and not warnings:
+        lines.append(Text(f"{hosts}: all checks passed", style="green"))
+    else:
+        counts = [_count(errors, "error"), _count(warnings, "warning")]
+        lines.append(Text(f"{hosts}: " + ", ".join(c for c in counts if c)))
+    return lines
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}" if n else ""

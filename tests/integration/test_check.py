@@ -1,0 +1,231 @@
+"""`orch check` and submit's preflight against real sshd hosts: each problem of the issue
+is made for real (a wrong python, a second torch, a held port, a firewall, a second
+interface) and must be named, with submit refusing where it would hang."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.cluster import Cluster, ClusterError, OrchRunner, repo_python
+from tests.integration.test_submit import job_processes, write_job
+from tests.integration.test_submit_errors import assert_nothing_started, clear_jobs
+
+pytestmark = pytest.mark.cluster
+
+TORCH = subprocess.run(
+    [str(repo_python()), "-c", "import torch.version as v; print(v.__version__)"],
+    capture_output=True,
+    text=True,
+    check=True,
+).stdout.strip()
+
+
+def rows(stdout: str) -> dict[str, list[str]]:
+    """check's table as {host: cells}, cells split on runs of 2+ spaces."""
+    table = {}
+    for line in stdout.splitlines():
+        match = re.match(r"^(node\d)(?: \(master\))?\s{2,}(.*)$", line)
+        if match:
+            table[match.group(1)] = re.split(r"\s{2,}", match.group(2).strip())
+    return table
+
+
+def test_healthy_cluster_passes_with_a_row_per_host(
+    orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=3)
+    result = orch("check", "-i", inventory, job, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = rows(result.stdout)
+    assert sorted(table) == ["node1", "node2", "node3"]
+    for i, name in enumerate(["node1", "node2", "node3"], start=1):
+        ssh, _os, python, torch, *_rest, route = table[name]
+        assert re.fullmatch(r"ok \d+ ms", ssh)
+        assert python == sys.version.split()[0] and torch == TORCH
+        assert route == f"eth0 10.77.0.1{i}"
+    assert (
+        "rendezvous: node1 at 10.77.0.11:29500 (default); reached from node2, node3"
+        in result.stdout
+    )
+    assert result.stdout.rstrip().endswith("3 hosts: all checks passed")
+
+
+def test_wrong_python_path_is_named_and_other_hosts_still_checked(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    inventory = cluster.write_inventory(
+        tmp_path / "inv.yaml", node2={"python": "/opt/nowhere/bin/python"}
+    )
+    result = orch("check", "-i", inventory, timeout=60)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "error: python not found at /opt/nowhere/bin/python (host node2)" in result.stdout
+    table = rows(result.stdout)
+    assert table["node2"][2] == "not found"
+    assert table["node1"][3] == TORCH and table["node3"][3] == TORCH
+    assert "3 hosts: 1 error" in result.stdout
+
+
+def fake_torch_venv(root: Path, version: str) -> Path:
+    """A second venv whose torch reports `version`: only its files are read, never imported.
+
+    Installing a second real torch needs a download; the probe reads versions from
+    torch/version.py, so this venv looks to it exactly like one with that torch.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    site = next(root.glob("lib/python3*/site-packages"))
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text("raise ImportError('a stand-in torch')\n")
+    (site / "torch" / "version.py").write_text(f"__version__ = '{version}'\ncuda = None\n")
+    return root / "bin" / "python"
+
+
+def test_differing_torch_versions_are_caught_and_submit_refuses(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    clear_jobs(cluster)
+    other = fake_torch_venv(tmp_path / "venv-old", "2.12.0+cpu")
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", node3={"python": str(other)})
+    expected = (
+        f"error: torch 2.12.0+cpu differs from {TORCH.split('+')[0]} on node1, node2 (host node3)"
+    )
+    result = orch("check", "-i", inventory, timeout=60)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert expected in result.stdout
+    assert rows(result.stdout)["node3"][3] == "2.12.0+cpu"
+    job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=3)
+    submitted = orch("submit", job, "-i", inventory, timeout=60)
+    assert submitted.returncode == 3, submitted.stderr
+    assert expected in submitted.stderr and "hint: install torch==" in submitted.stderr
+    assert submitted.stdout == ""
+    assert_nothing_started(cluster, [1, 2, 3])
+
+
+@pytest.fixture
+def held_port(cluster: Cluster) -> Iterator[int]:
+    """Port 29555 held on the master node1 by a leftover process."""
+    holder = cluster.hold_port(1, 29555)
+    yield 29555
+    cluster.release_port(holder)
+
+
+def test_port_held_on_master_is_named_and_submit_refuses(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path, held_port: int
+) -> None:
+    clear_jobs(cluster)
+    job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=2, rendezvous={"port": held_port})
+    result = orch("check", "-i", inventory, job, timeout=60)
+    assert result.returncode == 3, result.stdout + result.stderr
+    error = next(line for line in result.stdout.splitlines() if line.startswith("error:"))
+    assert re.search(
+        rf"error: rendezvous port {held_port} on the master 10\.77\.0\.11 is busy: held by "
+        r"pid \d+ \(.*leftover-trainer\) of user root \(host node1\)",
+        error,
+    ), error
+    submitted = orch("submit", job, "-i", inventory, timeout=60)
+    assert submitted.returncode == 3, submitted.stderr
+    assert error in submitted.stderr.splitlines()
+    assert "hint: stop that process" in submitted.stderr
+    assert submitted.stdout == ""
+    for i in (1, 2):  # nothing of the job: no job directory, no process but the holder
+        jobs = cluster.home(i) / ".orch" / "jobs"
+        assert not jobs.exists() or not any(jobs.iterdir())
+        left = [cmd for _, cmd in job_processes(cluster, i) if "leftover-trainer" not in cmd]
+        assert left == []
+
+
+def test_unpinned_busy_default_port_is_moved_and_the_job_runs(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    holder = cluster.hold_port(1, 29500)
+    try:
+        job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=2)
+        checked = orch("check", "-i", inventory, job, timeout=60)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "29500 is busy on node1, so submit moves to a free port" in checked.stdout
+        submitted = orch("submit", job, "-i", inventory, timeout=120)
+        assert submitted.returncode == 0, submitted.stderr
+        assert submitted.stdout.count("sum=3") == 2
+    finally:
+        cluster.release_port(holder)
+
+
+def test_port_blocked_between_nodes_is_caught(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=3, rendezvous={"port": 29556})
+    try:
+        cluster.block_port(1, 29556, source=3)
+    except ClusterError as exc:
+        pytest.skip(f"no firewall in the namespaces: {exc}")
+    try:
+        result = orch("check", "-i", inventory, job, timeout=60)
+    finally:
+        cluster.unblock_port(1, 29556, source=3)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert (
+        "error: cannot connect to the master node1 at 10.77.0.11:29556: no answer within 3 s"
+        in result.stdout
+    )
+    assert "(host node3)" in result.stdout and "(host node2)" not in result.stdout
+    assert "reached from node2, not from node3" in result.stdout
+
+
+IFACE_JOB = """\
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+print(f"iface={os.environ.get('GLOO_SOCKET_IFNAME')} nccl={os.environ.get('NCCL_SOCKET_IFNAME')} "
+      f"sum={int(t.item())}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_interface_choice_follows_the_route_to_the_master(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    """node2 gets a second interface, eth1, and its route to the master goes there."""
+    _, node2_end = cluster.add_link(1, 2)
+    try:
+        cluster.route_via_link(2, 1, source=node2_end)
+        workdir = tmp_path / "iface"
+        workdir.mkdir()
+        (workdir / "main.py").write_text(IFACE_JOB)
+        job = tmp_path / "iface.yaml"
+        job.write_text(
+            yaml.safe_dump(
+                {"name": "iface", "workdir": str(workdir), "script": "main.py", "nodes": 2}
+            )
+        )
+        checked = orch("check", "-i", inventory, job, timeout=60)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        table = rows(checked.stdout)
+        assert table["node1"][-1] == "eth0 10.77.0.11"
+        assert table["node2"][-1] == f"eth1 {node2_end}"
+        submitted = orch("submit", job, "-i", inventory, timeout=120)
+        assert submitted.returncode == 0, submitted.stderr
+        lines = sorted(line for line in submitted.stdout.splitlines() if "iface=" in line)
+        assert lines == [
+            "[node1 r0] iface=eth0 nccl=eth0 sum=2",
+            "[node2 r1] iface=eth1 nccl=eth1 sum=2",
+        ]
+    finally:
+        cluster.remove_link(2)
+
+
+def test_bandwidth_prints_gbits_both_ways_for_each_node(orch: OrchRunner, inventory: Path) -> None:
+    result = orch("check", "-i", inventory, "--bandwidth", timeout=90)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "TCP throughput with the master node1 (1 s each way):" in result.stdout
+    measured = re.findall(r"^(node\d)\s+([\d.]+) Gbit/s\s+([\d.]+) Gbit/s\s*$", result.stdout, re.M)
+    assert [m[0] for m in measured] == ["node2", "node3"]
+    for _, up, down in measured:
+        assert 0.01 < float(up) < 1000 and 0.01 < float(down) < 1000
+    assert "warning" not in result.stdout, "no GPUs: slow links are no problem"

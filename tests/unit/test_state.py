@@ -1,0 +1,146 @@
+"""Job records (SQLite), job states, and reading torchrun's failure report."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from orchestrator.models.errors import InfraError, InputError
+from orchestrator.models.inventory import Host
+from orchestrator.models.states import JobState, job_state, node_state
+from orchestrator.service import root_cause
+from orchestrator.state import JobRecord, NodeRecord, Store
+
+S, F, K, L, R, P = (
+    JobState.SUCCEEDED,
+    JobState.FAILED,
+    JobState.KILLED,
+    JobState.LOST,
+    JobState.RUNNING,
+    JobState.PENDING,
+)
+
+
+def record(job_id: str, hosts: int = 2) -> JobRecord:
+    nodes = [
+        NodeRecord(
+            Host(name=f"node{i + 1}", address=f"10.77.0.{11 + i}", gpus=(0, 1), labels=("a",)),
+            i,
+            i * 2,
+            2,
+            f"~/.orch/jobs/{job_id}/node{i + 1}",
+        )
+        for i in range(hosts)
+    ]
+    return JobRecord(job_id, "train", P, "10.77.0.11", 29500, {"entry": "train.py"}, nodes)
+
+
+def test_a_record_round_trips_with_its_hosts(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.add(record("train-abc123"))
+    got = store.get("train-abc123")
+    assert got.nodes[1].host == Host(name="node2", address="10.77.0.12", gpus=(0, 1), labels=("a",))
+    assert [list(n.ranks) for n in got.nodes] == [[0, 1], [2, 3]]
+    assert got.state is P and got.master_port == 29500
+
+
+def test_states_stamp_start_and_end_once(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.add(record("j-1"))
+    store.update_job("j-1", R)
+    started = store.get("j-1").started
+    store.update_job("j-1", S, 0, ended=started + 5 if started else None)
+    store.update_job("j-1", S, 0)
+    job = store.get("j-1")
+    assert job.started == started and job.duration == pytest.approx(5)
+    assert job.exit_code == 0
+
+
+def test_unknown_id_suggests_the_nearest_and_prefixes_work(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    for job_id in ("digits-3fa9c2", "digits-3fa9d7", "other-000001"):
+        store.add(record(job_id))
+    assert store.get("other").id == "other-000001"
+    with pytest.raises(InputError, match="ambiguous"):
+        store.get("digits-3fa9")
+    with pytest.raises(InputError) as err:
+        store.get("digits-3fa9c3")
+    assert err.value.exit_code == 2 and "digits-3fa9c2" in err.value.hint
+
+
+def test_a_corrupt_store_says_how_to_move_it_away(tmp_path: Path) -> None:
+    (tmp_path / "jobs.db").write_bytes(b"garbage" * 1000)
+    with pytest.raises(InfraError) as err:
+        Store(tmp_path).jobs()
+    assert "unreadable" in err.value.message and "mv " in err.value.hint
+
+
+def _writer(home: str, worker: int) -> None:
+    store = Store(Path(home))
+    for i in range(15):
+        job_id = f"w{worker}-{i:06d}"
+        store.add(record(job_id))
+        store.update_job(job_id, R)
+        store.update_node(job_id, "node1", S, 0)
+
+
+def test_concurrent_writers_lose_no_record(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("fork")
+    procs = [context.Process(target=_writer, args=(str(tmp_path), w)) for w in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    jobs = Store(tmp_path).jobs()
+    assert len(jobs) == 90 and all(j.state is R and j.nodes[0].state is S for j in jobs)
+    with sqlite3.connect(tmp_path / "jobs.db") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "expected"),
+    [
+        ([P, P], P),
+        ([R, P], R),
+        ([S, R], R),
+        ([S, S], S),
+        ([S, F], F),
+        ([F, K, K], F),  # a node failed and orch stopped the rest
+        ([L, K], F),  # a host vanished and orch stopped the rest
+        ([L, S], L),
+        ([K, K], K),  # the user killed it
+    ],
+)
+def test_job_state_from_its_nodes(nodes: list[JobState], expected: JobState) -> None:
+    assert job_state(nodes) is expected
+
+
+def test_node_state_from_its_end() -> None:
+    assert node_state(0, False) is S
+    assert node_state(1, False) is F and node_state(-9, False) is F
+    assert node_state(None, False) is L
+    assert node_state(-15, True) is K
+
+
+def test_root_cause_reads_torchrun_report() -> None:
+    report = b"""torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+workload.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-22_02:11:38
+  host      : node2
+  rank      : 3 (local_rank: 1)
+  exitcode  : -9 (pid: 1234)
+  error_file: <N/A>
+============================================================""".splitlines()
+    assert root_cause(report) == (3, -9)
+    assert root_cause([b"nothing useful"]) == (None, None)
