@@ -59,7 +59,6 @@ class Rendezvous:
     pinned: bool
     free: bool | None  # whether the wanted port was free on the master
     holders: tuple[str, ...] = ()
-    moved_from: int | None = None  # the default port, busy, that submit moves away from
     tested: tuple[str, ...] = ()  # the nodes that tried to connect
     unreachable: dict[str, str] = field(default_factory=dict)
 
@@ -168,8 +167,6 @@ def preflight(job: JobSpec, hosts: Sequence[Host], group: HostGroup) -> Prefligh
     errors = [p for p in problems if p.is_error]
     if errors:
         raise PreflightError(errors)
-    if rendezvous.moved_from:
-        log.info("port %d is busy on %s: using %d", wanted, master.name, rendezvous.port)
     warnings = tuple(p for p in problems if not p.is_error)
     return Preflight(master_addr, rendezvous.port, facts, warnings)
 
@@ -186,17 +183,18 @@ def _test_rendezvous(
     """Pick the port as submit does, then have every other node connect to it."""
     master = hosts[0]
     pinned = job.rendezvous_port is not None
-    port, moved_from = wanted, None
-    if master_facts.port_free is False and not pinned and master_facts.free_port:
-        port, moved_from = master_facts.free_port, wanted
+    port, free = wanted, master_facts.port_free
+    if not pinned and master_facts.free_port:
+        # A fresh free port, not torchrun's 29500: jobs submitted at the same moment to
+        # one master (a sweep) would all find 29500 free and all but one would fail.
+        port, free = master_facts.free_port, True
     result = Rendezvous(
         master.name,
         master_addr,
         port,
         pinned,
-        master_facts.port_free,
+        free,
         master_facts.port_holders,
-        moved_from,
     )
     if pinned and master_facts.port_free is False:
         return result  # nothing to test against: the port is someone else's
@@ -299,11 +297,9 @@ def _host_of(error: OrchError) -> str:
 
 def describe_port(r: Rendezvous) -> str:
     """One line on the rendezvous port: where, whether free, who reached it."""
-    kind = "pinned" if r.pinned else "default" if r.moved_from is None else "free"
+    kind = "pinned" if r.pinned else "a free port"
     line = f"rendezvous: {r.master} at {r.addr}:{r.port} ({kind})"
-    if r.moved_from is not None:
-        line += f"; {r.moved_from} is busy on {r.master}, so submit moves to a free port"
-    elif r.free is False:
+    if r.free is False:
         return f"{line}: busy"
     if r.tested:
         ok = [n for n in r.tested if n not in r.unreachable]

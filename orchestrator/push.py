@@ -3,11 +3,12 @@
 Per host, in parallel (see sync.py for the whole design):
 
 1. The controller recalls which objects it pushed to the host before. A host it knows
-   nothing of is first asked what it lacks (one round trip with the manifest alone),
-   unless the tree is small enough to just send.
-2. The missing objects go in round trips of a size that takes about a second, so
-   that progress moves; the last round trip also carries the manifest (when the
-   host may lack it) and the snapshot request.
+   nothing of is asked what it lacks, in a first round trip that already carries the
+   first few MB (most such hosts lack everything), unless the tree is so small that
+   it is simply sent.
+2. The missing objects go in round trips of BATCH_BYTES; while one is on the wire,
+   the next one is read and compressed. The last one also carries the manifest (when
+   the host may lack it) and the snapshot request.
 3. The host answers with the objects it still lacks (the controller's memory was
    stale: a gc ran, another controller pushed, the disk was wiped); those go next.
    Unchanged code is one round trip that sends nothing but the check.
@@ -15,13 +16,17 @@ Per host, in parallel (see sync.py for the whole design):
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
+import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, cast
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator import wire
 from orchestrator.hosts import HostGroup
@@ -46,10 +51,12 @@ from orchestrator.sync import (
 from orchestrator.transport import Transport
 
 ROUND_TRIP_TIMEOUT_S = 600.0
-FIRST_BATCH_BYTES = 4 << 20
-MAX_BATCH_BYTES = 64 << 20
-MIN_BATCH_BYTES = 16 << 20
-BATCH_SECONDS = 1.0  # later round trips are sized to take about this long
+# Raw bytes per round trip: the first, then every later one. The first is
+# small: a host's answer to a question, and the first progress, come back quickly.
+# Later ones are big: each round trip starts a process on the host and costs both
+# sides CPU, which hosts that share a machine (or a busy controller) feel. No round
+# trip holds more than the last figure in memory.
+BATCH_BYTES = (4 << 20, 32 << 20)
 ASK_FIRST_BYTES = 1 << 20  # a host orch knows nothing of is asked what it lacks first
 MAX_ATTEMPTS = 4
 log = logging.getLogger(__name__)
@@ -124,9 +131,21 @@ def push(
         progress or (lambda _: None),
     )
 
+    # One token for the whole push: a round trip's stream is then byte for byte the
+    # same for every host that lacks the same content, and is joined once. Hosts that
+    # share a store (and its temporary files) tell theirs apart.
+    token = secrets.token_hex(8)
+    tokens: dict[str, str] = {}
+    stores: Counter[str] = Counter()
+    for host in hosts:
+        earlier = stores[host_key(host)]
+        stores[host_key(host)] += 1
+        tokens[host.name] = f"{token}-{earlier}" if earlier else token
+
     def one(host: Host, transport: Transport) -> PushResult:
         key = (setup_keys or {}).get(host.name)
-        return _HostPush(shared, host, transport, job_dirs[host.name], key).run(plans[host.name])
+        job = _HostPush(shared, host, transport, job_dirs[host.name], key, tokens[host.name])
+        return job.run(plans[host.name])
 
     results, failures = group.try_each(one, only=job_dirs)
     for host in hosts:  # in this thread: two names of one store share a memory file
@@ -148,10 +167,10 @@ class HostPlan:
     @staticmethod
     def of(tree: Tree, recalled: list[tuple[str, list[str]]]) -> HostPlan:
         """The plan for a host, from `HostMemory.recall()` of it."""
-        known = {key for _, keys in recalled for key in keys}
-        missing = tuple(key for key in tree.objects if key not in known)
         if not recalled and tree.total_bytes > ASK_FIRST_BYTES:
             return HostPlan(None, True)
+        known = {key for _, keys in recalled for key in keys}
+        missing = tuple(key for key in tree.objects if key not in known)
         return HostPlan(missing, tree.digest not in {digest for digest, _ in recalled})
 
 
@@ -169,13 +188,24 @@ class _Shared:
     source: bytes
     keep: int
     progress: Progress
+    streams: _Streams = field(default_factory=lambda: _Streams())
+
+    @functools.cached_property
+    def manifest_frame(self) -> bytes:
+        return wire.frame(b"M", zlib.compress(self.tree.body))
 
 
 class _HostPush:
     """The push to one host: round trips until its snapshot is built."""
 
     def __init__(
-        self, shared: _Shared, host: Host, transport: Transport, job_dir: str, setup: str | None
+        self,
+        shared: _Shared,
+        host: Host,
+        transport: Transport,
+        job_dir: str,
+        setup: str | None,
+        token: str,
     ) -> None:
         self.shared = shared
         self.host = host
@@ -185,24 +215,16 @@ class _HostPush:
         self.files = self.bytes = self.wire_bytes = self.round_trips = 0
         self.files_total = self.bytes_total = 0
         self.command = supervisor_command(host, "sync")
-        self.token = secrets.token_hex(8)
+        self.token = token
 
     def run(self, plan: HostPlan) -> PushResult:
         tree = self.shared.tree
-        missing, send_manifest = plan.missing, plan.send_manifest
+        asking = plan.missing is None
+        todo = _pieces(tree, tree.objects if asking else plan.missing or ())
+        manifest = plan.send_manifest
         self._report()
         for _ in range(MAX_ATTEMPTS):
-            asked = missing is None
-            if missing is None:  # ask: the manifest and the snapshot request alone
-                reply, send_manifest = self._send([], manifest=True), False
-            else:
-                self._expect(missing)
-                reply = self._send(_pieces(tree, missing), manifest=send_manifest)
-            lacking = tuple(k for k in reply.get("missing", ()) if k in tree.objects)
-            if asked:  # push() counted on it needing every object; hand back the rest
-                self.shared.cache.forgo(_pieces(tree, set(tree.objects) - set(lacking)))
-            else:
-                self.shared.cache.expect(_pieces(tree, lacking))
+            reply = self._send(todo, manifest, asking)
             if reply.get("snapshot"):
                 self._report(finished=True)
                 return PushResult(
@@ -213,41 +235,86 @@ class _HostPush:
                     self.round_trips,
                     bool(reply.get("setup_done")),
                 )
-            send_manifest, missing = bool(reply.get("need_manifest")), lacking
+            # The host lost content the controller thought it had: send that too.
+            asking, manifest = False, bool(reply.get("need_manifest"))
+            todo = _pieces(tree, [k for k in reply.get("missing", ()) if k in tree.objects])
+            self.shared.cache.expect(todo)
         raise HostError(
             self.host.name,
             f"the content store in {store_dir(self.host)} kept losing files during the push",
             "is another 'orch gc' or a cleanup job running there? submit again",
         )
 
-    def _expect(self, keys: Iterable[str]) -> None:
-        objects = self.shared.tree.objects
-        for key in keys:
-            self.files_total += 1
-            self.bytes_total += objects[key].size
+    def _send(self, todo: list[wire.Piece], manifest: bool, ask: bool) -> dict[str, Any]:
+        """Send the pieces in round trips of BATCH_BYTES; the last one
+        also carries the manifest (when the host may lack it) and the snapshot request.
 
-    def _send(self, todo: list[wire.Piece], manifest: bool) -> dict[str, Any]:
-        """Send the pieces in round trips sized by the throughput seen; the last one
-        also carries the manifest (if asked for) and the snapshot request."""
-        limit = _BatchLimit()
-        start = 0
-        while True:
-            end = wire.batch_end(todo, start, limit.next)
-            batch = todo[start:end]
-            frames = [self._encode(p) for p in batch]
-            if end == len(todo):
-                if manifest:
-                    frames.append(wire.frame(b"M", zlib.compress(self.shared.tree.body)))
-                frames.append(wire.json_frame(b"S", self._snapshot_request()))
-            started = time.monotonic()
-            reply = self._round_trip(frames)
-            limit.observe(sum(p.length for p in batch), time.monotonic() - started)
-            self.files += sum(p.off + p.length == p.size for p in batch)
-            self.bytes += sum(p.length for p in batch)
-            self._report()
-            if end == len(todo):
-                return reply
-            start = end
+        With `ask`, the first round trip carries them too: the host's answer says what
+        it lacks, and only that goes on (a host orch knows nothing of may have it all).
+        While one round trip is on the wire, the next one's pieces are read and
+        compressed in a helper thread (while asking too: most such hosts lack it all).
+        """
+        self._count(todo, +1)
+        sizes = iter(BATCH_BYTES)
+        size = next(sizes)
+        with ThreadPoolExecutor(1, thread_name_prefix=f"encode-{self.host.name}") as helper:
+            start, end = 0, wire.batch_end(todo, 0, size)
+            encoded = helper.submit(self._encode_all, todo[start:end])
+            while True:
+                batch, last = todo[start:end], end == len(todo)
+                frames = encoded.result()
+                if manifest and (last or ask):
+                    frames.append(self.shared.manifest_frame)
+                    manifest = False
+                if last or ask:
+                    frames.append(wire.json_frame(b"S", self._snapshot_request()))
+                size = next(sizes, size)
+                following = wire.batch_end(todo, end, size)
+                encoded = helper.submit(self._encode_all, todo[end:following])
+                alone = not (last or ask)  # no manifest, no request: the same for every host
+                reply = self._round_trip(frames, batch if alone else None)
+                self.files += sum(p.off + p.length == p.size for p in batch)
+                self.bytes += sum(p.length for p in batch)
+                if not last and ask:
+                    ask = False
+                    todo, following, encoded = self._answered(todo, end, following, encoded, reply)
+                    last = end == len(todo)
+                self._report()
+                if last:
+                    return reply
+                start, end = end, following
+
+    def _answered(
+        self,
+        todo: list[wire.Piece],
+        sent: int,
+        following: int,
+        encoded: Future[list[bytes]],
+        reply: dict[str, Any],
+    ) -> tuple[list[wire.Piece], int, Future[list[bytes]]]:
+        """What is left to send once the host said what it lacks, and the next round
+        trip's frames: those already encoded, less what the host has."""
+        lacking = set(() if reply.get("snapshot") else reply.get("missing", ()))
+        later = [p for p in todo[following:] if p.key not in lacking]
+        self.shared.cache.forgo(later)  # push() counted on this host for them
+        self._count([p for p in todo[sent:] if p.key not in lacking], -1)
+        ready = [(p, f) for p, f in zip(todo[sent:following], encoded.result(), strict=True)]
+        wanted = [(p, f) for p, f in ready if p.key in lacking]
+        left = (
+            todo[:sent] + [p for p, _ in wanted] + [p for p in todo[following:] if p.key in lacking]
+        )
+        done: Future[list[bytes]] = Future()
+        done.set_result([f for _, f in wanted])
+        return left, sent + len(wanted), done
+
+    def _encode_all(self, batch: list[wire.Piece]) -> list[bytes]:
+        return [self._encode(p) for p in batch]
+
+    def _count(self, todo: Iterable[wire.Piece], sign: int) -> None:
+        """Add pieces to (or take them from) the totals the progress shows."""
+        for piece in todo:
+            self.files_total += sign * (piece.off + piece.length == piece.size)
+            self.bytes_total += sign * piece.length
 
     def _encode(self, piece: wire.Piece) -> bytes:
         try:
@@ -268,16 +335,21 @@ class _HostPush:
             "keep": self.shared.keep,
         }
 
-    def _round_trip(self, frames: list[bytes]) -> dict[str, Any]:
+    def _round_trip(
+        self, frames: list[bytes], batch: Sequence[wire.Piece] | None = None
+    ) -> dict[str, Any]:
+        """Send one stream and read the host's answer. With `batch`, the stream holds
+        those pieces alone and may be shared with other hosts that send the same."""
         header = wire.json_frame(b"H", {"store": store_dir(self.host), "push": self.token})
-        stream = b"".join([self.shared.source, header, *frames, wire.frame(b"Z")])
+
+        def join() -> bytes:
+            return b"".join([self.shared.source, header, *frames, wire.frame(b"Z")])
+
+        stream = join() if batch is None else self.shared.streams.get((header, tuple(batch)), join)
         self.round_trips += 1
         self.wire_bytes += len(stream)
-        # paramiko's sendall copies what is left of a bytes object on every packet,
-        # which is quadratic in the size; slicing a memoryview copies nothing.
-        stdin = cast(bytes, memoryview(stream))
         started = time.monotonic()
-        result = self.transport.run(self.command, stdin=stdin, timeout=ROUND_TRIP_TIMEOUT_S)
+        result = self.transport.run(self.command, stdin=stream, timeout=ROUND_TRIP_TIMEOUT_S)
         log.debug(
             "[host=%s] round trip %d: %d bytes in %.3f s",
             self.host.name,
@@ -297,10 +369,8 @@ class _HostPush:
                 self.host.name, "orch_supervisor.py sync", result.exit_code, result.stderr
             )
         if "changed" in reply:
-            path = next(
-                (e.path for k, e in self.shared.tree.objects.items() if k == reply["changed"]), "?"
-            )
-            raise _changed(self.shared.tree, path)
+            entry = self.shared.tree.objects.get(str(reply["changed"]))
+            raise _changed(self.shared.tree, entry.path if entry else "a file")
         if "error" in reply:
             raise HostError(
                 self.host.name,
@@ -323,17 +393,33 @@ class _HostPush:
         )
 
 
-class _BatchLimit:
-    """Round-trip sizes: small at first, then about BATCH_SECONDS of what the link does,
-    so that the progress moves and no round trip holds much in memory."""
+class _Streams:
+    """Round-trip streams that several hosts send byte for byte, joined once: a join
+    copies every byte while holding the GIL, and keeps its own copy per host.
 
-    def __init__(self) -> None:
-        self.next = FIRST_BATCH_BYTES
+    Hosts of one push move in step, so the last few streams are all it keeps.
+    """
 
-    def observe(self, sent: int, seconds: float) -> None:
-        if sent >= FIRST_BATCH_BYTES // 2 and seconds > 0:
-            rate = sent / seconds
-            self.next = int(min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, rate * BATCH_SECONDS)))
+    def __init__(self, keep: int = 2) -> None:
+        self._keep = keep
+        self._done: OrderedDict[Hashable, bytes] = OrderedDict()
+        self._building: dict[Hashable, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, join: Callable[[], bytes]) -> bytes:
+        with self._lock:
+            building = self._building.setdefault(key, threading.Lock())
+        with building:  # a host that comes while another joins it waits for that join
+            with self._lock:
+                stream = self._done.get(key)
+            if stream is None:
+                stream = join()
+                with self._lock:
+                    self._done[key] = stream
+                    while len(self._done) > self._keep:
+                        old, _ = self._done.popitem(last=False)
+                        self._building.pop(old, None)
+        return stream
 
 
 def _changed(tree: Tree, path: str) -> InfraError:

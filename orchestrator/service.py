@@ -33,6 +33,7 @@ from orchestrator.push import PushProgress, push
 from orchestrator.state import JobRecord, NodeRecord, Store
 from orchestrator.sync import (
     collect_garbage,
+    host_key,
     scan_workdir,
     setup_key,
     setup_marker,
@@ -430,7 +431,8 @@ def gc(
 
     Returns:
         Each host's report: snapshots removed and kept, jobs running, objects removed,
-        bytes freed.
+        bytes freed. Hosts that share a store (one machine and workdir under two
+        names) are collected once, under the first name.
 
     Raises:
         InputError: a bad inventory or retention.
@@ -438,6 +440,11 @@ def gc(
     """
     keep = snapshot_retention() if keep is None else keep
     inventory = resolve_inventory(inventory_path, None)
+    stores = {host_key(h): h.name for h in reversed(inventory.hosts)}  # one name per store
+
+    def collect(host: Host, transport: Transport) -> dict[str, Any]:
+        return collect_garbage(host, transport, keep)
+
     with HostGroup(inventory.hosts, ConnectOptions(notice=notice)) as group:
         group.connect()
-        return group.each(lambda host, transport: collect_garbage(host, transport, keep))
+        return group.each(collect, only=stores.values())

@@ -201,8 +201,9 @@ class Store:
                 (state.value, exit_code, error, job_id, host),
             )
 
-    def update_job(self, job_id: str, state: JobState, exit_code: int | None = None,
-                   ended: float | None = None) -> None:
+    def update_job(
+        self, job_id: str, state: JobState, exit_code: int | None = None, ended: float | None = None
+    ) -> None:
         """Move a job to a state; stamps started/ended the first time it gets there.
 
         Args:
@@ -215,7 +216,15 @@ class Store:
                 "UPDATE jobs SET state=?, exit_code=COALESCE(?, exit_code),"
                 " started=CASE WHEN started IS NULL AND ? != 'pending' THEN ? ELSE started END,"
                 " ended=CASE WHEN ended IS NULL AND ? THEN ? ELSE ended END WHERE id=?",
-                (state.value, exit_code, state.value, now, state.is_terminal(), ended or now, job_id),
+                (
+                    state.value,
+                    exit_code,
+                    state.value,
+                    now,
+                    state.is_terminal(),
+                    ended or now,
+                    job_id,
+                ),
             )
 
     def jobs(self) -> list[JobRecord]:

@@ -220,16 +220,13 @@ def _supervisor_tag() -> str:
 def supervisor_command(host: Host, command: str) -> str:
     """The command line that runs a supervisor command; `packed_supervisor()` must come
     first on its stdin."""
-    loader = shlex.quote(LOADER)
-    size, tag, where = (
-        len(packed_supervisor()),
-        _supervisor_tag(),
-        sh_path(store_dir(host) + "/bin"),
-    )
-    return f"{sh_path(host.python)} -I -S -c {loader} {size} {tag} {where} {command}"
+    python, loader = sh_path(host.python), shlex.quote(LOADER)
+    args = f"{len(packed_supervisor())} {_supervisor_tag()} {sh_path(store_dir(host) + '/bin')}"
+    return f"{python} -I -S -c {loader} {args} {command}"
 
 
 def last_json(stdout: str) -> dict[str, Any] | None:
+    """The JSON object a supervisor command printed last, or None."""
     try:
         data = json.loads(stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

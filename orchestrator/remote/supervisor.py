@@ -17,8 +17,9 @@ It is sent with the job's code and run with the host's own Python:
     setup JOB_DIR SPEC      run the job's setup: command in code/, mark it done
     gc                      (stdin: framed) drop old snapshots and unused content
 
-A job directory holds: node.json (argv, env), code/, logs/rank-N.log and .pid,
-torchrun.log, pid.json, exit.json, and `killed` once orch kill ran.
+A job directory holds: node.json (argv, env), code/ (its snapshot; snapshot.json
+names its manifest), setup.log, logs/rank-N.log and .pid, torchrun.log, pid.json,
+exit.json, and `killed` once orch kill ran.
 """
 
 from __future__ import annotations
@@ -846,9 +847,10 @@ def cmd_rank(args: list[str]) -> int:
 
 # ---------------------------------------------------------------- sync
 # The code push of orchestrator/sync.py. A host keeps one content store per workdir,
-# WORKDIR/store: objects/ab/<rest of sha256>[.x] (read-only; `.x` is executable),
-# manifests/<digest>, setup/<key> (done markers), bin/ (this script, as sync.py's
-# loader runs it) and tmp/. Each job's code/ is a snapshot made of hard links into it,
+# WORKDIR/store: objects/<sha256>[.x] (read-only; `.x` is executable; one flat
+# directory, as every mkdir and rename costs a journal commit on a busy disk),
+# manifests/<digest>, setup/<key> (done markers), and bin/ (this script, as sync.py's
+# loader runs it). Each job's code/ is a snapshot made of hard links into it,
 # so a push never changes a job's files and ten jobs do not cost ten copies. Every
 # name arrives framed on stdin (see orchestrator/wire.py), never through a shell.
 
@@ -880,6 +882,8 @@ class Missing(Exception):
 
 
 class ContentStore:
+    """WORKDIR/store: content addressed by sha256, written whole or not at all."""
+
     def __init__(self, root: str) -> None:
         self.root = root
         self.objects = os.path.join(root, "objects")
@@ -900,11 +904,11 @@ class ContentStore:
         stored manifest were checked when it was stored."""
         if not KEY_RE.fullmatch(key):
             raise ValueError(f"bad object key {key!r}")
-        return f"{self.objects}/{key[:2]}/{key[2:]}"
+        return f"{self.objects}/{key}"
 
     def has(self, key: str, size: int) -> bool:
         try:
-            return os.stat(f"{self.objects}/{key[:2]}/{key[2:]}").st_size == size
+            return os.stat(f"{self.objects}/{key}").st_size == size
         except OSError:
             return False
 
@@ -917,7 +921,8 @@ class ContentStore:
         end = off + len(data)
         if off < 0 or end > size:
             raise ValueError(f"piece of {key} out of bounds")
-        tmp = os.path.join(self.made(self.path("tmp")), f"{key}.{push}")
+        # Beside its final name: the rename then touches one directory only.
+        tmp = f"{self.made(self.objects)}/{key}.{push}.part"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if off == 0 else 0), 0o600)
         try:
             written = 0
@@ -934,7 +939,6 @@ class ContentStore:
             os.close(fd)
         if end < size:
             return False
-        self.made(os.path.dirname(final))
         os.replace(tmp, final)
         return True
 
@@ -1126,7 +1130,7 @@ def build_tree(store: ContentStore, entries: list[list[Any]], code: str) -> None
 
 
 def place(store: ContentStore, key: str, target: str) -> None:
-    source = f"{store.objects}/{key[:2]}/{key[2:]}"
+    source = f"{store.objects}/{key}"
     try:
         os.link(source, target)
     except FileNotFoundError:
@@ -1243,13 +1247,13 @@ def collect_garbage(
 def sweep_store(store: ContentStore, kept: set[str], before: float) -> dict[str, int]:
     """Remove objects no snapshot links to, and manifests and markers none refers to."""
     removed = freed = 0
-    for path in glob.glob(store.path("objects", "*", "*")):
+    for path in glob.glob(store.path("objects", "*")):
         with contextlib.suppress(OSError):
             st = os.lstat(path)
-            if st.st_nlink == 1 and st.st_mtime < before:
+            if st.st_nlink == 1 and st.st_mtime < before:  # also parts of pushes cut short
                 os.unlink(path)
                 removed, freed = removed + 1, freed + st.st_size
-    for path in glob.glob(store.path("manifests", "*")) + glob.glob(store.path("tmp", "*")):
+    for path in glob.glob(store.path("manifests", "*")):
         with contextlib.suppress(OSError):
             if os.path.basename(path) not in kept and os.path.getmtime(path) < before:
                 os.unlink(path)

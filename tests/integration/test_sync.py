@@ -248,8 +248,8 @@ def test_gc_removes_finished_snapshots_and_content_only_they_used(
     assert result.returncode == 0, result.stderr
     finished = job_dir(cluster, "node3", job_id(result.stdout))
     store = cluster.home("node3") / ".orch" / "store" / "objects"
-    unique = next(p for p in store.glob("*/*") if p.stat().st_size == 5000 and p.stat().st_nlink == 2)
-    for path in store.glob("*/*"):  # older than the grace period that protects pushes in flight
+    unique = next(p for p in store.glob("*") if p.stat().st_size == 5000 and p.stat().st_nlink == 2)
+    for path in store.glob("*"):  # older than the grace period that protects pushes in flight
         os.utime(path, (time.time() - 3600, time.time() - 3600))
 
     gc = orch("gc", "-i", inventory, "--keep", "0", timeout=60)

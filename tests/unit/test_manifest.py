@@ -137,3 +137,10 @@ def test_a_host_nothing_is_known_of_is_asked_unless_the_tree_is_small(tmp_path: 
     small_tree = tree_of(small, tmp_path / "c1")
     assert HostPlan.of(small_tree, []) == HostPlan(tuple(small_tree.objects), True)
     assert HostPlan.of(tree_of(big, tmp_path / "c2"), []) == HostPlan(None, True)
+
+
+def test_special_files_are_left_out_rather_than_read(tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    write(root, "a.py", b"a")
+    os.mkfifo(root / "pipe")  # reading it would block the scan forever
+    assert [e.path for e in tree_of(root, tmp_path / "cache").entries] == ["a.py"]

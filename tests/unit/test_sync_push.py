@@ -115,7 +115,7 @@ def listing(root: Path) -> dict[str, tuple[str, str]]:
 
 
 def objects_in_store(host: Host) -> list[Path]:
-    return [p for p in (Path(store_dir(host)) / "objects").glob("*/*")]
+    return [p for p in (Path(store_dir(host)) / "objects").glob("*")]
 
 
 def test_snapshot_is_an_exact_copy_of_a_hostile_tree(pusher: Pusher, tmp_path: Path) -> None:
@@ -197,16 +197,31 @@ def test_content_the_host_lost_is_sent_again(pusher: Pusher, host: Host) -> None
     assert (code / "a.py").read_text() == "a\n"
 
 
-def test_a_new_controller_asks_first_and_sends_nothing_the_host_has(
+def test_a_new_controller_learns_what_the_host_has_in_the_first_round_trip(
     pusher: Pusher, group: HostGroup, host: Host, tmp_path: Path
 ) -> None:
-    (pusher.root / "weights.bin").write_bytes(os.urandom(2 << 20))
+    for n in range(4):
+        (pusher.root / f"weights{n}.bin").write_bytes(os.urandom(3 << 20))
     pusher()
     other = Pusher(group, host, pusher.root, tmp_path / "other-memory")
     other.jobs = 10
     code, result = other()
-    assert (result.files_sent, result.round_trips) == (0, 1)
-    assert (code / "weights.bin").read_bytes() == (pusher.root / "weights.bin").read_bytes()
+    # It knows nothing of the host: the first round trip carries one batch (4 MB) and
+    # the question; the host has everything, so nothing more goes.
+    assert (result.files_sent, result.round_trips) == (2, 1)
+    assert listing(code) == listing(pusher.root)
+
+
+def test_a_file_bigger_than_a_round_trip_arrives_whole(pusher: Pusher) -> None:
+    weights = os.urandom(9 << 20)  # three pieces, over two round trips
+    text = b"loss = 0.1\n" * 500_000  # compressible: pieces travel compressed
+    (pusher.root / "weights.bin").write_bytes(weights)
+    (pusher.root / "log.txt").write_bytes(text)
+    code, result = pusher()
+    assert result.round_trips == 2 and result.files_sent == 2
+    assert result.wire_bytes < len(weights) + len(text) // 10
+    assert (code / "weights.bin").read_bytes() == weights
+    assert (code / "log.txt").read_bytes() == text
 
 
 def test_a_file_changed_after_the_scan_is_refused_and_never_stored(
