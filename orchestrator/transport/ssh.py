@@ -217,12 +217,7 @@ class SshTransport:
         try:
             channel.settimeout(timeout)
             channel.exec_command(command)
-            if stdin:
-                # sendall() slices what is left after every packet: on bytes that is a
-                # copy each time, quadratic in the size (17 s for 50 MB); a memoryview
-                # slices for free.
-                channel.sendall(memoryview(stdin))  # type: ignore[arg-type]  # stubs say bytes; paramiko takes any buffer
-            channel.shutdown_write()
+            self._send_stdin(channel, stdin or b"")
             stdout = channel.makefile("rb").read()
             stderr = channel.makefile_stderr("rb").read()
             code = channel.recv_exit_status()
@@ -239,6 +234,22 @@ class SshTransport:
         return CommandResult(
             code, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace")
         )
+
+    @staticmethod
+    def _send_stdin(channel: paramiko.Channel, stdin: bytes) -> None:
+        """Send all of stdin, then EOF. A command that exits without reading it all
+        (python missing: exit 127) closes the channel under us: its exit status, read
+        next, says why, so a refused send is not an error of its own."""
+        try:
+            # sendall() slices what is left after every packet: on bytes that is a copy
+            # each time, quadratic in the size (17 s for 50 MB); a memoryview is not.
+            if stdin:
+                channel.sendall(memoryview(stdin))  # type: ignore[arg-type]  # any buffer works
+            channel.shutdown_write()
+        except OSError:
+            if not channel.exit_status_ready() and not channel.closed:
+                raise
+            log.debug("the command stopped reading its stdin early")
 
     def stream(self, command: str, idle_timeout: float | None = None) -> SshProcess:
         channel = self._channel()
