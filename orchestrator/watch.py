@@ -15,6 +15,7 @@ import json
 import logging
 import queue
 import threading
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
@@ -116,8 +117,17 @@ class Watcher:
                 continue
             kind = record.get("k")
             if kind == "data":
-                data = _read_exact(stdout, int(record["n"]))
-                if len(data) < int(record["n"]):
+                size = int(record["n"])
+                wire = int(record.get("z") or size)
+                data = _read_exact(stdout, wire)
+                if len(data) < wire:
+                    break
+                if "z" in record:
+                    data = zlib.decompress(data)
+                if len(data) != size:
+                    log.warning(
+                        "[host=%s] corrupt log chunk: %d bytes, expected %d", name, len(data), size
+                    )
                     break
                 if self._mirror is not None:
                     self._mirror.write(name, record["s"], int(record["o"]), data)

@@ -550,6 +550,7 @@ def kill_group(pgid: int, sig: int) -> None:
 # ---------------------------------------------------------------- follow
 
 HEARTBEAT_S = 2.0
+COMPRESS_FROM = 4096  # smaller chunks go as they are: latency matters more there
 
 
 def cmd_follow(args: list[str]) -> int:
@@ -557,7 +558,9 @@ def cmd_follow(args: list[str]) -> int:
 
     Each chunk is a JSON header line `{"k": "data", "s": STREAM, "o": OFFSET, "n": N}`
     followed by N raw bytes: complete lines only, exactly as they are in the file at
-    OFFSET, so a reader can mirror the file and never double or lose a line. A
+    OFFSET, so a reader can mirror the file and never double or lose a line. With
+    `"z": Z` the chunk travels zlib-compressed in Z bytes (logs shrink ~10x, and the
+    controller's SSH decryption is what limits throughput). A
     heartbeat `{"k": "hb"}` comes every HEARTBEAT_S while idle; the last record is
     `{"k": "exit", ...}` once the node has ended and every file is drained, or
     `{"k": "end"}` with `--once` (drain what is there now, then stop).
@@ -569,11 +572,16 @@ def cmd_follow(args: list[str]) -> int:
     last_beat = time.monotonic()
     while True:
         finished = node_ended()  # looked at before draining: no line can be missed
-        more = False
+        sent = behind = False
         for stream, path in log_files():
-            more |= send_new(out, stream, path, offsets, final=finished is not None)
-        if more:
-            out.flush()
+            stream_sent, stream_behind = send_new(
+                out, stream, path, offsets, final=finished is not None
+            )
+            sent, behind = sent or stream_sent, behind or stream_behind
+        if sent:
+            out.flush()  # now, not at the next heartbeat: latency is the point
+            last_beat = time.monotonic()
+        if behind:
             continue  # catch up before sleeping
         if finished is not None:
             send_record(out, {"k": "exit", **finished})
@@ -642,11 +650,16 @@ def log_files() -> list[tuple[str, str]]:
     return files
 
 
-def send_new(out: Any, stream: str, path: str, offsets: dict[str, int], final: bool) -> bool:
-    """Send the complete lines of `path` past its offset; True when more may be waiting.
+def send_new(
+    out: Any, stream: str, path: str, offsets: dict[str, int], final: bool
+) -> tuple[bool, bool]:
+    """Send the complete lines of `path` past its offset.
 
     A partial last line waits for its newline, unless the node has ended (`final`) or
     it grew past MAX_LINE: then it goes as it is.
+
+    Returns:
+        (whether anything was sent, whether more may be waiting already).
     """
     offset = offsets.get(stream, 0)
     try:
@@ -654,17 +667,23 @@ def send_new(out: Any, stream: str, path: str, offsets: dict[str, int], final: b
             f.seek(offset)
             data = f.read(MAX_LINE)
     except OSError:
-        return False
+        return False, False
     full = len(data) == MAX_LINE
     end = data.rfind(b"\n") + 1
     if (final and not full) or (end == 0 and full):
         end = len(data)  # the node ended: the rest goes; or one line too long for a block
     if end == 0:
-        return False
-    send_record(out, {"k": "data", "s": stream, "o": offset, "n": end})
-    out.write(data[:end])
+        return False, False
+    payload = data[:end]
+    header: dict[str, Any] = {"k": "data", "s": stream, "o": offset, "n": end}
+    if end >= COMPRESS_FROM:
+        packed = zlib.compress(payload, 1)
+        if len(packed) < end * 0.8:
+            header["z"], payload = len(packed), packed
+    send_record(out, header)
+    out.write(payload)
     offsets[stream] = offset + end
-    return full
+    return True, full
 
 
 def send_record(out: Any, record: dict[str, Any]) -> None:

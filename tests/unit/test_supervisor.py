@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import zlib
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,13 @@ def parse(raw: bytes) -> list[tuple[dict[str, object], bytes]]:
     stream = io.BytesIO(raw)
     while header := stream.readline():
         record = json.loads(header)
-        data = stream.read(int(record["n"])) if record["k"] == "data" else b""
+        data = b""
+        if record["k"] == "data":
+            data = stream.read(int(record.get("z") or record["n"]))
+            if "z" in record:
+                data = zlib.decompress(data)
+                del record["z"]
+            assert len(data) == record["n"]
         chunks.append((record, data))
     return chunks
 
@@ -63,7 +70,7 @@ def test_nothing_new_sends_nothing(log: Log) -> None:
 
 def test_missing_file_sends_nothing(tmp_path: Path) -> None:
     out = io.BytesIO()
-    assert sup.send_new(out, "3", str(tmp_path / "nope.log"), {}, final=False) is False
+    assert sup.send_new(out, "3", str(tmp_path / "nope.log"), {}, final=False) == (False, False)
     assert out.getvalue() == b""
 
 
@@ -162,3 +169,17 @@ def test_port_listening_reads_the_kernel_table() -> None:
 def test_unknown_command_prints_usage_and_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert sup.main(["nonsense"]) == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_big_chunks_travel_compressed_and_small_ones_do_not(log: Log) -> None:
+    log.append(b"a\n")
+    out = io.BytesIO()
+    sup.send_new(out, "0", str(log.path), log.offsets, final=False)
+    assert b'"z"' not in out.getvalue()  # a small chunk goes at once, as it is
+    lines = b"".join(b"step %06d loss 0.1234\n" % i for i in range(5000))
+    log.append(lines)
+    out = io.BytesIO()
+    assert sup.send_new(out, "0", str(log.path), log.offsets, final=False) == (True, False)
+    raw = out.getvalue()
+    assert len(raw) < len(lines) / 5
+    assert parse(raw) == [({"k": "data", "s": "0", "o": 2, "n": len(lines)}, lines)]
