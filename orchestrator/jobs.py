@@ -281,8 +281,10 @@ def _kill_one(store: Store, record: JobRecord, reporter: Reporter) -> KillOutcom
             outcome.already = record.state
             return outcome
     group, failures = _connect(nodes, reporter)
+    log.info("[job=%s] connected to %d hosts", record.id, len(group.transports))
     with group:
         reports = teardown(record.id, record.master_port, nodes, group, reporter)
+    log.info("[job=%s] stopped on %d hosts", record.id, len(reports))
     outcome.unreachable = failures
     for name, report in reports.items():
         outcome.killed[name] = [(int(pid), str(cmd)) for pid, cmd in report.get("killed", [])]
