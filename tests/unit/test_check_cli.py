@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,50 +22,17 @@ from orchestrator.allreduce_bench import (
 )
 from orchestrator.check import HostStatus
 from orchestrator.check_view import host_cells
-from orchestrator.cli import main
 from orchestrator.execute import PGID_MARK, remote_command
 from orchestrator.models.errors import InputError
 from orchestrator.models.inventory import Host
 from orchestrator.plan import HostFacts
-from tests.unit.conftest import WriteFile
+from tests.unit.conftest import Orch, WriteFile
 
 LOCAL_PAIR = """
 hosts:
   - {name: local1, address: localhost}
   - {name: local2, address: localhost}
 """
-
-
-@dataclass(frozen=True)
-class Run:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-Orch = Callable[..., Run]
-
-
-@pytest.fixture
-def orch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> Orch:
-    """`orch(*args)` through `cli.main` in this process, with a private HOME and state."""
-
-    def run(*args: str | Path) -> Run:
-        with monkeypatch.context() as m:
-            m.delenv("ORCH_INVENTORY", raising=False)
-            m.setenv("HOME", str(tmp_path / "home"))
-            m.setenv("ORCH_HOME", str(tmp_path / "state"))
-            m.setattr(sys, "argv", ["orch", *map(str, args)])
-            capsys.readouterr()
-            with pytest.raises(SystemExit) as exit_info:
-                main()
-        out = capsys.readouterr()
-        code = exit_info.value.code
-        return Run(code if isinstance(code, int) else 1, out.out, out.err)
-
-    return run
 
 
 @pytest.fixture
@@ -131,9 +97,7 @@ def test_pinned_busy_port_is_named_by_check_and_refused_by_submit(
     assert not (tmp_path / "home" / ".orch" / "jobs").exists(), "nothing started"
 
 
-def test_unpinned_job_takes_a_free_port(
-    orch: Orch, pair: Path, job: Callable[..., Path]
-) -> None:
+def test_unpinned_job_takes_a_free_port(orch: Orch, pair: Path, job: Callable[..., Path]) -> None:
     result = orch("check", "-i", pair, job())
     assert result.returncode == 0, result.stdout
     assert re.search(r"rendezvous: local1 at 127\.0\.0\.1:\d+ \(a free port\)", result.stdout)

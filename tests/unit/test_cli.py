@@ -12,16 +12,14 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.cli import app, main
+from orchestrator.cli import app
 from orchestrator.models.errors import SpecError
-from tests.unit.conftest import WriteFile
+from tests.unit.conftest import Orch, WriteFile
 
 THREE_HOSTS = """
 hosts:
@@ -43,41 +41,6 @@ def orch_process(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[st
         env=env,
         timeout=60,
     )
-
-
-@dataclass(frozen=True)
-class Run:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-Orch = Callable[..., Run]
-
-
-@pytest.fixture
-def orch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> Orch:
-    """`orch(*args, cwd=..., env=...)` through `cli.main` in this process (fast): the
-    same argument parsing, error mapping and exit codes as the installed command."""
-
-    def run(*args: str | Path, cwd: Path = tmp_path, env: dict[str, str] | None = None) -> Run:
-        with monkeypatch.context() as m:
-            m.delenv("ORCH_INVENTORY", raising=False)
-            m.setenv("HOME", str(tmp_path / "home"))
-            for key, value in (env or {}).items():
-                m.setenv(key, value)
-            m.chdir(cwd)
-            m.setattr(sys, "argv", ["orch", *map(str, args)])
-            capsys.readouterr()
-            with pytest.raises(SystemExit) as exit_info:
-                main()
-        out = capsys.readouterr()
-        code = exit_info.value.code
-        return Run(code if isinstance(code, int) else 1, out.out, out.err)
-
-    return run
 
 
 @pytest.fixture
