@@ -201,13 +201,6 @@ def submit(
     raise typer.Exit(code)
 
 
-def _not_yet(command: str) -> NoReturn:
-    raise InputError(
-        f"'orch {command}' is not available in this version yet",
-        "follow a job with an attached 'orch submit' for now",
-    )
-
-
 @app.command()
 def status(
     job_id: Annotated[str | None, typer.Argument(help="A job id (or a unique prefix).")] = None,

@@ -20,7 +20,7 @@ from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.plan import SUPERVISOR_NAME, HostFacts, NodeLaunch
 from orchestrator.shell import sh_path
-from orchestrator.sync import supervisor_source
+from orchestrator.sync import last_json, packed_supervisor, supervisor_command, supervisor_source
 from orchestrator.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -92,10 +92,7 @@ def start(node: NodeLaunch, transport: Transport) -> dict[str, Any]:
     """
     spec = json.dumps({"argv": list(node.argv), "env": node.env})
     result = transport.run(_supervisor(node, "start", ".", spec), timeout=PUSH_TIMEOUT_S)
-    try:
-        started: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        started = {}
+    started = last_json(result.stdout) or {}
     if not result.ok or "pid" not in started:
         raise RemoteCommandError(
             node.host.name,
@@ -118,16 +115,16 @@ def follow_command(node: NodeRef, offsets: dict[str, int] | None = None, once: b
 def _run_sent(
     node: NodeRef, transport: Transport, args: list[str], timeout: float
 ) -> dict[str, Any]:
-    """Run a supervisor command from a copy sent on stdin: it works even where the
-    job directory was never created (a launch cut short)."""
-    command = f"{sh_path(node.host.python)} - " + " ".join(shlex.quote(a) for a in args)
-    result = transport.run(command, stdin=supervisor_source(), timeout=timeout)
-    try:
-        report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+    """Run a supervisor command through the host's cached copy of the supervisor (sent
+    along, stored on first use): it works even where the job directory was never
+    created (a launch cut short), and costs no compile once the host has it."""
+    command = supervisor_command(node.host, " ".join(shlex.quote(a) for a in args))
+    result = transport.run(command, stdin=packed_supervisor(), timeout=timeout)
+    report = last_json(result.stdout)
+    if report is None:
         raise RemoteCommandError(
             node.host.name, f"{SUPERVISOR_NAME} {args[0]}", result.exit_code, result.stderr
-        ) from None
+        )
     return report
 
 
@@ -191,10 +188,9 @@ def probe_host(
             result.stderr,
             f"check that {host.python} is a working Python 3 on {host.name}",
         )
-    try:
-        data: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise HostError(host.name, f"unreadable probe output: {result.stdout[-200:]!r}") from None
+    data = last_json(result.stdout)
+    if data is None:
+        raise HostError(host.name, f"unreadable probe output: {result.stdout[-200:]!r}")
     return ProbeResult(facts_from_probe(data, received), data.get("ssh_addr"))
 
 
