@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.hostile_names import HOSTILE_NAMES
 from tests.integration.cluster import Cluster, OrchRunner
 
 pytestmark = pytest.mark.cluster
 
 # Prints one line describing every path under the job's working directory (its code
 # snapshot), computed on the host: kind, sha256 or link target, links not followed.
-LISTING_SCRIPT = r'''
+LISTING_SCRIPT = r"""
 import hashlib, json, os, socket, stat
 def listing(root):
     found = {}
@@ -40,22 +41,7 @@ def listing(root):
     return found
 if __name__ == "__main__":
     print("LISTING", socket.gethostname(), json.dumps(listing("."), sort_keys=True), flush=True)
-'''
-
-HOSTILE_NAMES = [
-    "with space.py",
-    "it's.py",
-    'say "hi".txt',
-    "new\nline.txt",
-    "-leading-dash.py",
-    "--help",
-    "naïve-データ.py",
-    "$(touch pwned).txt",
-    "`id`.txt",
-    "back\\slash",
-    "dir with space/inner 'q'.py",
-    os.fsdecode(b"not-utf8-\xff.bin"),
-]
+"""
 
 
 def local_listing(root: Path) -> dict[str, list[str]]:
@@ -94,12 +80,17 @@ def job_dir(cluster: Cluster, host: str, job: str) -> Path:
 
 def pushed_files(stderr: str) -> dict[str, int]:
     """Files sent per host, from the `-v` log line of the push."""
-    line = next(line for line in stderr.splitlines() if "INFO orchestrator.service: pushed " in line)
-    return {host: int(n) for n, host in re.findall(r"(\d+) files \(\d+ kB\) to (\S+?)(?:,|$)", line)}
+    line = next(
+        line for line in stderr.splitlines() if "INFO orchestrator.service: pushed " in line
+    )
+    return {
+        host: int(n) for n, host in re.findall(r"(\d+) files \(\d+ kB\) to (\S+?)(?:,|$)", line)
+    }
 
 
-def test_hostile_tree_arrives_byte_exact_on_three_hosts(cluster: Cluster, orch: OrchRunner, inventory: Path,
-                                                        tmp_path: Path) -> None:
+def test_hostile_tree_arrives_byte_exact_on_three_hosts(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     work = tmp_path / "work"
     (work / "a/b/c/d/e/f/g").mkdir(parents=True)
     (work / "listing.py").write_text(LISTING_SCRIPT)
@@ -117,7 +108,9 @@ def test_hostile_tree_arrives_byte_exact_on_three_hosts(cluster: Cluster, orch: 
     expected = local_listing(work)
     del expected["model.ckpt"]
 
-    result = orch("submit", write_job(tmp_path, work, "listing.py", nodes=3), "-i", inventory, timeout=120)
+    result = orch(
+        "submit", write_job(tmp_path, work, "listing.py", nodes=3), "-i", inventory, timeout=120
+    )
 
     assert result.returncode == 0, result.stderr
     found = listings(result.stdout)
@@ -130,7 +123,8 @@ def test_hostile_tree_arrives_byte_exact_on_three_hosts(cluster: Cluster, orch: 
 
 
 def test_edits_and_deletions_propagate_and_an_unchanged_resubmit_sends_nothing(
-        orch: OrchRunner, inventory: Path, tmp_path: Path) -> None:
+    orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     work = tmp_path / "work"
     work.mkdir()
     (work / "listing.py").write_text(LISTING_SCRIPT)
@@ -156,29 +150,41 @@ def test_edits_and_deletions_propagate_and_an_unchanged_resubmit_sends_nothing(
     assert pushed_files(third.stderr) == {"node1": 0, "node2": 0}
 
 
-WAIT_SCRIPT = r'''
+WAIT_SCRIPT = r"""
 import sys, time
 print("start", open("data.txt").read().strip(), flush=True)
 time.sleep(float(sys.argv[1]))
 print("end", open("data.txt").read().strip(), flush=True)
-'''
+"""
 
 
 def test_a_running_job_keeps_its_snapshot_while_the_next_push_changes_files(
-        cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path) -> None:
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     work = tmp_path / "work"
     work.mkdir()
     (work / "wait.py").write_text(WAIT_SCRIPT)
     (work / "data.txt").write_text("v1\n")
     # Pinned ports: A may not listen yet when B probes for a free one.
-    first = orch("submit", "-d", write_job(tmp_path, work, "wait.py", nodes=1, args=["8"],
-                                           rendezvous={"port": 29611}), "-i", inventory, timeout=120)
+    first = orch(
+        "submit",
+        "-d",
+        write_job(tmp_path, work, "wait.py", nodes=1, args=["8"], rendezvous={"port": 29611}),
+        "-i",
+        inventory,
+        timeout=120,
+    )
     assert first.returncode == 0, first.stderr
     running = job_id(first.stdout)
 
     (work / "data.txt").write_text("v2\n")
-    second = orch("submit", write_job(tmp_path, work, "wait.py", nodes=1, args=["0"],
-                                      rendezvous={"port": 29612}), "-i", inventory, timeout=120)
+    second = orch(
+        "submit",
+        write_job(tmp_path, work, "wait.py", nodes=1, args=["0"], rendezvous={"port": 29612}),
+        "-i",
+        inventory,
+        timeout=120,
+    )
     assert second.returncode == 0, second.stderr
     assert "start v2" in second.stdout and "end v2" in second.stdout
 
@@ -195,7 +201,8 @@ def test_a_running_job_keeps_its_snapshot_while_the_next_push_changes_files(
 
 
 def test_setup_runs_once_per_code_version_and_says_when_it_is_cached(
-        cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path) -> None:
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     work = tmp_path / "work"
     work.mkdir()
     (work / "main.py").write_text("print('ran main', flush=True)\n")
@@ -205,7 +212,10 @@ def test_setup_runs_once_per_code_version_and_says_when_it_is_cached(
 
     first = orch("submit", job, "-i", inventory, timeout=120)
     assert first.returncode == 0, first.stderr
-    assert "[node1 setup] setup in code" in first.stdout and "[node2 setup] setup in code" in first.stdout
+    assert (
+        "[node1 setup] setup in code" in first.stdout
+        and "[node2 setup] setup in code" in first.stdout
+    )
     second = orch("submit", job, "-i", inventory, timeout=120)
     assert second.returncode == 0, second.stderr
     assert "setup: cached on node1, node2" in second.stderr
@@ -219,13 +229,21 @@ def test_setup_runs_once_per_code_version_and_says_when_it_is_cached(
 
 
 def test_a_failing_setup_names_its_host_shows_its_output_and_starts_nothing(
-        cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path) -> None:
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     work = tmp_path / "work"
     work.mkdir()
     (work / "main.py").write_text("print('ran main', flush=True)\n")
-    setup = 'echo preparing; if [ "$(hostname)" = node2 ]; then echo "no such package" >&2; exit 7; fi'
-    result = orch("submit", write_job(tmp_path, work, "main.py", nodes=2, setup=setup), "-i", inventory,
-                  timeout=120)
+    setup = (
+        'echo preparing; if [ "$(hostname)" = node2 ]; then echo "no such package" >&2; exit 7; fi'
+    )
+    result = orch(
+        "submit",
+        write_job(tmp_path, work, "main.py", nodes=2, setup=setup),
+        "-i",
+        inventory,
+        timeout=120,
+    )
     assert result.returncode == 3, result.stderr
     assert "error: setup failed on node2: it exited with code 7" in result.stderr
     assert "no such package" in result.stderr.split("error:", 1)[1]
@@ -238,7 +256,8 @@ def test_a_failing_setup_names_its_host_shows_its_output_and_starts_nothing(
 
 
 def test_gc_removes_finished_snapshots_and_content_only_they_used(
-        cluster: Cluster, orch: OrchRunner, tmp_path: Path) -> None:
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
     inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=["node3"])
     work = tmp_path / "work"
     work.mkdir()

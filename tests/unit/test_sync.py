@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator.manifest import Entry, Tree
 from orchestrator.sync import collect_files, scan_workdir, supervisor_source
+from tests.hostile_names import TEXT_NAMES
 
 
 @pytest.fixture(autouse=True)
@@ -226,22 +227,7 @@ def test_supervisor_source_is_the_remote_supervisor_script() -> None:
     assert 'if __name__ == "__main__":' in source
 
 
-AWKWARD_NAMES = [
-    "with space.py",
-    "it's.py",
-    'say "hi".txt',
-    "new\nline.txt",
-    "-leading-dash.py",
-    "--help",
-    "naïve-データ.py",
-    "$(touch pwned).txt",
-    "back\\slash",
-    "star*.txt",
-    "dir with space/inner 'q'.py",
-]
-
-
-@pytest.mark.parametrize("name", AWKWARD_NAMES)
+@pytest.mark.parametrize("name", TEXT_NAMES)
 def test_awkward_file_names_survive_into_the_manifest(tmp_path: Path, name: str) -> None:
     make_tree(tmp_path, {name: f"content of {name}"})
     files = collect_files(tmp_path)

@@ -31,22 +31,7 @@ from orchestrator.sync import (
     supervisor_command,
 )
 from orchestrator.transport import ConnectOptions
-
-HOSTILE_NAMES = [
-    "with space.py",
-    "it's.py",
-    'say "hi".txt',
-    "new\nline.txt",
-    "-leading-dash.py",
-    "--help",
-    "naïve-データ.py",
-    "$(touch pwned).txt",
-    "`id`.txt",
-    "back\\slash",
-    "star*.txt",
-    "dir with space/inner 'q'.py",
-    os.fsdecode(b"not-utf8-\xff.bin"),
-]
+from tests.hostile_names import HOSTILE_NAMES
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +41,9 @@ def _orch_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def host(tmp_path: Path) -> Host:
-    return Host(name="here", address="localhost", python=sys.executable, workdir=str(tmp_path / "host"))
+    return Host(
+        name="here", address="localhost", python=sys.executable, workdir=str(tmp_path / "host")
+    )
 
 
 @pytest.fixture
@@ -145,7 +132,9 @@ def test_snapshot_is_an_exact_copy_of_a_hostile_tree(pusher: Pusher, tmp_path: P
     assert not (Path.cwd() / "pwned").exists() and not (code / "pwned").exists()
     assert listing(code)["data"] == ("link", str(tmp_path / "outside"))  # not followed
     # The supervisor is there to start the job, and pushed files are read-only.
-    assert (code.parent / "orch_supervisor.py").read_bytes().startswith(b'"""orch\'s node supervisor')
+    assert (
+        (code.parent / "orch_supervisor.py").read_bytes().startswith(b'"""orch\'s node supervisor')
+    )
     assert not (code / "with space.py").stat().st_mode & 0o222
 
 
@@ -233,7 +222,12 @@ def test_a_file_changed_after_the_scan_is_refused_and_never_stored(
     tree = scan_workdir(work)
     (work / "train.py").write_text("after!\n")  # same size: only the host's hash check sees it
     with pytest.raises(InfraError) as info:
-        push(group, tree, {host.name: str(tmp_path / "host/jobs/j/here")}, memory=HostMemory(tmp_path / "m"))
+        push(
+            group,
+            tree,
+            {host.name: str(tmp_path / "host/jobs/j/here")},
+            memory=HostMemory(tmp_path / "m"),
+        )
     assert "train.py changed while it was being pushed" in info.value.message
     assert objects_in_store(host) == []
     assert not (tmp_path / "host/jobs/j/here/code").exists()
@@ -253,7 +247,9 @@ def raw_sync(host: Host, body: bytes, job_dir: Path) -> dict[str, object]:
     frames = [
         wire.json_frame(b"H", {"store": store_dir(host), "push": "t1"}),
         wire.frame(b"M", zlib.compress(body)),
-        wire.json_frame(b"S", {"digest": hashlib.sha256(body).hexdigest(), "job_dir": str(job_dir), "keep": 5}),
+        wire.json_frame(
+            b"S", {"digest": hashlib.sha256(body).hexdigest(), "job_dir": str(job_dir), "keep": 5}
+        ),
         wire.frame(b"Z"),
     ]
     out = subprocess.run(
@@ -298,5 +294,8 @@ def test_gc_drops_old_finished_snapshots_and_content_nothing_uses(
     report = group.each(lambda h, t: collect_garbage(h, t, keep=1, grace_s=0))[host.name]
     assert [c.exists() for c in snapshots] == [False, False, True, True]
     assert report["snapshots_removed"] == 2 and report["objects_removed"] == 2
-    assert sorted(p.read_bytes() for p in objects_in_store(host)) == [b"version 2\n", b"version 3\n"]
+    assert sorted(p.read_bytes() for p in objects_in_store(host)) == [
+        b"version 2\n",
+        b"version 3\n",
+    ]
     assert (snapshots[0].parent / "exit.json").exists()  # logs and records stay
