@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -54,3 +55,19 @@ def place_file(cluster: Cluster, controller: Controller, source: Path, remote_di
     for host in cluster.hosts:
         cmd = f"mkdir -p {remote_dir} && cat > {remote_dir}/{source.name}"
         subprocess.run(ssh_argv(cluster, controller, host.address, cmd), input=data, check=True)
+
+
+def wait_ranks_ready(cluster: Cluster, job_id: str, ranks: int, timeout: float = 120) -> None:
+    """Wait until every rank of a job printed `ready r<RANK>` (tests' workload.py), read
+    from the hosts' own log files, which this machine sees, with no round trip."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready = 0
+        for host in cluster.hosts:
+            for log in (host.home / ".orch" / "jobs" / job_id / "logs").glob("rank-*.log"):
+                with contextlib.suppress(OSError):
+                    ready += b"ready r" in log.read_bytes()
+        if ready >= ranks:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"job {job_id}: not every rank got ready within {timeout:.0f} s")

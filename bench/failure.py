@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import contextlib
 
-from bench.common import place_file, ssh_argv, tagged_pids, wait_gone
+from bench.common import place_file, ssh_argv, tagged_pids, wait_gone, wait_ranks_ready
 from bench.report import machine, write_section
 from tests.integration.cluster import Cluster, Controller, orch_command, repo_python
 
@@ -102,9 +102,8 @@ def kill_latency(cluster: Cluster, controller: Controller, job: Path, inventory:
     job_id = subprocess.run([*orch_command(), "submit", "-d", str(job), "-i", str(inventory)], env=env,
                             capture_output=True, text=True, check=True).stdout.split()[1]
     tag = f"ORCH_JOB_ID={job_id}".encode()
-    while len(tagged_pids(tag)) < 2 * n:  # a torchrun and a worker per host
-        time.sleep(0.2)
-    time.sleep(3)
+    wait_ranks_ready(cluster, job_id, n)
+    time.sleep(1)
     started = time.monotonic()
     subprocess.run([*orch_command(), "kill", job_id], env=env, capture_output=True, check=True)
     orch_s = time.monotonic() - started
@@ -113,9 +112,8 @@ def kill_latency(cluster: Cluster, controller: Controller, job: Path, inventory:
     job_id = subprocess.run([*orch_command(), "submit", "-d", str(job), "-i", str(inventory)], env=env,
                             capture_output=True, text=True, check=True).stdout.split()[1]
     tag = f"ORCH_JOB_ID={job_id}".encode()
-    while len(tagged_pids(tag)) < 2 * n:
-        time.sleep(0.2)
-    time.sleep(3)
+    wait_ranks_ready(cluster, job_id, n)
+    time.sleep(1)
     started = time.monotonic()
     pkills = [subprocess.Popen(ssh_argv(cluster, controller, h.address, "pkill -9 -f workload.py"))
               for h in cluster.hosts[:n]]

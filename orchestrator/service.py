@@ -215,6 +215,8 @@ def teardown(
         return launch.kill(node, transport, job_id, grace_s, port if host.name == master else None)
 
     results, failures = group.try_each(kill, only=[n.host.name for n in reachable])
+    for name, report in results.items():
+        log.debug("[job=%s host=%s] kill took %s", job_id, name, report.get("seconds"))
     for failure in failures:
         reporter.notice(f"could not stop the job there: {failure.message}")
     return results

@@ -125,6 +125,27 @@ def test_kill_finds_escaped_daemons_frees_the_port_and_is_idempotent(cluster: Cl
     assert again.returncode == 0 and "nothing to kill" in again.stdout
 
 
+@pytest.mark.parametrize("on_term", ["cleanup", "ignore"])
+def test_kill_gives_ranks_the_grace_then_forces(cluster: Cluster, orch: OrchRunner, inventory: Path,
+                                                tmp_path: Path, on_term: str) -> None:
+    """Ranks that clean up on TERM get to finish; ranks that ignore it are KILLed after the grace."""
+    job = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--on-term", on_term, "--hang"])
+    job_id = job_id_of(orch("submit", "-d", str(job), "-i", str(inventory), timeout=120).stdout)
+    wait_for(lambda: orch("logs", job_id).stdout.count(" ready r") == 2, 60, "every rank to be ready")
+    started = time.monotonic()
+    killed = orch("kill", job_id, timeout=60)
+    elapsed = time.monotonic() - started
+    assert killed.returncode == 0, killed.stderr
+    assert_no_job_left(cluster, [1, 2])
+    logs = orch("logs", job_id).stdout
+    if on_term == "cleanup":
+        assert "[node1 r0] cleanup r0 done" in logs and "[node2 r1] cleanup r1 done" in logs, logs
+    else:
+        assert "cleanup" not in logs
+        assert elapsed >= 3  # the whole grace was given before KILL
+    assert status_json(orch, job_id)["state"] == "killed"
+
+
 def test_killing_one_job_leaves_the_other_running(cluster: Cluster, orch: OrchRunner, inventory: Path,
                                                   tmp_path: Path) -> None:
     first = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--hang"]).rename(tmp_path / "first.yaml")

@@ -4,6 +4,8 @@ Every rank joins a gloo process group, then, in order:
 - prints `--lines` numbered lines `r<RANK> <i>` (with `--junk`: also partial writes,
   binary bytes and one 200 kB line, in between);
 - with `--daemon`, leaves behind a process that escaped via double fork + setsid;
+- with `--on-term cleanup`, answers SIGTERM by printing `cleanup r<RANK> done` after
+  1 s of "cleaning up"; with `--on-term ignore`, ignores SIGTERM;
 - prints `ready r<RANK>`;
 - rank `--fail-rank` fails after `--fail-after` s: `--fail-how` raise | sigkill | exit;
 - sleeps `--sleep` s (0 = forever with `--hang`), then meets the others in a barrier
@@ -37,6 +39,19 @@ def escape() -> None:
     os.wait()
 
 
+def on_term(how: str, rank: int) -> None:
+    if how == "ignore":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif how == "cleanup":
+
+        def cleanup(*_: object) -> None:
+            time.sleep(1)
+            print(f"cleanup r{rank} done", flush=True)
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, cleanup)
+
+
 def print_lines(rank: int, count: int, junk: bool) -> None:
     out = sys.stdout.buffer
     for i in range(count):
@@ -62,6 +77,7 @@ def main() -> None:
     parser.add_argument("--fail-how", choices=["raise", "sigkill", "exit"], default="raise")
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--hang", action="store_true")
+    parser.add_argument("--on-term", choices=["exit", "cleanup", "ignore"], default="exit")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -69,6 +85,7 @@ def main() -> None:
     print_lines(rank, args.lines, args.junk)
     if args.daemon:
         escape()
+    on_term(args.on_term, rank)
     print(f"ready r{rank}", flush=True)
     if rank == args.fail_rank:
         time.sleep(args.fail_after)
