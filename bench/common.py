@@ -64,7 +64,7 @@ def wait_ranks_ready(cluster: Cluster, job_id: str, ranks: int, timeout: float =
     while time.monotonic() < deadline:
         ready = 0
         for host in cluster.hosts:
-            for log in (host.home / ".orch" / "jobs" / job_id / "logs").glob("rank-*.log"):
+            for log in (host.home / ".orch" / "jobs" / job_id / host.name / "logs").glob("rank-*.log"):
                 with contextlib.suppress(OSError):
                     ready += b"ready r" in log.read_bytes()
         if ready >= ranks:

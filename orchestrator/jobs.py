@@ -205,11 +205,7 @@ def _print_mirror(
         for stream in mirror.streams(name):
             if not want.wants(name, rank_of(stream)):
                 continue
-            lines = list(mirror.lines(name, stream))
-            if want.tail is not None:
-                lines = lines[-want.tail :] if want.tail > 0 else []
-            if lines:
-                reporter.output(name, rank_of(stream), b"\n".join(lines) + b"\n")
+            reporter.output(name, rank_of(stream), mirror.read(name, stream, want.tail))
 
 
 class _Filtered:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 NODE_STREAM = "node"
@@ -62,18 +61,20 @@ class LogMirror:
         names = self.offsets(host)
         return sorted(names, key=lambda s: -1 if s == NODE_STREAM else int(s))
 
-    def lines(self, host: str, stream: str) -> Iterator[bytes]:
-        """The lines stored for a stream, without their newlines."""
+    def read(self, host: str, stream: str, tail: int | None = None) -> bytes:
+        """The bytes stored for a stream, or only its last `tail` lines."""
         try:
             data = self._path(host, stream).read_bytes()
         except FileNotFoundError:
-            return
-        if not data:
-            return
-        parts = data.split(b"\n")
-        if data.endswith(b"\n"):
-            parts.pop()
-        yield from parts
+            return b""
+        if tail is None:
+            return data
+        start = len(data) - 1 if data.endswith(b"\n") else len(data)
+        for _ in range(max(tail, 0)):
+            start = data.rfind(b"\n", 0, start)
+            if start < 0:
+                return data
+        return data[start + 1 :] if tail > 0 else b""
 
     def close(self) -> None:
         with self._lock:

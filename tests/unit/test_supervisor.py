@@ -10,6 +10,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator.logstore import LogMirror
 from orchestrator.remote import supervisor as sup
@@ -125,7 +127,30 @@ def test_resuming_from_a_mirror_sends_no_line_twice(log: Log, tmp_path: Path) ->
     # A second follower writing the same chunk again changes nothing.
     mirror.write("node1", "0", 4, b"two\n")
     mirror.close()
-    assert list(mirror.lines("node1", "0")) == [b"one", b"two", b"three"]
+    assert mirror.read("node1", "0") == b"one\ntwo\nthree\n"
+
+
+@given(
+    lines=st.lists(st.binary(max_size=6).map(lambda b: b.replace(b"\n", b"")), max_size=8),
+    partial=st.booleans(),
+    tail=st.integers(min_value=0, max_value=10),
+)
+@settings(max_examples=300, deadline=None)
+def test_mirror_tail_is_the_last_lines(
+    tmp_path_factory: pytest.TempPathFactory, lines: list[bytes], partial: bool, tail: int
+) -> None:
+    mirror = LogMirror(tmp_path_factory.mktemp("logs"), "job")
+    data = b"".join(line + b"\n" for line in lines) + (b"no newline yet" if partial else b"")
+    mirror.write("node1", "0", 0, data)
+    mirror.close()
+    every = data.split(b"\n")
+    if data.endswith(b"\n") or not data:
+        every.pop()
+    expected = every[-tail:] if tail else []
+    got = mirror.read("node1", "0", tail)
+    assert got.split(b"\n")[: len(expected)] == expected
+    assert data.endswith(got) and got.count(b"\n") <= tail
+    assert mirror.read("node1", "0") == data
 
 
 def test_log_files_are_torchrun_log_then_every_rank(
