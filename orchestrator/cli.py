@@ -94,12 +94,20 @@ class ConsoleReporter:
         if not data:
             return
         prefix = (f"[{host} r{rank}] " if rank is not None else f"[{host}] ").encode()
-        try:
-            data.decode("utf-8")  # valid text goes through untouched, at C speed
-        except UnicodeDecodeError:  # invalid bytes from a rank become U+FFFD
-            data = data.decode("utf-8", "replace").encode()
-        body = data[:-1] if data.endswith(b"\n") else data
-        self._write(prefix + body.replace(b"\n", b"\n" + prefix) + b"\n")
+        if not data.isascii():  # ASCII is valid UTF-8: no decoding pass for most logs
+            try:
+                data.decode("utf-8")  # valid text goes through untouched
+            except UnicodeDecodeError:  # invalid bytes from a rank become U+FFFD
+                data = data.decode("utf-8", "replace").encode()
+        # One copy of the data (the replace), however big: logs run to hundreds of MB.
+        lines = memoryview(data.replace(b"\n", b"\n" + prefix))
+        whole = data.endswith(b"\n")
+        with self._lock:
+            self._out.write(prefix)
+            self._out.write(lines[: -len(prefix)] if whole else lines)
+            if not whole:
+                self._out.write(b"\n")
+            self._out.flush()
 
     def notice(self, message: str) -> None:
         with self._lock:

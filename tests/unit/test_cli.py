@@ -8,6 +8,7 @@ subprocess; CliRunner, which calls the typer app directly, sees an OrchError as 
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -15,9 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from orchestrator.cli import app
+from orchestrator.cli import ConsoleReporter, app
 from orchestrator.models.errors import SpecError
 from tests.unit.conftest import Orch, WriteFile
 
@@ -269,3 +272,23 @@ def test_help_lists_the_commands() -> None:
     assert result.exit_code == 0
     for command in ("submit", "status", "logs", "kill", "check"):
         assert re.search(rf"^\W*{command}\b", result.output, re.MULTILINE), command
+
+
+@given(
+    data=st.lists(
+        st.sampled_from([b"\n", b"a", b"\xe2\x82\xac", b"\xff", b"\xe2", b" "]), max_size=30
+    ).map(b"".join),
+    rank=st.one_of(st.none(), st.integers(0, 9)),
+)
+@settings(max_examples=300, deadline=None)
+def test_output_prefixes_every_line_and_ends_with_a_newline(data: bytes, rank: int | None) -> None:
+    """Each line of a chunk gets its `[host rN]` prefix; invalid UTF-8 becomes U+FFFD;
+    a chunk without a final newline is ended; nothing else changes."""
+    reporter = ConsoleReporter()
+    out = io.BytesIO()
+    reporter._out = out  # type: ignore[assignment]
+    reporter.output("node1", rank, data)
+    prefix = f"[node1 r{rank}] " if rank is not None else "[node1] "
+    text = data.decode("utf-8", "replace")
+    expected = "".join(prefix + line + "\n" for line in text.split("\n")[: -1 if text.endswith("\n") else None])
+    assert out.getvalue().decode("utf-8") == (expected if data else "")
