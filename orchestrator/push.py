@@ -19,13 +19,12 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
-import threading
 import time
 import zlib
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import wire
@@ -53,10 +52,11 @@ from orchestrator.transport import Transport
 ROUND_TRIP_TIMEOUT_S = 600.0
 # Raw bytes per round trip: the first, then every later one. The first is
 # small: a host's answer to a question, and the first progress, come back quickly.
-# Later ones are big: each round trip starts a process on the host and costs both
-# sides CPU, which hosts that share a machine (or a busy controller) feel. No round
-# trip holds more than the last figure in memory.
-BATCH_BYTES = (4 << 20, 32 << 20)
+# Later ones are big: each round trip starts a process on the host and drains the
+# pipeline while the host answers, which hosts that share a machine (or a busy
+# controller) feel. A round trip's frames are not copied per host: every host sends
+# the piece cache's own bytes, so memory is about one batch, not one per host.
+BATCH_BYTES = (4 << 20, 64 << 20)
 ASK_FIRST_BYTES = 1 << 20  # a host orch knows nothing of is asked what it lacks first
 MAX_ATTEMPTS = 4
 log = logging.getLogger(__name__)
@@ -188,7 +188,6 @@ class _Shared:
     source: bytes
     keep: int
     progress: Progress
-    streams: _Streams = field(default_factory=lambda: _Streams())
 
     @functools.cached_property
     def manifest_frame(self) -> bytes:
@@ -271,8 +270,7 @@ class _HostPush:
                 size = next(sizes, size)
                 following = wire.batch_end(todo, end, size)
                 encoded = helper.submit(self._encode_all, todo[end:following])
-                alone = not (last or ask)  # no manifest, no request: the same for every host
-                reply = self._round_trip(frames, batch if alone else None)
+                reply = self._round_trip(frames)
                 self.files += sum(p.off + p.length == p.size for p in batch)
                 self.bytes += sum(p.length for p in batch)
                 if not last and ask:
@@ -335,26 +333,21 @@ class _HostPush:
             "keep": self.shared.keep,
         }
 
-    def _round_trip(
-        self, frames: list[bytes], batch: Sequence[wire.Piece] | None = None
-    ) -> dict[str, Any]:
-        """Send one stream and read the host's answer. With `batch`, the stream holds
-        those pieces alone and may be shared with other hosts that send the same."""
+    def _round_trip(self, frames: list[bytes]) -> dict[str, Any]:
+        """Send one stream and read the host's answer. The frames go as they are, never
+        joined: every host of the push sends the same (cached) piece frames."""
         header = wire.json_frame(b"H", {"store": store_dir(self.host), "push": self.token})
-
-        def join() -> bytes:
-            return b"".join([self.shared.source, header, *frames, wire.frame(b"Z")])
-
-        stream = join() if batch is None else self.shared.streams.get((header, tuple(batch)), join)
+        stream = [self.shared.source, header, *frames, wire.frame(b"Z")]
+        size = sum(len(part) for part in stream)
         self.round_trips += 1
-        self.wire_bytes += len(stream)
+        self.wire_bytes += size
         started = time.monotonic()
         result = self.transport.run(self.command, stdin=stream, timeout=ROUND_TRIP_TIMEOUT_S)
         log.debug(
             "[host=%s] round trip %d: %d bytes in %.3f s",
             self.host.name,
             self.round_trips,
-            len(stream),
+            size,
             time.monotonic() - started,
         )
         reply = last_json(result.stdout)
@@ -391,35 +384,6 @@ class _HostPush:
                 finished,
             )
         )
-
-
-class _Streams:
-    """Round-trip streams that several hosts send byte for byte, joined once: a join
-    copies every byte while holding the GIL, and keeps its own copy per host.
-
-    Hosts of one push move in step, so the last few streams are all it keeps.
-    """
-
-    def __init__(self, keep: int = 2) -> None:
-        self._keep = keep
-        self._done: OrderedDict[Hashable, bytes] = OrderedDict()
-        self._building: dict[Hashable, threading.Lock] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable, join: Callable[[], bytes]) -> bytes:
-        with self._lock:
-            building = self._building.setdefault(key, threading.Lock())
-        with building:  # a host that comes while another joins it waits for that join
-            with self._lock:
-                stream = self._done.get(key)
-            if stream is None:
-                stream = join()
-                with self._lock:
-                    self._done[key] = stream
-                    while len(self._done) > self._keep:
-                        old, _ = self._done.popitem(last=False)
-                        self._building.pop(old, None)
-        return stream
 
 
 def _changed(tree: Tree, path: str) -> InfraError:

@@ -8,7 +8,7 @@ for remote hosts, one SSH connection per host with a channel per command, and
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
@@ -53,12 +53,24 @@ class RemoteProcess(Protocol):
     def close(self) -> None: ...
 
 
+Stdin = bytes | Sequence[bytes]  # one buffer, or several sent in order
+
+
+def stdin_parts(stdin: Stdin | None) -> Sequence[bytes]:
+    """The buffers of a command's stdin, in order."""
+    if stdin is None:
+        return ()
+    return (stdin,) if isinstance(stdin, bytes) else stdin
+
+
 class Transport(Protocol):
     """Runs commands on one host.
 
     1. `connect()` reaches the host or raises HostError (exit 3) naming it.
-    2. `run()` runs a /bin/sh command line, with optional stdin bytes, and returns
-       its exit code and output; it never raises for a non-zero exit.
+    2. `run()` runs a /bin/sh command line, with optional stdin bytes (one buffer, or
+       several sent one after another: a push shares its frames between hosts rather
+       than joining a copy for each), and returns its exit code and output; it never
+       raises for a non-zero exit.
     3. `stream()` starts a command and returns a RemoteProcess to follow its stdout;
        with `idle_timeout`, reads give up after that many silent seconds.
     4. Commands may run concurrently on one transport, from several threads.
@@ -70,7 +82,7 @@ class Transport(Protocol):
     def connect(self) -> None: ...
 
     def run(
-        self, command: str, stdin: bytes | None = None, timeout: float | None = None
+        self, command: str, stdin: Stdin | None = None, timeout: float | None = None
     ) -> CommandResult: ...
 
     def stream(self, command: str, idle_timeout: float | None = None) -> RemoteProcess: ...

@@ -7,7 +7,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import IO
 
-from orchestrator.transport.base import CommandResult
+from orchestrator.transport.base import CommandResult, Stdin, stdin_parts
 
 
 class LocalProcess:
@@ -57,11 +57,11 @@ class LocalTransport:
         pass
 
     def run(
-        self, command: str, stdin: bytes | None = None, timeout: float | None = None
+        self, command: str, stdin: Stdin | None = None, timeout: float | None = None
     ) -> CommandResult:
         proc = subprocess.run(
             ["/bin/sh", "-c", command],
-            input=stdin if stdin is not None else b"",
+            input=b"".join(stdin_parts(stdin)),
             capture_output=True,
             timeout=timeout,
             check=False,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -21,7 +21,7 @@ from fabric import Config, Connection
 
 from orchestrator.models.errors import HostError
 from orchestrator.models.inventory import Host
-from orchestrator.transport.base import CommandResult, ConnectOptions
+from orchestrator.transport.base import CommandResult, ConnectOptions, Stdin, stdin_parts
 
 log = logging.getLogger(__name__)
 _known_hosts_lock = threading.Lock()
@@ -219,13 +219,13 @@ class SshTransport:
             ) from None
 
     def run(
-        self, command: str, stdin: bytes | None = None, timeout: float | None = None
+        self, command: str, stdin: Stdin | None = None, timeout: float | None = None
     ) -> CommandResult:
         channel = self._channel()
         try:
             channel.settimeout(timeout)
             channel.exec_command(command)
-            self._send_stdin(channel, stdin or b"")
+            self._send_stdin(channel, stdin_parts(stdin))
             stdout = channel.makefile("rb").read()
             stderr = channel.makefile_stderr("rb").read()
             code = channel.recv_exit_status()
@@ -244,15 +244,16 @@ class SshTransport:
         )
 
     @staticmethod
-    def _send_stdin(channel: paramiko.Channel, stdin: bytes) -> None:
+    def _send_stdin(channel: paramiko.Channel, stdin: Sequence[bytes]) -> None:
         """Send all of stdin, then EOF. A command that exits without reading it all
         (python missing: exit 127) closes the channel under us: its exit status, read
         next, says why, so a refused send is not an error of its own."""
         try:
             # sendall() slices what is left after every packet: on bytes that is a copy
             # each time, quadratic in the size (17 s for 50 MB); a memoryview is not.
-            if stdin:
-                channel.sendall(memoryview(stdin))  # type: ignore[arg-type]  # any buffer works
+            for part in stdin:
+                if part:
+                    channel.sendall(memoryview(part))  # type: ignore[arg-type]  # any buffer works
             channel.shutdown_write()
         except OSError:
             if not channel.exit_status_ready() and not channel.closed:

@@ -27,5 +27,8 @@ def test_connection_prefers_aes_gcm_and_moves_bytes_exactly(cluster: Cluster, tm
         result = transport.run("sha256sum", stdin=data)
         assert result.exit_code == 0, result.stderr
         assert result.stdout.split()[0] == hashlib.sha256(data).hexdigest()
+        parts = [data[:5], b"", data[5:]]  # several buffers go one after another, unjoined
+        result = transport.run("sha256sum", stdin=parts)
+        assert result.stdout.split()[0] == hashlib.sha256(data).hexdigest()
     finally:
         transport.close()

@@ -4,8 +4,10 @@ files and stop and resume anywhere without losing or doubling a line."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
+import os
 import zlib
 from pathlib import Path
 
@@ -15,6 +17,8 @@ from hypothesis import strategies as st
 
 from orchestrator.logstore import LogMirror
 from orchestrator.remote import supervisor as sup
+
+F_GETPIPE_SZ = 1032  # Linux
 
 
 class Log:
@@ -208,3 +212,15 @@ def test_big_chunks_travel_compressed_and_small_ones_do_not(log: Log) -> None:
     raw = out.getvalue()
     assert len(raw) < len(lines) / 5
     assert parse(raw) == [({"k": "data", "s": "0", "o": 2, "n": len(lines)}, lines)]
+
+
+def test_widen_pipe_grows_a_pipe_and_leaves_other_files_alone(tmp_path: Path) -> None:
+    read, write = os.pipe()
+    try:
+        sup.widen_pipe(read)
+        assert fcntl.fcntl(read, F_GETPIPE_SZ) >= 1 << 20
+    finally:
+        os.close(read)
+        os.close(write)
+    with open(tmp_path / "file", "wb") as f:
+        sup.widen_pipe(f.fileno())  # not a pipe: no error
