@@ -138,8 +138,8 @@ def kill(
     """Stop everything the job runs on this node: its process groups, then tagged strays.
 
     Returns:
-        {"killed": [[pid, cmdline], ...], "forced": [...], "remaining": [...]}, and
-        "port_free" when a port was given.
+        {"killed": [[pid, cmdline], ...], "forced": [...], "remaining": [...],
+        "seconds": {"scan", "grace", "confirm"}}, and "port_free" when a port was given.
     """
     args = ["kill", node.job_dir, str(grace_s), job_id, *([str(port)] if port is not None else [])]
     return _run_sent(node, transport, args, timeout=grace_s + 30)

@@ -54,8 +54,9 @@ ROUND_TRIP_TIMEOUT_S = 600.0
 # small: a host's answer to a question, and the first progress, come back quickly.
 # Later ones are big: each round trip starts a process on the host and drains the
 # pipeline while the host answers, which hosts that share a machine (or a busy
-# controller) feel. A round trip's frames are not copied per host: every host sends
-# the piece cache's own bytes, so memory is about one batch, not one per host.
+# controller) feel. A round trip's frames are not copied per host: hosts in step send
+# the piece cache's own bytes. Each host holds its batch and the next one, encoded;
+# while the cache has room (wire.CACHE_LIMIT_BYTES) those are shared by all hosts.
 BATCH_BYTES = (4 << 20, 64 << 20)
 ASK_FIRST_BYTES = 1 << 20  # a host orch knows nothing of is asked what it lacks first
 MAX_ATTEMPTS = 4
@@ -131,9 +132,8 @@ def push(
         progress or (lambda _: None),
     )
 
-    # One token for the whole push: a round trip's stream is then byte for byte the
-    # same for every host that lacks the same content, and is joined once. Hosts that
-    # share a store (and its temporary files) tell theirs apart.
+    # One token for the whole push, names its temporary files on every host; hosts
+    # that share a store (and so its temporary files) get a numbered one each.
     token = secrets.token_hex(8)
     tokens: dict[str, str] = {}
     stores: Counter[str] = Counter()

@@ -112,7 +112,8 @@ class PieceCache:
 
     A piece stays cached until every host that was expected to need it took it, and
     only while the cache holds less than `limit` bytes; beyond that, hosts encode
-    their own copy (slower hosts then cost CPU, never memory).
+    their own copy (hosts far apart then cost CPU, and each holds its own two
+    batches, see push.BATCH_BYTES).
     """
 
     def __init__(self, root: Path, limit: int = CACHE_LIMIT_BYTES) -> None:

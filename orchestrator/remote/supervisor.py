@@ -7,8 +7,9 @@ It is sent with the job's code and run with the host's own Python:
                             wait for it and record its exit status
     follow JOB_DIR [OFFS]   stream every rank's log lines as JSON, from byte offsets,
                             until the node's exit status is known
-    kill JOB_DIR [GRACE]    TERM the node's process groups, KILL after GRACE seconds,
-                            then sweep processes that carry the job's tag
+    kill JOB_DIR [GRACE]    TERM the node's process groups and every process that
+                            carries the job's tag; the ranks get GRACE seconds,
+                            torchrun goes once they are gone; KILL what is left
     rank LOG_DIR KIND TARGET -- ARGS
                             torchrun's entry for each rank: send the rank's output to
                             its own log file, then exec the user's script or module
@@ -709,11 +710,11 @@ def cmd_kill(args: list[str]) -> int:
 
     TERM to torchrun's process group and each rank's (torchrun gives every rank its
     own session), and to every process carrying the job's tag in its environment
-    (those that escaped with setsid or a double fork). The ranks get up to GRACE
-    seconds to clean up; torchrun itself has nothing of the user's to save, and its
-    interpreter teardown costs ~0.4 s of CPU a node, so it is KILLed as soon as its
-    ranks are gone. What is left after GRACE is KILLed. Prints what it killed, and
-    whether PORT is free again.
+    (those that escaped with setsid or a double fork). Everything but torchrun itself
+    gets up to GRACE seconds to clean up; torchrun has nothing of the user's to save,
+    and its interpreter teardown costs ~0.4 s of CPU a node, so it is KILLed as soon
+    as the rest is gone. What is left after GRACE is KILLed, again until it is gone.
+    Prints what it killed, and whether PORT is free again.
     """
     began = time.monotonic()
     job_dir = os.path.expanduser(args[0])
@@ -728,7 +729,7 @@ def cmd_kill(args: list[str]) -> int:
         job_id = job_id or ((read_json("node.json") or {}).get("env") or {}).get("ORCH_JOB_ID")
         open("killed", "a").close()
         groups = process_groups()
-        agent = {int(started["pgid"])} if "pgid" in started else set()
+        agent = {int(started["pid"])} if "pid" in started else set()
     victims = {pid: cmdline(pid) for pid in remaining(groups, job_id)}
     for pgid in groups:
         kill_group(pgid, signal.SIGTERM)
@@ -738,14 +739,16 @@ def cmd_kill(args: list[str]) -> int:
     deadline = termed + grace
     while time.monotonic() < deadline and remaining(groups, job_id, spare=agent):
         time.sleep(POLL_S)
-    ranks_gone = time.monotonic()
+    rest_gone = time.monotonic()
     forced = remaining(groups, job_id, spare=agent)
     for pgid in groups:
         kill_group(pgid, signal.SIGKILL)
     for pid in remaining(groups, job_id):
         signal_pid(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and remaining(groups, job_id):
+    while time.monotonic() < deadline and (left := remaining(groups, job_id)):
+        for pid in left:  # a process forked since the KILL above goes too
+            signal_pid(pid, signal.SIGKILL)
         time.sleep(POLL_S)
     # The supervisor records the exit status once torchrun is reaped.
     while (
@@ -760,10 +763,10 @@ def cmd_kill(args: list[str]) -> int:
         "killed": [[pid, cmd] for pid, cmd in sorted(victims.items())],
         "forced": sorted(forced),
         "remaining": sorted(remaining(groups, job_id)),
-        "seconds": {  # where the time went, for `orch -v kill`
+        "seconds": {  # where the time went, for `orch -vv kill`
             "scan": round(termed - began, 3),
-            "ranks": round(ranks_gone - termed, 3),
-            "confirm": round(time.monotonic() - ranks_gone, 3),
+            "grace": round(rest_gone - termed, 3),
+            "confirm": round(time.monotonic() - rest_gone, 3),
         },
     }
     if port is not None:
@@ -850,10 +853,10 @@ def tagged(job_id: str | None, table: list[tuple[int, int]]) -> set[int]:
 def remaining(
     groups: set[int], job_id: str | None, spare: set[int] | frozenset[int] = frozenset()
 ) -> set[int]:
-    """The job's live processes: in its groups or carrying its tag, but for the `spare` groups."""
+    """The job's live processes: in its groups or carrying its tag, but the `spare` pids."""
     table = processes()
     tags = tagged(job_id, table)
-    return {pid for pid, pgid in table if (pgid in groups or pid in tags) and pgid not in spare}
+    return {pid for pid, pgid in table if (pgid in groups or pid in tags) and pid not in spare}
 
 
 def signal_pid(pid: int, sig: int) -> None:

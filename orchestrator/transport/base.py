@@ -63,6 +63,30 @@ def stdin_parts(stdin: Stdin | None) -> Sequence[bytes]:
     return (stdin,) if isinstance(stdin, bytes) else stdin
 
 
+def coalesced(
+    parts: Sequence[bytes], small: int = 64 << 10, batch: int = 256 << 10
+) -> Iterator[bytes]:
+    """The same bytes, in order, with runs of small parts joined up to `batch` bytes:
+    every send is an SSH packet of its own, and a push of many small files would
+    otherwise cost a packet (and its Python overhead) per file and host."""
+    pending: list[bytes] = []
+    size = 0
+    for part in parts:
+        if len(part) >= small:
+            if size:
+                yield b"".join(pending)
+            pending, size = [], 0
+            yield part
+            continue
+        pending.append(part)
+        size += len(part)
+        if size >= batch:
+            yield b"".join(pending)
+            pending, size = [], 0
+    if size:
+        yield b"".join(pending)
+
+
 class Transport(Protocol):
     """Runs commands on one host.
 

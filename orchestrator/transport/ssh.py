@@ -21,7 +21,13 @@ from fabric import Config, Connection
 
 from orchestrator.models.errors import HostError
 from orchestrator.models.inventory import Host
-from orchestrator.transport.base import CommandResult, ConnectOptions, Stdin, stdin_parts
+from orchestrator.transport.base import (
+    CommandResult,
+    ConnectOptions,
+    Stdin,
+    coalesced,
+    stdin_parts,
+)
 
 log = logging.getLogger(__name__)
 _known_hosts_lock = threading.Lock()
@@ -251,9 +257,8 @@ class SshTransport:
         try:
             # sendall() slices what is left after every packet: on bytes that is a copy
             # each time, quadratic in the size (17 s for 50 MB); a memoryview is not.
-            for part in stdin:
-                if part:
-                    channel.sendall(memoryview(part))  # type: ignore[arg-type]  # any buffer works
+            for part in coalesced(stdin):
+                channel.sendall(memoryview(part))  # type: ignore[arg-type]  # any buffer works
             channel.shutdown_write()
         except OSError:
             if not channel.exit_status_ready() and not channel.closed:

@@ -1,0 +1,29 @@
+"""Pure parts of the transports."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.transport.base import coalesced, stdin_parts
+
+
+@given(parts=st.lists(st.integers(0, 300).map(lambda n: bytes([n % 251]) * n), max_size=40))
+@settings(max_examples=300)
+def test_coalesced_keeps_every_byte_in_order_and_joins_only_small_parts(parts: list[bytes]) -> None:
+    sent = list(coalesced(parts, small=100, batch=250))
+    assert b"".join(sent) == b"".join(parts)
+    assert all(sent)  # no empty sends
+    for chunk in sent:
+        # a big part goes alone and as it is; joined small ones stay under batch + small
+        assert any(chunk is p for p in parts if len(p) >= 100) or len(chunk) < 250 + 100
+
+
+def test_many_small_parts_become_few_sends() -> None:
+    assert len(list(coalesced([b"x" * 400] * 20_000))) == 31  # 8 MB in sends of 256 kB
+
+
+def test_stdin_parts_takes_none_bytes_or_buffers() -> None:
+    assert stdin_parts(None) == ()
+    assert stdin_parts(b"ab") == (b"ab",)
+    assert stdin_parts([b"a", b"b"]) == [b"a", b"b"]
