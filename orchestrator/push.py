@@ -17,12 +17,13 @@ Per host, in parallel (see sync.py for the whole design):
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import secrets
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,7 @@ ROUND_TRIP_TIMEOUT_S = 600.0
 # the piece cache's own bytes. Each host holds its batch and the next one, encoded;
 # while the cache has room (wire.CACHE_LIMIT_BYTES) those are shared by all hosts.
 BATCH_BYTES = (4 << 20, 64 << 20)
+PROGRESS_EVERY_S = 0.1  # within a round trip
 ASK_FIRST_BYTES = 1 << 20  # a host orch knows nothing of is asked what it lacks first
 MAX_ATTEMPTS = 4
 log = logging.getLogger(__name__)
@@ -270,9 +272,7 @@ class _HostPush:
                 size = next(sizes, size)
                 following = wire.batch_end(todo, end, size)
                 encoded = helper.submit(self._encode_all, todo[end:following])
-                reply = self._round_trip(frames)
-                self.files += sum(p.off + p.length == p.size for p in batch)
-                self.bytes += sum(p.length for p in batch)
+                reply = self._round_trip(frames, batch)
                 if not last and ask:
                     ask = False
                     todo, following, encoded = self._answered(todo, end, following, encoded, reply)
@@ -333,12 +333,14 @@ class _HostPush:
             "keep": self.shared.keep,
         }
 
-    def _round_trip(self, frames: list[bytes]) -> dict[str, Any]:
+    def _round_trip(self, frames: list[bytes], batch: Sequence[wire.Piece] = ()) -> dict[str, Any]:
         """Send one stream and read the host's answer. The frames go as they are, never
-        joined: every host of the push sends the same (cached) piece frames."""
+        joined: every host of the push sends the same (cached) piece frames. The first
+        len(batch) frames are those pieces', counted into the progress as they go."""
         header = wire.json_frame(b"H", {"store": store_dir(self.host), "push": self.token})
-        stream = [self.shared.source, header, *frames, wire.frame(b"Z")]
-        size = sum(len(part) for part in stream)
+        ends = [self.shared.source, header, wire.frame(b"Z")]
+        size = sum(len(part) for part in ends) + sum(len(frame) for frame in frames)
+        stream = itertools.chain(ends[:2], self._counted(frames, batch), ends[2:])
         self.round_trips += 1
         self.wire_bytes += size
         started = time.monotonic()
@@ -372,6 +374,20 @@ class _HostPush:
                 f"{self.host.name}; 'orch gc' removes old snapshots",
             )
         return reply
+
+    def _counted(self, frames: list[bytes], batch: Sequence[wire.Piece]) -> Iterator[bytes]:
+        """The frames; each piece's counted as sent once the transport takes it, with a
+        progress report every PROGRESS_EVERY_S."""
+        reported = time.monotonic()
+        for i, frame in enumerate(frames):
+            yield frame
+            if i < len(batch):
+                piece = batch[i]
+                self.files += piece.off + piece.length == piece.size
+                self.bytes += piece.length
+                if time.monotonic() - reported >= PROGRESS_EVERY_S:
+                    self._report()
+                    reported = time.monotonic()
 
     def _report(self, finished: bool = False) -> None:
         self.shared.progress(

@@ -8,7 +8,7 @@ for remote hosts, one SSH connection per host with a channel per command, and
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
@@ -53,10 +53,10 @@ class RemoteProcess(Protocol):
     def close(self) -> None: ...
 
 
-Stdin = bytes | Sequence[bytes]  # one buffer, or several sent in order
+Stdin = bytes | Iterable[bytes]  # one buffer, or several sent in order, taken as they go
 
 
-def stdin_parts(stdin: Stdin | None) -> Sequence[bytes]:
+def stdin_parts(stdin: Stdin | None) -> Iterable[bytes]:
     """The buffers of a command's stdin, in order."""
     if stdin is None:
         return ()
@@ -64,7 +64,7 @@ def stdin_parts(stdin: Stdin | None) -> Sequence[bytes]:
 
 
 def coalesced(
-    parts: Sequence[bytes], small: int = 64 << 10, batch: int = 256 << 10
+    parts: Iterable[bytes], small: int = 64 << 10, batch: int = 256 << 10
 ) -> Iterator[bytes]:
     """The same bytes, in order, with runs of small parts joined up to `batch` bytes:
     every send is an SSH packet of its own, and a push of many small files would
@@ -92,9 +92,10 @@ class Transport(Protocol):
 
     1. `connect()` reaches the host or raises HostError (exit 3) naming it.
     2. `run()` runs a /bin/sh command line, with optional stdin bytes (one buffer, or
-       several sent one after another: a push shares its frames between hosts rather
-       than joining a copy for each), and returns its exit code and output; it never
-       raises for a non-zero exit.
+       several sent one after another and taken only as they are sent: a push shares
+       its frames between hosts rather than joining a copy for each, and counts its
+       progress as they go), and returns its exit code and output; it never raises
+       for a non-zero exit.
     3. `stream()` starts a command and returns a RemoteProcess to follow its stdout;
        with `idle_timeout`, reads give up after that many silent seconds.
     4. Commands may run concurrently on one transport, from several threads.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -250,7 +250,7 @@ class SshTransport:
         )
 
     @staticmethod
-    def _send_stdin(channel: paramiko.Channel, stdin: Sequence[bytes]) -> None:
+    def _send_stdin(channel: paramiko.Channel, stdin: Iterable[bytes]) -> None:
         """Send all of stdin, then EOF. A command that exits without reading it all
         (python missing: exit 127) closes the channel under us: its exit status, read
         next, says why, so a refused send is not an error of its own."""

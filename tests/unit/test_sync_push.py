@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import push as push_module
 from orchestrator import wire
 from orchestrator.hosts import HostGroup
 from orchestrator.manifest import HostMemory
@@ -240,6 +241,17 @@ def test_progress_reports_every_host_up_to_its_totals(pusher: Pusher) -> None:
     last = pusher.updates[-1]
     assert last == PushProgress("here", 2, 2, 8000, 8000, finished=True)
     assert pusher.updates[0].files_done == 0
+
+
+def test_progress_moves_within_a_round_trip(pusher: Pusher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round trip holds up to 64 MB: the bar must not wait for its end to move."""
+    monkeypatch.setattr(push_module, "PROGRESS_EVERY_S", 0.0)
+    for i in range(5):
+        (pusher.root / f"f{i}.bin").write_bytes(os.urandom(1000))
+    pusher()
+    done = [u.files_done for u in pusher.updates if not u.finished]
+    assert {1, 2, 3, 4} <= set(done), done  # one round trip, yet every piece was reported
+    assert done == sorted(done)
 
 
 def raw_sync(host: Host, body: bytes, job_dir: Path) -> dict[str, object]:
