@@ -230,7 +230,7 @@ def main() -> None:
         "unjoined to every host, up to 64 MB a round trip (a 50 MB tree is 2 round trips: a "
         "4 MB one that asks what the host lacks, then the rest), and the pipe between sshd and "
         "the receiver is widened to 1 MB, so neither waits on the other every 64 kB. With 2 hosts "
-        "the cores are not yet saturated, and orch's fixed costs show: the first round trip "
+        "the cores are not yet saturated, and orch's fixed costs weigh more: the first round trip "
         "waits for the host's answer, and a host's first contact compiles its receiver. "
         "Resubmits are where orch wins most: one round trip per host checks the whole tree, "
         "where rsync walks and compares both sides.",
