@@ -28,20 +28,22 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import glob
 import hashlib
 import json
 import os
 import re
-import shutil
 import signal
-import socket
 import struct
-import subprocess
 import sys
 import time
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import subprocess
+
+# socket, subprocess, glob and shutil are imported by the commands that use them: this
+# file starts for every command orch runs on a host, and they are a third of its start.
 
 POLL_S = 0.05
 MAX_LINE = 8 << 20  # lines up to this long are kept whole; longer ones go in pieces
@@ -83,6 +85,8 @@ def cmd_probe(args: list[str]) -> int:
     port (tell whether it is free and who holds it), workdir (free disk there),
     gpus (false skips nvidia-smi) and modules (top-level names to find).
     """
+    import socket
+
     opts = probe_options(args)
     want_gpus = bool(opts.get("gpus", True))
     # nvidia-smi can take a second on a big box: it runs while the rest is read.
@@ -136,6 +140,8 @@ def ssh_server_addr() -> str | None:
 
 
 def free_port() -> int:
+    import socket
+
     with socket.socket() as s:
         s.bind(("", 0))
         port: int = s.getsockname()[1]
@@ -239,6 +245,9 @@ def route_facts(target: str, own: dict[str, str]) -> dict[str, str | None]:
     holds it (not `lo`, which `ip route get` reports for local addresses): peers reach
     the master through that interface. `route_error` says why there is no answer.
     """
+    import socket
+    import subprocess
+
     facts: dict[str, str | None] = {"iface": None, "local_addr": None, "route_error": None}
     try:
         addr = str(socket.getaddrinfo(target, None, socket.AF_INET)[0][4][0])
@@ -272,6 +281,8 @@ def route_to(target: str) -> tuple[str | None, str | None]:
 
 def own_addresses() -> dict[str, str]:
     """Map of this host's IPv4 addresses to interface names."""
+    import subprocess
+
     try:
         out = subprocess.run(
             ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=5
@@ -309,6 +320,8 @@ def module_found(name: str) -> bool:
 
 
 def start_gpu_query() -> subprocess.Popen[str] | None:
+    import subprocess
+
     try:
         return subprocess.Popen(
             GPU_QUERY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -318,6 +331,8 @@ def start_gpu_query() -> subprocess.Popen[str] | None:
 
 
 def finish_gpu_query(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    import subprocess
+
     try:
         out, _ = proc.communicate(timeout=GPU_QUERY_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -368,6 +383,8 @@ def device_gpu_count(dev_names: list[str]) -> int:
 
 def port_status(port: int) -> dict[str, Any]:
     """Whether `port` can be bound as torchrun's store binds it, and if not, by whom."""
+    import socket
+
     try:
         with socket.socket() as s:
             # As c10d's TCPStore does: a TIME_WAIT leftover does not make a port busy.
@@ -427,6 +444,8 @@ def parse_tcp_table(text: str) -> list[dict[str, Any]]:
 
 def hex_address(hex_addr: str) -> str:
     """/proc/net/tcp's address (little-endian 32-bit words) as text."""
+    import socket
+
     raw = bytes.fromhex(hex_addr)
     words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     family = socket.AF_INET if len(words) == 4 else socket.AF_INET6
@@ -512,6 +531,8 @@ def cmd_start(args: list[str]) -> int:
 
 
 def supervise(spec: dict[str, Any], ready_fd: int) -> int:
+    import subprocess
+
     env = dict(os.environ)
     env.update(spec["env"])
     argv = list(spec["argv"])
@@ -1181,6 +1202,8 @@ def build_tree(store: ContentStore, entries: list[list[Any]], code: str) -> None
 
 
 def place(store: ContentStore, key: str, target: str) -> None:
+    import shutil
+
     source = f"{store.objects}/{key}"
     try:
         os.link(source, target)
@@ -1229,6 +1252,8 @@ def gc_due(store: ContentStore) -> bool:
 
 
 def remove_tree(path: str) -> None:
+    import shutil
+
     def writable(function: Any, failed: str, _exc: Any) -> None:
         with contextlib.suppress(OSError):
             os.chmod(os.path.dirname(failed), 0o700)
@@ -1257,6 +1282,8 @@ def collect_garbage(
 
     Without `sweep`, the store is swept only when a snapshot went, or once a day.
     """
+    import glob
+
     store = ContentStore(os.path.join(workdir, "store"))
     os.makedirs(store.root, exist_ok=True)
     with open(store.path("gc.lock"), "a") as lock:
@@ -1297,6 +1324,8 @@ def collect_garbage(
 
 def sweep_store(store: ContentStore, kept: set[str], before: float) -> dict[str, int]:
     """Remove objects no snapshot links to, and manifests and markers none refers to."""
+    import glob
+
     removed = freed = 0
     for path in glob.glob(store.path("objects", "*")):
         with contextlib.suppress(OSError):
@@ -1336,6 +1365,8 @@ def cmd_gc(args: list[str]) -> int:
 def cmd_setup(args: list[str]) -> int:
     """`setup JOB_DIR SPEC`: run the job's setup command in its code dir, streaming its
     output, and mark it done for this code version when it succeeds."""
+    import subprocess
+
     os.chdir(os.path.expanduser(args[0]))
     spec = json.loads(args[1])
     env = dict(os.environ)
