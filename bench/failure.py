@@ -96,24 +96,25 @@ def baseline_teardown(cluster: Cluster, controller: Controller, n: int, port: in
     return (cap, True) if gone is None else (gone - crashed, False)
 
 
+def running_job(cluster: Cluster, env: dict[str, str], job: Path, inventory: Path, n: int) -> tuple[str, bytes]:
+    """Submit a detached job and wait until every rank runs; its id and process tag."""
+    job_id = subprocess.run([*orch_command(), "submit", "-d", str(job), "-i", str(inventory)], env=env,
+                            capture_output=True, text=True, check=True).stdout.split()[1]
+    wait_ranks_ready(cluster, job_id, n)
+    time.sleep(1)
+    return job_id, f"ORCH_JOB_ID={job_id}".encode()
+
+
 def kill_latency(cluster: Cluster, controller: Controller, job: Path, inventory: Path, n: int) -> tuple[float, float]:
     """(orch kill wall time, parallel ssh pkill wall time) at n hosts."""
     env = controller.env()
-    job_id = subprocess.run([*orch_command(), "submit", "-d", str(job), "-i", str(inventory)], env=env,
-                            capture_output=True, text=True, check=True).stdout.split()[1]
-    tag = f"ORCH_JOB_ID={job_id}".encode()
-    wait_ranks_ready(cluster, job_id, n)
-    time.sleep(1)
+    job_id, tag = running_job(cluster, env, job, inventory, n)
     started = time.monotonic()
     subprocess.run([*orch_command(), "kill", job_id], env=env, capture_output=True, check=True)
     orch_s = time.monotonic() - started
     if tagged_pids(tag):
         raise RuntimeError("orch kill left processes")
-    job_id = subprocess.run([*orch_command(), "submit", "-d", str(job), "-i", str(inventory)], env=env,
-                            capture_output=True, text=True, check=True).stdout.split()[1]
-    tag = f"ORCH_JOB_ID={job_id}".encode()
-    wait_ranks_ready(cluster, job_id, n)
-    time.sleep(1)
+    job_id, tag = running_job(cluster, env, job, inventory, n)
     started = time.monotonic()
     pkills = [subprocess.Popen(ssh_argv(cluster, controller, h.address, "pkill -9 -f workload.py"))
               for h in cluster.hosts[:n]]

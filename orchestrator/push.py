@@ -333,7 +333,7 @@ class _HostPush:
             "keep": self.shared.keep,
         }
 
-    def _round_trip(self, frames: list[bytes], batch: Sequence[wire.Piece] = ()) -> dict[str, Any]:
+    def _round_trip(self, frames: list[bytes], batch: Sequence[wire.Piece]) -> dict[str, Any]:
         """Send one stream and read the host's answer. The frames go as they are, never
         joined: every host of the push sends the same (cached) piece frames. The first
         len(batch) frames are those pieces', counted into the progress as they go."""

@@ -764,11 +764,9 @@ def cmd_kill(args: list[str]) -> int:
     forced = remaining(groups, job_id, spare=agent)
     for pgid in groups:
         kill_group(pgid, signal.SIGKILL)
-    for pid in remaining(groups, job_id):
-        signal_pid(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and (left := remaining(groups, job_id)):
-        for pid in left:  # a process forked since the KILL above goes too
+        for pid in left:  # tagged strays, and anything forked since the last pass
             signal_pid(pid, signal.SIGKILL)
         time.sleep(POLL_S)
     # The supervisor records the exit status once torchrun is reaped.

@@ -193,7 +193,7 @@ class SshTransport:
             ) from None
         transport = self._conn.client.get_transport()
         if transport is not None:
-            log.debug("[host=%s] connected, cipher %s", self.name, transport.remote_cipher)
+            log.debug("[host=%s] connected, cipher %s", self.name, self.cipher)
             transport.set_keepalive(self.options.keepalive_s)
             if isinstance(transport.sock, socket.socket):
                 # Every orch step is a short request and answer: without this, Nagle's

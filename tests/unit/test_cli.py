@@ -91,15 +91,6 @@ def test_dry_run_first_line_is_exactly_job_and_id(
     assert re.fullmatch(r"job job-[0-9a-f]{6}", result.stdout.splitlines()[0])
 
 
-def test_dry_run_on_the_local_machine_touches_nothing(
-    orch: Orch, job: Path, tmp_path: Path
-) -> None:
-    result = orch("submit", job, "--dry-run", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert dry_run_hosts(result.stdout) == ["localhost"]
-    assert list((tmp_path / "home").iterdir()) == []  # no ~/.orch, no job dir
-
-
 def test_bad_job_file_exits_2_with_error_and_hint_and_no_traceback(
     write: WriteFile, job: Path, tmp_path: Path
 ) -> None:
@@ -237,13 +228,14 @@ def test_jobs_inventory_key_is_used_relative_to_the_job_file(
     assert dry_run_hosts(result.stdout) == ["job"]
 
 
-def test_without_any_inventory_the_job_runs_on_localhost(
+def test_without_any_inventory_the_job_runs_on_localhost_and_a_dry_run_touches_nothing(
     orch: Orch, job: Path, tmp_path: Path
 ) -> None:
     result = orch("submit", job, "--dry-run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert dry_run_hosts(result.stdout) == ["localhost"]
     assert "master localhost at 127.0.0.1:" in result.stdout
+    assert list((tmp_path / "home").iterdir()) == []  # no ~/.orch, no job dir
     command = next(
         line.strip() for line in result.stdout.splitlines() if "torch.distributed" in line
     )
