@@ -13,9 +13,21 @@ from tests.integration.cluster import Cluster, Controller
 
 def ssh_argv(cluster: Cluster, controller: Controller, address: str, command: str) -> list[str]:
     """Plain OpenSSH, as a user types it, with the test cluster's key and known_hosts."""
-    return ["ssh", "-F", "/dev/null", "-i", str(cluster.client_key), "-o", "BatchMode=yes",
-            "-o", f"UserKnownHostsFile={controller.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-            f"root@{address}", command]
+    return [
+        "ssh",
+        "-F",
+        "/dev/null",
+        "-i",
+        str(cluster.client_key),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"UserKnownHostsFile={controller.known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        f"root@{address}",
+        command,
+    ]
 
 
 def tagged_pids(tag: bytes) -> list[int]:
@@ -64,7 +76,9 @@ def wait_ranks_ready(cluster: Cluster, job_id: str, ranks: int, timeout: float =
     while time.monotonic() < deadline:
         ready = 0
         for host in cluster.hosts:
-            for log in (host.home / ".orch" / "jobs" / job_id / host.name / "logs").glob("rank-*.log"):
+            for log in (host.home / ".orch" / "jobs" / job_id / host.name / "logs").glob(
+                "rank-*.log"
+            ):
                 with contextlib.suppress(OSError):
                     ready += b"ready r" in log.read_bytes()
         if ready >= ranks:

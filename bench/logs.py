@@ -48,9 +48,18 @@ def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, in
 
 def raw_cat(cluster: Cluster, controller: Controller, job_id: str) -> tuple[float, int, int]:
     started = time.monotonic()
-    procs = [subprocess.Popen(ssh_argv(cluster, controller, h.address,
-                                       f"cat ~/.orch/jobs/{job_id}/{h.name}/logs/rank-*.log"),
-                              stdout=subprocess.PIPE) for h in cluster.hosts[:HOSTS]]
+    procs = [
+        subprocess.Popen(
+            ssh_argv(
+                cluster,
+                controller,
+                h.address,
+                f"cat ~/.orch/jobs/{job_id}/{h.name}/logs/rank-*.log",
+            ),
+            stdout=subprocess.PIPE,
+        )
+        for h in cluster.hosts[:HOSTS]
+    ]
     size = lines = 0
     for p in procs:
         assert p.stdout is not None
@@ -62,8 +71,13 @@ def raw_cat(cluster: Cluster, controller: Controller, job_id: str) -> tuple[floa
 
 
 def latency(controller: Controller, job: Path, inventory: Path) -> list[float]:
-    proc = subprocess.Popen([*orch_command(), "submit", str(job), "-i", str(inventory)], env=controller.env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [*orch_command(), "submit", str(job), "-i", str(inventory)],
+        env=controller.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     assert proc.stdout is not None
     delays = []
     following_since = None
@@ -81,7 +95,9 @@ def latency(controller: Controller, job: Path, inventory: Path) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--lines", type=int, default=200_000, help="lines per rank")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
@@ -89,22 +105,38 @@ def main() -> None:
     with Cluster(HOSTS) as cluster:
         controller = cluster.new_controller()
         env = controller.env()
-        inventory = cluster.write_inventory(controller.home / "inv.yaml",
-                                            **{h.name: {"slots": SLOTS} for h in cluster.hosts})
+        inventory = cluster.write_inventory(
+            controller.home / "inv.yaml", **{h.name: {"slots": SLOTS} for h in cluster.hosts}
+        )
         flood = controller.home / "flood.yaml"
-        flood.write_text(f"name: flood\nworkdir: {PRINTER}\nscript: printer.py\nnodes: {HOSTS}\n"
-                         f"args: [--lines, '{args.lines}']\n")
-        live_s, _, live_lines = timed([*orch_command(), "submit", str(flood), "-i", str(inventory)], env)
-        job_id = subprocess.run([*orch_command(), "status", "--json"], env=env, capture_output=True,
-                                text=True, check=True).stdout.split('"id": "')[1].split('"')[0]
+        flood.write_text(
+            f"name: flood\nworkdir: {PRINTER}\nscript: printer.py\nnodes: {HOSTS}\n"
+            f"args: [--lines, '{args.lines}']\n"
+        )
+        live_s, _, live_lines = timed(
+            [*orch_command(), "submit", str(flood), "-i", str(inventory)], env
+        )
+        job_id = (
+            subprocess.run(
+                [*orch_command(), "status", "--json"],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            .stdout.split('"id": "')[1]
+            .split('"')[0]
+        )
         orch_runs, raw_runs = [], []
         for _ in range(args.repeat):
             shutil.rmtree(controller.state_dir / "logs" / job_id, ignore_errors=True)
             orch_runs.append(timed([*orch_command(), "logs", job_id], env))
             raw_runs.append(raw_cat(cluster, controller, job_id))
         probe = controller.home / "probe.yaml"
-        probe.write_text(f"name: probe\nworkdir: {PRINTER}\nscript: printer.py\nnodes: {HOSTS}\n"
-                         "args: [--probe, '5']\n")
+        probe.write_text(
+            f"name: probe\nworkdir: {PRINTER}\nscript: printer.py\nnodes: {HOSTS}\n"
+            "args: [--probe, '5']\n"
+        )
         delays = latency(controller, probe, inventory)
 
     lines = HOSTS * SLOTS * args.lines
@@ -122,30 +154,34 @@ def main() -> None:
     p95 = sorted(delays)[int(len(delays) * 0.95)] * 1000
     for line in table:
         print(line)
-    print(f"orch throughput {ratio:.0%} of raw ssh; live submit {live_lines / live_s:,.0f} lines/s; "
-          f"latency median {p50:.0f} ms, p95 {p95:.0f} ms over {len(delays)} lines")
-    body = "\n".join([
-        "## Logs: throughput and latency",
-        "",
-        f"{HOSTS} hosts x {SLOTS} ranks, {args.lines:,} lines of 100 bytes per rank "
-        f"({lines:,} lines, {payload / 1e6:.0f} MB). Both paths read the same finished files on",
-        "the hosts, side by side in the same run (median of "
-        f"{args.repeat}): orch's includes its framing, the local copy it writes and the",
-        "per-line `[host rN]` prefixes; the baseline is raw `cat` over OpenSSH, one per host.",
-        f"{machine()}. Target: at least 50% of raw ssh.",
-        "",
-        *table,
-        "",
-        f"orch reaches **{ratio:.0%}** of raw ssh throughput. Streaming the same job live with an",
-        f"attached `orch submit` (writers and readers sharing the 2 cores): {live_lines / live_s:,.0f} lines/s",
-        f"over the whole run, job start included ({live_s:.1f} s).",
-        "",
-        f"Latency from a rank's print to the controller's stdout ({len(delays)} timestamped lines from",
-        "8 ranks, one every 20 ms each, printed once the controller was following; the hosts share",
-        f"this machine's clock): median **{p50:.0f} ms**, p95 {p95:.0f} ms. Target: median < 200 ms.",
-        "",
-        f"Reproduce: `sudo .venv/bin/python bench/logs.py --lines {args.lines} --repeat {args.repeat}`",
-    ])
+    print(
+        f"orch throughput {ratio:.0%} of raw ssh; live submit {live_lines / live_s:,.0f} lines/s; "
+        f"latency median {p50:.0f} ms, p95 {p95:.0f} ms over {len(delays)} lines"
+    )
+    body = "\n".join(
+        [
+            "## Logs: throughput and latency",
+            "",
+            f"{HOSTS} hosts x {SLOTS} ranks, {args.lines:,} lines of 100 bytes per rank "
+            f"({lines:,} lines, {payload / 1e6:.0f} MB). Both paths read the same finished files on",
+            "the hosts, side by side in the same run (median of "
+            f"{args.repeat}): orch's includes its framing, the local copy it writes and the",
+            "per-line `[host rN]` prefixes; the baseline is raw `cat` over OpenSSH, one per host.",
+            f"{machine()}. Target: at least 50% of raw ssh.",
+            "",
+            *table,
+            "",
+            f"orch reaches **{ratio:.0%}** of raw ssh throughput. Streaming the same job live with an",
+            f"attached `orch submit` (writers and readers sharing the 2 cores): {live_lines / live_s:,.0f} lines/s",
+            f"over the whole run, job start included ({live_s:.1f} s).",
+            "",
+            f"Latency from a rank's print to the controller's stdout ({len(delays)} timestamped lines from",
+            "8 ranks, one every 20 ms each, printed once the controller was following; the hosts share",
+            f"this machine's clock): median **{p50:.0f} ms**, p95 {p95:.0f} ms. Target: median < 200 ms.",
+            "",
+            f"Reproduce: `sudo .venv/bin/python bench/logs.py --lines {args.lines} --repeat {args.repeat}`",
+        ]
+    )
     write_section("logs", body)
 
 

@@ -29,16 +29,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator.check.run import preflight
+from orchestrator.jobs.plan import select_hosts
+from orchestrator.nodes.group import HostGroup
+from orchestrator.nodes.probe import probe
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ssh_argv
 from bench.report import machine, median, write_section
-from orchestrator import launch
-from orchestrator.check import preflight
-from orchestrator.hosts import HostGroup
 from orchestrator.models.inventory import load_inventory
 from orchestrator.models.job import load_job
-from orchestrator.plan import select_hosts
 from orchestrator.transport import ConnectOptions
 from tests.integration.cluster import Cluster, Controller, orch_command, repo_python
 
@@ -92,7 +93,7 @@ def main() -> None:
             master = hosts[0].address
 
             def bare() -> None:
-                group.each(lambda h, t: launch.probe(h, t, master))
+                group.each(lambda h, t: probe(h, t, master))
 
             bare()  # warm the hosts' page cache once, for every contender alike
             for _ in range(args.repeat):

@@ -36,6 +36,10 @@ def write_section(name: str, body: str) -> None:
     text = DOC.read_text() if DOC.exists() else HEADER
     block = f"{start}\n{body.rstrip()}\n{end}"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    text = (
+        pattern.sub(lambda _: block, text)
+        if pattern.search(text)
+        else text.rstrip() + "\n\n" + block + "\n"
+    )
     DOC.parent.mkdir(exist_ok=True)
     DOC.write_text(text)

@@ -30,14 +30,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator.nodes.group import HostGroup
+from orchestrator.sync.manifest import HostMemory, scan_workdir
+from orchestrator.sync.push import push
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report import machine, median, write_section
-from orchestrator.hosts import HostGroup
-from orchestrator.manifest import HostMemory
 from orchestrator.models.inventory import load_inventory
-from orchestrator.push import push
-from orchestrator.sync import scan_workdir
 from orchestrator.transport import ConnectOptions
 from tests.integration.cluster import Cluster, Controller
 
@@ -75,13 +75,30 @@ def edit(path: Path) -> None:
 
 def rsync_all(cluster: Cluster, controller: Controller, n: int, src: Path, dest: str) -> float:
     """Seconds for `rsync -az -e ssh` of `src` to `dest` on the first n hosts, in parallel."""
-    ssh = shlex.join(["ssh", "-F", "/dev/null", "-i", str(cluster.client_key), "-o", "BatchMode=yes",
-                      "-o", f"UserKnownHostsFile={controller.known_hosts}",
-                      "-o", "StrictHostKeyChecking=yes"])
+    ssh = shlex.join(
+        [
+            "ssh",
+            "-F",
+            "/dev/null",
+            "-i",
+            str(cluster.client_key),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"UserKnownHostsFile={controller.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+        ]
+    )
     started = time.monotonic()
-    procs = [subprocess.Popen(["rsync", "-az", "--mkpath", "-e", ssh, f"{src}/", f"root@{h.address}:{dest}/"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-             for h in cluster.hosts[:n]]
+    procs = [
+        subprocess.Popen(
+            ["rsync", "-az", "--mkpath", "-e", ssh, f"{src}/", f"root@{h.address}:{dest}/"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for h in cluster.hosts[:n]
+    ]
     for proc in procs:
         _, err = proc.communicate(timeout=600)
         if proc.returncode != 0:
@@ -92,13 +109,17 @@ def rsync_all(cluster: Cluster, controller: Controller, n: int, src: Path, dest:
 class OrchPusher:
     """orch's push to n hosts over connections opened once, as `orch submit` has them."""
 
-    def __init__(self, cluster: Cluster, controller: Controller, n: int, src: Path, tag: str) -> None:
+    def __init__(
+        self, cluster: Cluster, controller: Controller, n: int, src: Path, tag: str
+    ) -> None:
         self.src = src
         self.tag = tag
         self.jobs = 0
-        inventory = cluster.write_inventory(controller.home / f"inv-{tag}.yaml",
-                                            hosts=[h.name for h in cluster.hosts[:n]],
-                                            defaults={"workdir": f"~/bench-{tag}/orch"})
+        inventory = cluster.write_inventory(
+            controller.home / f"inv-{tag}.yaml",
+            hosts=[h.name for h in cluster.hosts[:n]],
+            defaults={"workdir": f"~/bench-{tag}/orch"},
+        )
         self.hosts = load_inventory(inventory).hosts
         self.memory = HostMemory(controller.state_dir / f"memory-{tag}")
         self.group = HostGroup(self.hosts, ConnectOptions(known_hosts=controller.known_hosts))
@@ -118,7 +139,10 @@ class OrchPusher:
     def check(self, cluster: Cluster) -> None:
         """The last snapshot on every host holds every file (not timed)."""
         for host in cluster.hosts[: len(self.hosts)]:
-            code = cluster.home(host.name) / f"bench-{self.tag}/orch/jobs/bench-{self.jobs}/{host.name}/code"
+            code = (
+                cluster.home(host.name)
+                / f"bench-{self.tag}/orch/jobs/bench-{self.jobs}/{host.name}/code"
+            )
             found = sum(1 for p in code.rglob("*") if p.is_file())
             if found != FILES:
                 raise RuntimeError(f"{host.name}: snapshot holds {found} files, not {FILES}")
@@ -127,8 +151,9 @@ class OrchPusher:
         self.group.close()
 
 
-def alternate(orch: Callable[[], float], rsync: Callable[[], float], before: Callable[[], None],
-              repeat: int) -> tuple[list[float], list[float]]:
+def alternate(
+    orch: Callable[[], float], rsync: Callable[[], float], before: Callable[[], None], repeat: int
+) -> tuple[list[float], list[float]]:
     """Run both `repeat` times, alternating which goes first; `before` prepares each round."""
     o, r = [], []
     for i in range(repeat):
@@ -143,14 +168,19 @@ def alternate(orch: Callable[[], float], rsync: Callable[[], float], before: Cal
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
     rows = []
     firsts: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="orch-bench-sync-") as tmp, Cluster(max(args.hosts)) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="orch-bench-sync-") as tmp,
+        Cluster(max(args.hosts)) as cluster,
+    ):
         src = Path(tmp) / "tree"
         files = make_tree(src)
         controller = cluster.new_controller()
@@ -183,61 +213,89 @@ def main() -> None:
             pusher.check(cluster)
             for p in pushers:
                 p.close()
-            row = (n, median(connect), median(first_o), median(first_r), median(same_o), median(same_r),
-                   median(one_o), median(one_r))
+            row = (
+                n,
+                median(connect),
+                median(first_o),
+                median(first_r),
+                median(same_o),
+                median(same_r),
+                median(one_o),
+                median(one_r),
+            )
             rows.append(row)
-            firsts.append(f"{n} hosts: orch {', '.join(f'{t:.2f}' for t in first_o)}; "
-                          f"rsync {', '.join(f'{t:.2f}' for t in first_r)}")
-            print(f"{n} hosts: first orch {row[2]:.2f} s rsync {row[3]:.2f} s | unchanged orch {row[4]:.3f} s "
-                  f"rsync {row[5]:.3f} s | one file orch {row[6]:.3f} s rsync {row[7]:.3f} s | "
-                  f"connect {row[1]:.2f} s", flush=True)
-            for what, o, r in (("first", first_o, first_r), ("unchanged", same_o, same_r), ("one file", one_o, one_r)):
-                print(f"  {what}: orch {[round(t, 3) for t in o]} rsync {[round(t, 3) for t in r]}", flush=True)
+            firsts.append(
+                f"{n} hosts: orch {', '.join(f'{t:.2f}' for t in first_o)}; "
+                f"rsync {', '.join(f'{t:.2f}' for t in first_r)}"
+            )
+            print(
+                f"{n} hosts: first orch {row[2]:.2f} s rsync {row[3]:.2f} s | unchanged orch {row[4]:.3f} s "
+                f"rsync {row[5]:.3f} s | one file orch {row[6]:.3f} s rsync {row[7]:.3f} s | "
+                f"connect {row[1]:.2f} s",
+                flush=True,
+            )
+            for what, o, r in (
+                ("first", first_o, first_r),
+                ("unchanged", same_o, same_r),
+                ("one file", one_o, one_r),
+            ):
+                print(
+                    f"  {what}: orch {[round(t, 3) for t in o]} rsync {[round(t, 3) for t in r]}",
+                    flush=True,
+                )
 
-    table = ["| hosts | first push: orch / rsync (s) | ratio | unchanged: orch / rsync (s) | ratio "
-             "| one file changed: orch / rsync (s) | ratio | orch connect (s) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    table = [
+        "| hosts | first push: orch / rsync (s) | ratio | unchanged: orch / rsync (s) | ratio "
+        "| one file changed: orch / rsync (s) | ratio | orch connect (s) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for n, conn, fo, fr, so, sr, oo, orr in rows:
-        table.append(f"| {n} | {fo:.2f} / {fr:.2f} | {fo / fr:.2f}x | {so:.3f} / {sr:.3f} | {so / sr:.2f}x "
-                     f"| {oo:.3f} / {orr:.3f} | {oo / orr:.2f}x | {conn:.2f} |")
-    body = "\n".join([
-        "## Code push: orch against rsync",
-        "",
-        f"A tree of {FILES:,} files, {TOTAL_BYTES // 2**20} MB of random data (incompressible), pushed "
-        "to every host in parallel by orch and by `rsync -az -e ssh` (one rsync per host, all at once), "
-        "alternating which goes first: the first push into empty directories, an unchanged resubmit, "
-        "and a resubmit after one 10 kB file changed.",
-        "",
-        "Timed for orch: scanning the workdir (manifest, stat cache; the first push hashes every file) "
-        "and `push.push()` over SSH connections that are already open, which includes building each "
-        "job's snapshot (2,000 hard links) on every host. `orch submit` opens those connections anyway "
-        "to probe the hosts; opening them is shown apart (last column) and is not in the orch figures. "
-        "Timed for rsync: the whole command, which opens its own SSH connection each time (OpenSSH, "
-        "in C; orch uses paramiko). rsync writes into one directory in place; orch builds a new "
-        "immutable snapshot for every job.",
-        "",
-        f"Median of {args.repeat} runs; {machine()}. Targets at 8 hosts: first push at most 1.0x rsync, "
-        "unchanged at most 0.3 s, one changed file at most 0.5 s.",
-        "",
-        *table,
-        "",
-        "Every first push, in seconds (the machine is shared, and it shows): " + "; ".join(firsts) + ".",
-        "",
-        "Where the time goes in a first push: the machine's two cores are shared by the "
-        "controller, every host's sshd and every host's receiver, so what counts is total CPU. "
-        "orch's controller is one Python process (paramiko, AES-GCM) where rsync runs an OpenSSH "
-        "client in C per host; orch makes up for it on the hosts: each round trip's frames go "
-        "unjoined to every host, up to 64 MB a round trip (a 50 MB tree is 2 round trips: a "
-        "4 MB one that asks what the host lacks, then the rest), and the pipe between sshd and "
-        "the receiver is widened to 1 MB, so neither waits on the other every 64 kB. With 2 hosts "
-        "the cores are not yet saturated, and orch's fixed costs weigh more: the first round trip "
-        "waits for the host's answer, and a host's first contact compiles its receiver. "
-        "Resubmits are where orch wins most: one round trip per host checks the whole tree, "
-        "where rsync walks and compares both sides.",
-        "",
-        f"Reproduce: `sudo .venv/bin/python bench/sync.py --hosts {' '.join(map(str, args.hosts))} "
-        f"--repeat {args.repeat}`",
-    ])
+        table.append(
+            f"| {n} | {fo:.2f} / {fr:.2f} | {fo / fr:.2f}x | {so:.3f} / {sr:.3f} | {so / sr:.2f}x "
+            f"| {oo:.3f} / {orr:.3f} | {oo / orr:.2f}x | {conn:.2f} |"
+        )
+    body = "\n".join(
+        [
+            "## Code push: orch against rsync",
+            "",
+            f"A tree of {FILES:,} files, {TOTAL_BYTES // 2**20} MB of random data (incompressible), pushed "
+            "to every host in parallel by orch and by `rsync -az -e ssh` (one rsync per host, all at once), "
+            "alternating which goes first: the first push into empty directories, an unchanged resubmit, "
+            "and a resubmit after one 10 kB file changed.",
+            "",
+            "Timed for orch: scanning the workdir (manifest, stat cache; the first push hashes every file) "
+            "and `push.push()` over SSH connections that are already open, which includes building each "
+            "job's snapshot (2,000 hard links) on every host. `orch submit` opens those connections anyway "
+            "to probe the hosts; opening them is shown apart (last column) and is not in the orch figures. "
+            "Timed for rsync: the whole command, which opens its own SSH connection each time (OpenSSH, "
+            "in C; orch uses paramiko). rsync writes into one directory in place; orch builds a new "
+            "immutable snapshot for every job.",
+            "",
+            f"Median of {args.repeat} runs; {machine()}. Targets at 8 hosts: first push at most 1.0x rsync, "
+            "unchanged at most 0.3 s, one changed file at most 0.5 s.",
+            "",
+            *table,
+            "",
+            "Every first push, in seconds (the machine is shared, and it shows): "
+            + "; ".join(firsts)
+            + ".",
+            "",
+            "Where the time goes in a first push: the machine's two cores are shared by the "
+            "controller, every host's sshd and every host's receiver, so what counts is total CPU. "
+            "orch's controller is one Python process (paramiko, AES-GCM) where rsync runs an OpenSSH "
+            "client in C per host; orch makes up for it on the hosts: each round trip's frames go "
+            "unjoined to every host, up to 64 MB a round trip (a 50 MB tree is 2 round trips: a "
+            "4 MB one that asks what the host lacks, then the rest), and the pipe between sshd and "
+            "the receiver is widened to 1 MB, so neither waits on the other every 64 kB. With 2 hosts "
+            "the cores are not yet saturated, and orch's fixed costs weigh more: the first round trip "
+            "waits for the host's answer, and a host's first contact compiles its receiver. "
+            "Resubmits are where orch wins most: one round trip per host checks the whole tree, "
+            "where rsync walks and compares both sides.",
+            "",
+            f"Reproduce: `sudo .venv/bin/python bench/sync.py --hosts {' '.join(map(str, args.hosts))} "
+            f"--repeat {args.repeat}`",
+        ]
+    )
     write_section("sync", body)
     print("\n".join(table))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,3 +183,15 @@ def _load_gpus(where: Where) -> tuple[int, ...]:
             raise where.error("gpus", "GPU indices must be unique")
         return tuple(value)
     raise where.error("gpus", f"expected a GPU count or a list of GPU indices, got {value!r}")
+
+
+def resolve_inventory(cli_path: Path | None, job_inventory: Path | None) -> Inventory:
+    """-i PATH, else $ORCH_INVENTORY, else the job's `inventory:`, else built-in localhost."""
+    if cli_path is not None:
+        return load_inventory(cli_path)
+    env_path = os.environ.get("ORCH_INVENTORY")
+    if env_path:
+        return load_inventory(Path(env_path))
+    if job_inventory is not None:
+        return load_inventory(job_inventory)
+    return builtin_local_inventory()

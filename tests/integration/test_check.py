@@ -50,10 +50,7 @@ def test_healthy_cluster_passes_with_a_row_per_host(
         assert re.fullmatch(r"ok \d+ ms", ssh)
         assert python == sys.version.split()[0] and torch == TORCH
         assert route == f"eth0 10.77.0.1{i}"
-    assert (
-        "(a free port); reached from node2, node3"
-        in result.stdout
-    )
+    assert "(a free port); reached from node2, node3" in result.stdout
     assert result.stdout.rstrip().endswith("3 hosts: all checks passed")
 
 

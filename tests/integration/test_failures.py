@@ -30,8 +30,13 @@ def wait_for(condition: object, timeout: float, what: str) -> None:
 
 
 def start_attached(orch: OrchRunner, job: Path, inventory: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([*orch_command(), "submit", str(job), "-i", str(inventory)], env=orch.controller.env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*orch_command(), "submit", str(job), "-i", str(inventory)],
+        env=orch.controller.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_ready(proc: subprocess.Popen[str], ranks: int) -> tuple[str, list[str]]:
@@ -48,30 +53,43 @@ def wait_ready(proc: subprocess.Popen[str], ranks: int) -> tuple[str, list[str]]
     raise AssertionError("the job ended before every rank was ready: " + "".join(lines[-20:]))
 
 
-def test_raising_rank_fails_the_job_shows_the_traceback_and_leaves_nothing(cluster: Cluster, orch: OrchRunner,
-                                                                           inventory: Path, tmp_path: Path) -> None:
-    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--fail-rank", "1", "--hang"])
+def test_raising_rank_fails_the_job_shows_the_traceback_and_leaves_nothing(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    job = write_job(
+        tmp_path, "workload", "workload.py", nodes=3, args=["--fail-rank", "1", "--hang"]
+    )
     result = orch("submit", str(job), "-i", str(inventory), timeout=120)
     assert result.returncode == 1, result.stderr
     summary = result.stderr.split("error: ")[-1]
     assert "node node2 exited with code 1; first failure: rank 1, exit code 1" in summary
-    assert "Traceback (most recent call last)" in summary and "RuntimeError: boom from rank 1" in summary
+    assert (
+        "Traceback (most recent call last)" in summary
+        and "RuntimeError: boom from rank 1" in summary
+    )
     assert_no_job_left(cluster, [1, 2, 3])
     assert status_json(orch, job_id_of(result.stdout))["state"] == "failed"
 
 
-def test_sigkilled_rank_fails_the_job_everywhere(cluster: Cluster, orch: OrchRunner, inventory: Path,
-                                                 tmp_path: Path) -> None:
-    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--fail-rank", "2", "--fail-how", "sigkill",
-                                                                         "--hang"])
+def test_sigkilled_rank_fails_the_job_everywhere(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    job = write_job(
+        tmp_path,
+        "workload",
+        "workload.py",
+        nodes=3,
+        args=["--fail-rank", "2", "--fail-how", "sigkill", "--hang"],
+    )
     result = orch("submit", str(job), "-i", str(inventory), timeout=120)
     assert result.returncode == 1, result.stderr
     assert "first failure: rank 2, signal 9 (SIGKILL)" in result.stderr
     assert_no_job_left(cluster, [1, 2, 3])
 
 
-def test_crashed_node_is_lost_and_the_rest_is_torn_down(cluster: Cluster, orch: OrchRunner, inventory: Path,
-                                                        tmp_path: Path) -> None:
+def test_crashed_node_is_lost_and_the_rest_is_torn_down(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--hang"])
     proc = start_attached(orch, job, inventory)
     job_id, _ = wait_ready(proc, 3)
@@ -86,8 +104,9 @@ def test_crashed_node_is_lost_and_the_rest_is_torn_down(cluster: Cluster, orch: 
     assert data["state"] == "failed" and data["nodes"][2]["state"] == "lost"
 
 
-def test_partitioned_node_is_lost_and_orch_kill_cleans_it_after_healing(cluster: Cluster, orch: OrchRunner,
-                                                                         inventory: Path, tmp_path: Path) -> None:
+def test_partitioned_node_is_lost_and_orch_kill_cleans_it_after_healing(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--hang"])
     proc = start_attached(orch, job, inventory)
     job_id, _ = wait_ready(proc, 3)
@@ -104,14 +123,26 @@ def test_partitioned_node_is_lost_and_orch_kill_cleans_it_after_healing(cluster:
     assert_no_job_left(cluster, [1, 2, 3])
 
 
-def test_kill_finds_escaped_daemons_frees_the_port_and_is_idempotent(cluster: Cluster, orch: OrchRunner,
-                                                                      inventory: Path, tmp_path: Path) -> None:
-    job = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--daemon", "--hang"],
-                    rendezvous={"port": 29611})
+def test_kill_finds_escaped_daemons_frees_the_port_and_is_idempotent(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    job = write_job(
+        tmp_path,
+        "workload",
+        "workload.py",
+        nodes=2,
+        args=["--daemon", "--hang"],
+        rendezvous={"port": 29611},
+    )
     job_id = job_id_of(orch("submit", "-d", str(job), "-i", str(inventory), timeout=120).stdout)
-    wait_for(lambda: any("workload" in cmd for _, cmd in job_processes(cluster, 2)), 60, "the job to run")
-    wait_for(lambda: len([c for _, c in job_processes(cluster, 1) if "workload.py" in c]) >= 2, 30,
-             "the escaped daemon")
+    wait_for(
+        lambda: any("workload" in cmd for _, cmd in job_processes(cluster, 2)), 60, "the job to run"
+    )
+    wait_for(
+        lambda: len([c for _, c in job_processes(cluster, 1) if "workload.py" in c]) >= 2,
+        30,
+        "the escaped daemon",
+    )
     started = time.monotonic()
     killed = orch("kill", job_id, timeout=60)
     elapsed = time.monotonic() - started
@@ -126,12 +157,17 @@ def test_kill_finds_escaped_daemons_frees_the_port_and_is_idempotent(cluster: Cl
 
 
 @pytest.mark.parametrize("on_term", ["cleanup", "ignore"])
-def test_kill_gives_ranks_the_grace_then_forces(cluster: Cluster, orch: OrchRunner, inventory: Path,
-                                                tmp_path: Path, on_term: str) -> None:
+def test_kill_gives_ranks_the_grace_then_forces(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path, on_term: str
+) -> None:
     """Ranks that clean up on TERM get to finish; ranks that ignore it are KILLed after the grace."""
-    job = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--on-term", on_term, "--hang"])
+    job = write_job(
+        tmp_path, "workload", "workload.py", nodes=2, args=["--on-term", on_term, "--hang"]
+    )
     job_id = job_id_of(orch("submit", "-d", str(job), "-i", str(inventory), timeout=120).stdout)
-    wait_for(lambda: orch("logs", job_id).stdout.count(" ready r") == 2, 60, "every rank to be ready")
+    wait_for(
+        lambda: orch("logs", job_id).stdout.count(" ready r") == 2, 60, "every rank to be ready"
+    )
     started = time.monotonic()
     killed = orch("kill", job_id, timeout=60)
     elapsed = time.monotonic() - started
@@ -146,10 +182,15 @@ def test_kill_gives_ranks_the_grace_then_forces(cluster: Cluster, orch: OrchRunn
     assert status_json(orch, job_id)["state"] == "killed"
 
 
-def test_killing_one_job_leaves_the_other_running(cluster: Cluster, orch: OrchRunner, inventory: Path,
-                                                  tmp_path: Path) -> None:
-    first = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--hang"]).rename(tmp_path / "first.yaml")
-    keep = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--sleep", "6"]).rename(tmp_path / "keep.yaml")
+def test_killing_one_job_leaves_the_other_running(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    first = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--hang"]).rename(
+        tmp_path / "first.yaml"
+    )
+    keep = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--sleep", "6"]).rename(
+        tmp_path / "keep.yaml"
+    )
     submitted = orch("submit", "-d", str(first), "-i", str(inventory), timeout=120)
     assert submitted.returncode == 0, submitted.stderr
     victim = job_id_of(submitted.stdout)
@@ -163,8 +204,9 @@ def test_killing_one_job_leaves_the_other_running(cluster: Cluster, orch: OrchRu
     assert_no_job_left(cluster, [1, 2])
 
 
-def test_ctrl_c_stops_the_job_everywhere_and_exits_130(cluster: Cluster, orch: OrchRunner, inventory: Path,
-                                                       tmp_path: Path) -> None:
+def test_ctrl_c_stops_the_job_everywhere_and_exits_130(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--hang"])
     proc = start_attached(orch, job, inventory)
     job_id, _ = wait_ready(proc, 3)
@@ -176,14 +218,21 @@ def test_ctrl_c_stops_the_job_everywhere_and_exits_130(cluster: Cluster, orch: O
     assert status_json(orch, job_id)["state"] == "killed"
 
 
-def test_controller_killed_during_launch_leaves_nothing_orch_kill_cannot_find(cluster: Cluster, orch: OrchRunner,
-                                                                              inventory: Path, tmp_path: Path) -> None:
+def test_controller_killed_during_launch_leaves_nothing_orch_kill_cannot_find(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     workdir = tmp_path / "big"
     workdir.mkdir()
-    (workdir / "workload.py").write_bytes((Path(__file__).parent / "jobs/workload/workload.py").read_bytes())
-    (workdir / "weights.bin").write_bytes(bytes(range(256)) * 4096 * 24)  # a push that takes a moment
+    (workdir / "workload.py").write_bytes(
+        (Path(__file__).parent / "jobs/workload/workload.py").read_bytes()
+    )
+    (workdir / "weights.bin").write_bytes(
+        bytes(range(256)) * 4096 * 24
+    )  # a push that takes a moment
     job = tmp_path / "big.yaml"
-    job.write_text(f"name: big\nworkdir: {workdir}\nscript: workload.py\nargs: [--hang]\nnodes: 3\n")
+    job.write_text(
+        f"name: big\nworkdir: {workdir}\nscript: workload.py\nargs: [--hang]\nnodes: 3\n"
+    )
     proc = start_attached(orch, job, inventory)
     store = orch.controller.state_dir / "jobs.db"
 

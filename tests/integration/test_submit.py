@@ -15,14 +15,21 @@ from tests.integration.cluster import REPO_ROOT, Cluster, OrchRunner
 pytestmark = pytest.mark.cluster
 
 JOBS = REPO_ROOT / "tests" / "integration" / "jobs"
-RANK_LINE = re.compile(r"^\[(?P<host>[\w.-]+) r(?P<prefix_rank>\d+)\] rank=(?P<rank>\d+) world=(?P<world>\d+) "
-                       r"local_rank=(?P<local_rank>\d+) node_rank=(?P<node_rank>\d+) host=(?P<hostname>\S+) "
-                       r"sum=(?P<sum>\d+)$")
+RANK_LINE = re.compile(
+    r"^\[(?P<host>[\w.-]+) r(?P<prefix_rank>\d+)\] rank=(?P<rank>\d+) world=(?P<world>\d+) "
+    r"local_rank=(?P<local_rank>\d+) node_rank=(?P<node_rank>\d+) host=(?P<hostname>\S+) "
+    r"sum=(?P<sum>\d+)$"
+)
 
 
 def write_job(tmp_path: Path, job_dir: str, script: str, **keys: Any) -> Path:
     """A job file in tmp_path whose workdir is one of tests/integration/jobs/."""
-    spec = {"name": job_dir.replace("_", "-"), "workdir": str(JOBS / job_dir), "script": script, **keys}
+    spec = {
+        "name": job_dir.replace("_", "-"),
+        "workdir": str(JOBS / job_dir),
+        "script": script,
+        **keys,
+    }
     path = tmp_path / f"{job_dir}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -34,7 +41,11 @@ def rank_lines(stdout: str) -> list[re.Match[str]]:
 
 def job_processes(cluster: Cluster, host: int) -> list[tuple[int, str]]:
     """Every process on a host but its sshd (PID 1) and transient sshd session children."""
-    return [(pid, cmd) for pid, cmd in cluster.host_pids(host) if pid != 1 and not cmd.startswith("sshd")]
+    return [
+        (pid, cmd)
+        for pid, cmd in cluster.host_pids(host)
+        if pid != 1 and not cmd.startswith("sshd")
+    ]
 
 
 def assert_no_job_left(cluster: Cluster, hosts: range | list[int]) -> None:
@@ -42,8 +53,9 @@ def assert_no_job_left(cluster: Cluster, hosts: range | list[int]) -> None:
         assert job_processes(cluster, i) == [], f"processes left on node{i}"
 
 
-def test_two_node_job_streams_every_rank_and_succeeds(cluster: Cluster, orch: OrchRunner, inventory: Path,
-                                                        tmp_path: Path) -> None:
+def test_two_node_job_streams_every_rank_and_succeeds(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=2)
     result = orch("submit", str(job), "-i", str(inventory), timeout=120)
     assert result.returncode == 0, result.stderr
@@ -57,13 +69,19 @@ def test_two_node_job_streams_every_rank_and_succeeds(cluster: Cluster, orch: Or
     assert_no_job_left(cluster, [1, 2])
 
 
-def test_mixed_slots_give_world_four_with_contiguous_ranks(cluster: Cluster, orch: OrchRunner, tmp_path: Path) -> None:
-    inventory = cluster.write_inventory(tmp_path / "inv.yaml", node1={"slots": 1}, node2={"slots": 2},
-                                        node3={"slots": 1})
+def test_mixed_slots_give_world_four_with_contiguous_ranks(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    inventory = cluster.write_inventory(
+        tmp_path / "inv.yaml", node1={"slots": 1}, node2={"slots": 2}, node3={"slots": 1}
+    )
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=3, nproc_per_node="auto")
     result = orch("submit", str(job), "-i", str(inventory), timeout=180)
     assert result.returncode == 0, result.stderr
-    placed = {int(m["rank"]): (m["host"], m["hostname"], m["node_rank"]) for m in rank_lines(result.stdout)}
+    placed = {
+        int(m["rank"]): (m["host"], m["hostname"], m["node_rank"])
+        for m in rank_lines(result.stdout)
+    }
     assert placed == {
         0: ("node1", "node1", "0"),
         1: ("node2", "node2", "1"),
@@ -74,39 +92,59 @@ def test_mixed_slots_give_world_four_with_contiguous_ranks(cluster: Cluster, orc
     assert {m["world"] for m in rank_lines(result.stdout)} == {"4"}
 
 
-def test_failing_rank_exits_1_and_leaves_nothing_running(cluster: Cluster, orch: OrchRunner, inventory: Path,
-                                                         tmp_path: Path) -> None:
+def test_failing_rank_exits_1_and_leaves_nothing_running(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=2, args=["--fail-rank", "1"])
     result = orch("submit", str(job), "-i", str(inventory), timeout=120)
     assert result.returncode == 1, result.stderr
     assert "RuntimeError: boom from rank 1" in result.stdout
     assert "error: job allreduce-" in result.stderr and "failed" in result.stderr
-    assert "Traceback" not in result.stderr.split("error:")[0], "no orch traceback before the error line"
+    assert "Traceback" not in result.stderr.split("error:")[0], (
+        "no orch traceback before the error line"
+    )
     assert_no_job_left(cluster, [1, 2])
 
 
-def test_script_exit_code_makes_the_job_fail(orch: OrchRunner, inventory: Path, tmp_path: Path) -> None:
+def test_script_exit_code_makes_the_job_fail(
+    orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=2, args=["--exit-code", "7"])
     result = orch("submit", str(job), "-i", str(inventory), timeout=120)
     assert result.returncode == 1
     assert "node1" in result.stderr.split("error:")[1]
 
 
-def test_args_and_env_reach_the_script_verbatim_over_ssh(orch: OrchRunner, inventory: Path, tmp_path: Path) -> None:
-    hostile = ["a b", "it's", '"dq"', "$(touch /tmp/orch-pwned)", "; ls", "`id`", "line\nbreak", "-x", "ünï"]
+def test_args_and_env_reach_the_script_verbatim_over_ssh(
+    orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    hostile = [
+        "a b",
+        "it's",
+        '"dq"',
+        "$(touch /tmp/orch-pwned)",
+        "; ls",
+        "`id`",
+        "line\nbreak",
+        "-x",
+        "ünï",
+    ]
     env = {"ORCH_TEST_A": "$HOME; rm -rf / `id` 'q' \"d\"", "ORCH_TEST_B": "x\ny"}
     job = write_job(tmp_path, "echo_args", "echo_args.py", nodes=2, args=hostile, env=env)
     result = orch("submit", str(job), "-i", str(inventory), timeout=120)
     assert result.returncode == 0, result.stderr
-    args_lines = [line.split("ARGS=", 1)[1] for line in result.stdout.splitlines() if "ARGS=" in line]
+    args_lines = [
+        line.split("ARGS=", 1)[1] for line in result.stdout.splitlines() if "ARGS=" in line
+    ]
     env_lines = [line.split("ENV=", 1)[1] for line in result.stdout.splitlines() if "ENV=" in line]
     assert len(args_lines) == 2 and all(json.loads(a) == hostile for a in args_lines)
     assert len(env_lines) == 2 and all(json.loads(e) == env for e in env_lines)
     assert not Path("/tmp/orch-pwned").exists()
 
 
-def test_dry_run_prints_each_host_command_and_touches_no_host(cluster: Cluster, orch: OrchRunner,
-                                                             inventory: Path, tmp_path: Path) -> None:
+def test_dry_run_prints_each_host_command_and_touches_no_host(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=3, rendezvous={"port": 29555})
     result = orch("submit", str(job), "-i", str(inventory), "--dry-run", timeout=60)
     assert result.returncode == 0, result.stderr
@@ -115,9 +153,14 @@ def test_dry_run_prints_each_host_command_and_touches_no_host(cluster: Cluster, 
         assert f"--node-rank {i}" in result.stdout
     assert "--master-addr 10.77.0.11 --master-port 29555" in result.stdout
     for i in (1, 2, 3):
-        assert not (cluster.home(i) / ".orch" / "jobs").exists() or not any(
-            p.name.startswith("allreduce-") for p in (cluster.home(i) / ".orch" / "jobs").iterdir()
-        ) or _only_older_jobs(cluster, i, result.stdout)
+        assert (
+            not (cluster.home(i) / ".orch" / "jobs").exists()
+            or not any(
+                p.name.startswith("allreduce-")
+                for p in (cluster.home(i) / ".orch" / "jobs").iterdir()
+            )
+            or _only_older_jobs(cluster, i, result.stdout)
+        )
 
 
 def _only_older_jobs(cluster: Cluster, host: int, stdout: str) -> bool:
@@ -125,18 +168,23 @@ def _only_older_jobs(cluster: Cluster, host: int, stdout: str) -> bool:
     return not (cluster.home(host) / ".orch" / "jobs" / job_id).exists()
 
 
-def test_code_is_pushed_honouring_gitignore_and_orchignore(cluster: Cluster, orch: OrchRunner, inventory: Path,
-                                                          tmp_path: Path) -> None:
+def test_code_is_pushed_honouring_gitignore_and_orchignore(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     workdir = tmp_path / "code"
     (workdir / "data").mkdir(parents=True)
-    (workdir / "main.py").write_text("import os\nprint('files', sorted(os.listdir('.')), flush=True)\n")
+    (workdir / "main.py").write_text(
+        "import os\nprint('files', sorted(os.listdir('.')), flush=True)\n"
+    )
     (workdir / ".gitignore").write_text("*.ckpt\n")
     (workdir / ".orchignore").write_text("data/\n")
     (workdir / "model.ckpt").write_text("big")
     (workdir / "data" / "x.bin").write_text("big")
     (workdir / "util.py").write_text("")
     job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({"name": "push", "workdir": str(workdir), "script": "main.py", "nodes": 2}))
+    job.write_text(
+        yaml.safe_dump({"name": "push", "workdir": str(workdir), "script": "main.py", "nodes": 2})
+    )
     result = orch("submit", str(job), "-i", str(inventory), timeout=120)
     assert result.returncode == 0, result.stderr
     listed = [line for line in result.stdout.splitlines() if "files [" in line]
@@ -148,7 +196,9 @@ def test_code_is_pushed_honouring_gitignore_and_orchignore(cluster: Cluster, orc
 
 def test_local_inventory_runs_two_nodes_without_ssh(tmp_path: Path, orch: OrchRunner) -> None:
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=2)
-    result = orch("submit", str(job), "-i", str(REPO_ROOT / "inventory" / "local.yaml"), timeout=120)
+    result = orch(
+        "submit", str(job), "-i", str(REPO_ROOT / "inventory" / "local.yaml"), timeout=120
+    )
     assert result.returncode == 0, result.stderr
     placed = sorted((m["host"], int(m["rank"]), m["sum"]) for m in rank_lines(result.stdout))
     assert placed == [("local1", 0, "3"), ("local2", 1, "3")]

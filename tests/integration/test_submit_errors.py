@@ -19,7 +19,11 @@ def assert_nothing_started(cluster: Cluster, hosts: list[int]) -> None:
     """No job directory and no job process on any of these hosts."""
     for i in hosts:
         jobs = cluster.home(i) / ".orch" / "jobs"
-        started = [p.name for p in jobs.iterdir() if p.name.startswith("allreduce-")] if jobs.exists() else []
+        started = (
+            [p.name for p in jobs.iterdir() if p.name.startswith("allreduce-")]
+            if jobs.exists()
+            else []
+        )
         assert started == [], f"job files created on node{i}"
     assert_no_job_left(cluster, hosts)
 
@@ -31,8 +35,9 @@ def clear_jobs(cluster: Cluster) -> None:
             subprocess.run(["rm", "-rf", str(jobs)], check=True)
 
 
-def test_refused_connection_names_the_host_and_starts_nothing(cluster: Cluster, orch: OrchRunner,
-                                                             inventory: Path, tmp_path: Path) -> None:
+def test_refused_connection_names_the_host_and_starts_nothing(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     clear_jobs(cluster)
     cluster.crash(2)
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=3)
@@ -44,8 +49,9 @@ def test_refused_connection_names_the_host_and_starts_nothing(cluster: Cluster, 
     assert_nothing_started(cluster, [1, 3])
 
 
-def test_silent_host_times_out_within_10_seconds(cluster: Cluster, orch: OrchRunner, inventory: Path,
-                                                 tmp_path: Path) -> None:
+def test_silent_host_times_out_within_10_seconds(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
     clear_jobs(cluster)
     cluster.partition(3)
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=3)
@@ -58,20 +64,31 @@ def test_silent_host_times_out_within_10_seconds(cluster: Cluster, orch: OrchRun
     assert_nothing_started(cluster, [1, 2])
 
 
-def test_refused_key_gives_ssh_copy_id_hint(cluster: Cluster, orch: OrchRunner, tmp_path: Path) -> None:
+def test_refused_key_gives_ssh_copy_id_hint(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
     stranger = tmp_path / "stranger_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
-    inventory = cluster.write_inventory(tmp_path / "inv.yaml", node2={"identity_file": str(stranger)})
+    inventory = cluster.write_inventory(
+        tmp_path / "inv.yaml", node2={"identity_file": str(stranger)}
+    )
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=2)
     result = orch("submit", str(job), "-i", str(inventory), timeout=60)
     assert result.returncode == 3, result.stderr
     assert "authentication refused for root@10.77.0.12 (host node2)" in result.stderr
-    assert f"hint: install your public key on the host: ssh-copy-id -i {stranger} root@10.77.0.12" in result.stderr
+    assert (
+        f"hint: install your public key on the host: ssh-copy-id -i {stranger} root@10.77.0.12"
+        in result.stderr
+    )
 
 
-def test_missing_python_names_host_and_path(cluster: Cluster, orch: OrchRunner, tmp_path: Path) -> None:
+def test_missing_python_names_host_and_path(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
     clear_jobs(cluster)
-    inventory = cluster.write_inventory(tmp_path / "inv.yaml", node2={"python": "/opt/nowhere/bin/python"})
+    inventory = cluster.write_inventory(
+        tmp_path / "inv.yaml", node2={"python": "/opt/nowhere/bin/python"}
+    )
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=2)
     result = orch("submit", str(job), "-i", str(inventory), timeout=60)
     assert result.returncode == 3, result.stderr
@@ -79,7 +96,9 @@ def test_missing_python_names_host_and_path(cluster: Cluster, orch: OrchRunner, 
     assert_nothing_started(cluster, [1, 2])
 
 
-def test_python_without_torch_names_host_and_path(cluster: Cluster, orch: OrchRunner, tmp_path: Path) -> None:
+def test_python_without_torch_names_host_and_path(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
     bare = str(Path(sys.base_prefix) / "bin" / "python3")  # the interpreter the venv was made from
     inventory = cluster.write_inventory(tmp_path / "inv.yaml", node1={"python": bare})
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=2)
@@ -88,26 +107,37 @@ def test_python_without_torch_names_host_and_path(cluster: Cluster, orch: OrchRu
     assert f"error: torch is not installed for {bare} (host node1)" in result.stderr
 
 
-def test_unknown_host_key_is_recorded_with_a_notice(cluster: Cluster, inventory: Path, tmp_path: Path) -> None:
+def test_unknown_host_key_is_recorded_with_a_notice(
+    cluster: Cluster, inventory: Path, tmp_path: Path
+) -> None:
     controller = cluster.new_controller(trust_hosts=False)
     run = OrchRunner(controller)
     job = write_job(tmp_path, "echo_args", "echo_args.py", nodes=2)
     first = run("submit", str(job), "-i", str(inventory), timeout=120)
     assert first.returncode == 0, first.stderr
-    assert "added host key for 10.77.0.11" in first.stderr and "added host key for 10.77.0.12" in first.stderr
+    assert (
+        "added host key for 10.77.0.11" in first.stderr
+        and "added host key for 10.77.0.12" in first.stderr
+    )
     recorded = controller.known_hosts.read_text()
     assert cluster.host(1).known_hosts_line().split()[2] in recorded
     second = run("submit", str(job), "-i", str(inventory), timeout=120)
     assert second.returncode == 0 and "added host key" not in second.stderr
 
 
-def test_changed_host_key_is_refused_and_never_replaced(cluster: Cluster, inventory: Path, tmp_path: Path) -> None:
+def test_changed_host_key_is_refused_and_never_replaced(
+    cluster: Cluster, inventory: Path, tmp_path: Path
+) -> None:
     clear_jobs(cluster)
     controller = cluster.new_controller(trust_hosts=True)
     impostor = tmp_path / "impostor"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(impostor)], check=True)
     key_type, key = impostor.with_suffix(".pub").read_text().split()[:2]
-    lines = [line for line in controller.known_hosts.read_text().splitlines() if not line.startswith("10.77.0.12 ")]
+    lines = [
+        line
+        for line in controller.known_hosts.read_text().splitlines()
+        if not line.startswith("10.77.0.12 ")
+    ]
     controller.known_hosts.write_text("\n".join([*lines, f"10.77.0.12 {key_type} {key}"]) + "\n")
     before = controller.known_hosts.read_text()
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=2)

@@ -81,7 +81,7 @@ def job_dir(cluster: Cluster, host: str, job: str) -> Path:
 def pushed_files(stderr: str) -> dict[str, int]:
     """Files sent per host, from the `-v` log line of the push."""
     line = next(
-        line for line in stderr.splitlines() if "INFO orchestrator.service: pushed " in line
+        line for line in stderr.splitlines() if "INFO orchestrator.jobs.submit: pushed " in line
     )
     return {
         host: int(n) for n, host in re.findall(r"(\d+) files \(\d+ kB\) to (\S+?)(?:,|$)", line)

@@ -16,7 +16,9 @@ from tests.integration.cluster import Cluster
 pytestmark = pytest.mark.cluster
 
 
-def test_connection_prefers_aes_gcm_and_moves_bytes_exactly(cluster: Cluster, tmp_path: Path) -> None:
+def test_connection_prefers_aes_gcm_and_moves_bytes_exactly(
+    cluster: Cluster, tmp_path: Path
+) -> None:
     controller = cluster.new_controller()
     host = load_inventory(cluster.write_inventory(tmp_path / "inventory.yaml")).hosts[0]
     transport = SshTransport(host, ConnectOptions(known_hosts=controller.known_hosts))

@@ -13,19 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.allreduce_bench import (
+from orchestrator.check.allreduce import (
     BENCH_HEADER,
     SizeResult,
     choose_backend,
     format_row,
     parse_sizes,
 )
-from orchestrator.check import HostStatus
-from orchestrator.check_view import host_cells
-from orchestrator.execute import PGID_MARK, remote_command
+from orchestrator.check.run import HostStatus
+from orchestrator.cli.check_view import host_cells
+from orchestrator.jobs.plan import HostFacts
 from orchestrator.models.errors import InputError
 from orchestrator.models.inventory import Host
-from orchestrator.plan import HostFacts
+from orchestrator.nodes.execute import PGID_MARK, remote_command
 from tests.unit.conftest import Orch, WriteFile
 
 LOCAL_PAIR = """

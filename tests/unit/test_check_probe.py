@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.launch import describe_holder, facts_from_probe
+from orchestrator.nodes.probe import describe_holder, facts_from_probe
 from orchestrator.remote import supervisor as sup
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -112,13 +112,20 @@ def test_free_port_is_free() -> None:
 def test_holder_description_keeps_both_ends_of_a_long_command() -> None:
     long = {"pid": 42, "command": "python -c " + "x" * 100 + " leftover-trainer", "user": "bob"}
     text = describe_holder(long)
-    assert text.startswith("pid 42 (python -c xxx") and text.endswith("leftover-trainer) of user bob")
+    assert text.startswith("pid 42 (python -c xxx") and text.endswith(
+        "leftover-trainer) of user bob"
+    )
     hidden = describe_holder({"pid": None, "user": "alice"})
     assert hidden.startswith("a process of user alice (hidden")
 
 
 def test_probe_answers_in_one_json_line_without_importing_torch(tmp_path: Path) -> None:
-    options = {"master": "127.0.0.1", "port": 1, "workdir": str(tmp_path), "modules": ["json", "nope_x"]}
+    options = {
+        "master": "127.0.0.1",
+        "port": 1,
+        "workdir": str(tmp_path),
+        "modules": ["json", "nope_x"],
+    }
     source = (Path(sup.__file__)).read_bytes()
     result = subprocess.run(
         [sys.executable, "-X", "importtime", "-", "probe", json.dumps(options)],
@@ -140,7 +147,11 @@ def test_probe_answers_in_one_json_line_without_importing_torch(tmp_path: Path) 
 def test_probe_json_of_a_gpu_host_becomes_host_facts() -> None:
     data = json.loads(fixture("probe-a100-gpu-lost.json"))
     facts = facts_from_probe(data, received_at=data["time"] - 0.5)
-    assert (facts.torch_version, facts.torch_cuda, facts.nccl_version) == ("2.5.1+cu124", "12.4", "2.21.5")
+    assert (facts.torch_version, facts.torch_cuda, facts.nccl_version) == (
+        "2.5.1+cu124",
+        "12.4",
+        "2.21.5",
+    )
     assert facts.gpu_count == 7 and facts.gpu_names == ("NVIDIA A100-SXM4-80GB",) * 7
     assert facts.gpu_error is not None and "GPU is lost" in facts.gpu_error
     assert ("192.168.100.7", "ib0") in facts.addresses

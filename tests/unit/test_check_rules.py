@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.check_rules import (
+from orchestrator.check.rules import (
     PreflightError,
     Problem,
     Severity,
@@ -21,10 +21,10 @@ from orchestrator.check_rules import (
     port_problems,
     reach_problems,
 )
-from orchestrator.launch import facts_from_probe
+from orchestrator.jobs.plan import HostFacts
 from orchestrator.models.errors import EXIT_INFRA
 from orchestrator.models.inventory import Host
-from orchestrator.plan import HostFacts
+from orchestrator.nodes.probe import facts_from_probe
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HEALTHY = HostFacts(
@@ -56,9 +56,13 @@ def test_healthy_host_has_no_problem() -> None:
 
 
 def test_fewer_gpus_than_declared_is_an_error_naming_both_counts() -> None:
-    problem = only(host_problems(host("gpu-node7", gpus=tuple(range(8)), slots=8), gpu_host_facts(), {}))
+    problem = only(
+        host_problems(host("gpu-node7", gpus=tuple(range(8)), slots=8), gpu_host_facts(), {})
+    )
     assert problem.severity is Severity.ERROR and problem.topic == "gpus"
-    assert problem.message.startswith("nvidia-smi shows 7 GPUs, inventory declares 8: Unable to determine")
+    assert problem.message.startswith(
+        "nvidia-smi shows 7 GPUs, inventory declares 8: Unable to determine"
+    )
     assert problem.message.endswith("(host gpu-node7)")
     assert "fallen off the bus" in problem.hint and "gpus:" in problem.hint
 
@@ -75,7 +79,9 @@ def test_all_declared_gpus_seen_is_fine() -> None:
 
 
 def test_no_driver_on_a_gpu_host_is_an_error_with_nvidia_smis_words() -> None:
-    facts = HostFacts(torch_version="2.5.1+cu124", gpu_count=None, gpu_error="NVIDIA-SMI has failed")
+    facts = HostFacts(
+        torch_version="2.5.1+cu124", gpu_count=None, gpu_error="NVIDIA-SMI has failed"
+    )
     problem = only(host_problems(host(gpus=(0, 1)), facts, {}))
     assert problem.is_error and "cannot count GPUs (NVIDIA-SMI has failed)" in problem.message
 
@@ -91,16 +97,24 @@ def test_undeclared_gpus_and_cpu_torch_are_warnings() -> None:
 
 
 def test_no_route_to_master_is_an_error() -> None:
-    facts = HostFacts(torch_version="2.13.0", route_error="RTNETLINK answers: Network is unreachable")
+    facts = HostFacts(
+        torch_version="2.13.0", route_error="RTNETLINK answers: Network is unreachable"
+    )
     problem = only(host_problems(host(), facts, {}))
     assert problem.is_error and problem.topic == "route"
-    assert problem.message == "no route to the master: RTNETLINK answers: Network is unreachable (host node2)"
+    assert (
+        problem.message
+        == "no route to the master: RTNETLINK answers: Network is unreachable (host node2)"
+    )
 
 
 def test_ifname_set_to_a_missing_interface_is_an_error() -> None:
     problem = only(host_problems(host(), HEALTHY, {"GLOO_SOCKET_IFNAME": "ens3"}))
     assert problem.is_error
-    assert problem.message == "GLOO_SOCKET_IFNAME=ens3 matches no interface (it has eth0, lo) (host node2)"
+    assert (
+        problem.message
+        == "GLOO_SOCKET_IFNAME=ens3 matches no interface (it has eth0, lo) (host node2)"
+    )
     assert "let orch choose eth0" in problem.hint
 
 
@@ -112,7 +126,9 @@ def test_ifname_set_to_another_interface_than_the_route_is_a_warning() -> None:
     )
     problem = only(host_problems(host(), facts, {"NCCL_SOCKET_IFNAME": "eth0"}))
     assert problem.severity is Severity.WARNING
-    assert "NCCL_SOCKET_IFNAME=eth0, but the route to the master goes through eth1" in problem.message
+    assert (
+        "NCCL_SOCKET_IFNAME=eth0, but the route to the master goes through eth1" in problem.message
+    )
 
 
 @pytest.mark.parametrize(
@@ -182,7 +198,10 @@ def test_differing_nccl_is_a_warning() -> None:
         "node2": HostFacts(torch_version="2.5.1", nccl_version="2.20.3"),
     }
     problem = only(cluster_problems(hosts, facts))
-    assert problem.severity is Severity.WARNING and "NCCL 2.20.3 differs from 2.21.5" in problem.message
+    assert (
+        problem.severity is Severity.WARNING
+        and "NCCL 2.20.3 differs from 2.21.5" in problem.message
+    )
 
 
 def test_pinned_busy_port_is_an_error_naming_port_and_holder() -> None:
@@ -199,7 +218,10 @@ def test_pinned_busy_port_is_an_error_naming_port_and_holder() -> None:
 def test_unreachable_port_names_the_node_that_failed() -> None:
     problem = only(reach_problems("node1", "10.77.0.11", 29500, {"node3": "connection refused"}))
     assert problem.host == "node3" and problem.is_error
-    assert "cannot connect to the master node1 at 10.77.0.11:29500: connection refused" in problem.message
+    assert (
+        "cannot connect to the master node1 at 10.77.0.11:29500: connection refused"
+        in problem.message
+    )
     assert "open TCP port 29500 on node1" in problem.hint
 
 
@@ -230,7 +252,9 @@ def test_preflight_error_prints_every_problem_as_an_error_hint_pair() -> None:
 def test_the_same_problem_on_several_hosts_is_said_once() -> None:
     facts = HostFacts(torch_version="2.13.0", iface="eth0", addresses=(("10.77.0.12", "eth0"),))
     env = {"GLOO_SOCKET_IFNAME": "ens3"}
-    found = [p for name in ("node1", "node2", "node3") for p in host_problems(host(name), facts, env)]
+    found = [
+        p for name in ("node1", "node2", "node3") for p in host_problems(host(name), facts, env)
+    ]
     found += host_problems(host("node3"), HostFacts(torch_version="2.13.0", clock_offset_s=9.0), {})
     merged = merge_hosts(found)
     assert [p.message for p in merged] == [

@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from orchestrator.cli import ConsoleReporter, app
+from orchestrator.cli.app import app
+from orchestrator.cli.console import ConsoleReporter
 from orchestrator.models.errors import SpecError
 from tests.unit.conftest import Orch, WriteFile
 
@@ -282,5 +283,7 @@ def test_output_prefixes_every_line_and_ends_with_a_newline(data: bytes, rank: i
     reporter.output("node1", rank, data)
     prefix = f"[node1 r{rank}] " if rank is not None else "[node1] "
     text = data.decode("utf-8", "replace")
-    expected = "".join(prefix + line + "\n" for line in text.split("\n")[: -1 if text.endswith("\n") else None])
+    expected = "".join(
+        prefix + line + "\n" for line in text.split("\n")[: -1 if text.endswith("\n") else None]
+    )
     assert out.getvalue().decode("utf-8") == (expected if data else "")

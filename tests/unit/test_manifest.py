@@ -7,9 +7,9 @@ import os
 import time
 from pathlib import Path
 
-from orchestrator.manifest import HostMemory, Tree, scan
-from orchestrator.push import ASK_FIRST_BYTES, HostPlan
-from orchestrator.sync import collect_files
+from orchestrator.sync.ignore import collect_files
+from orchestrator.sync.manifest import HostMemory, Tree, scan
+from orchestrator.sync.push import ASK_FIRST_BYTES, HostPlan
 
 OLD = time.time() - 3600  # an mtime well outside the racy window
 

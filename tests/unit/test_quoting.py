@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import launch
+from orchestrator.jobs.plan import build_plan
 from orchestrator.models.inventory import Host
 from orchestrator.models.job import JobSpec
-from orchestrator.plan import build_plan
-from orchestrator.shell import sh_join, sh_path
+from orchestrator.nodes import ops
+from orchestrator.nodes.shell import sh_join, sh_path
 
 SH = "/bin/sh"
 # What /bin/sh cannot carry: NUL ends a C string. Surrogates are not text.
@@ -159,7 +159,7 @@ def test_job_args_and_env_reach_the_supervisor_byte_identical(
     (node,) = build_plan(job, [host], JOB_ID, "10.77.0.11", 29500).nodes
     spec = json.dumps({"argv": list(node.argv), "env": node.env})  # as launch.start sends it
 
-    cwd, argv = run_supervisor_command(launch._supervisor(node, "start", ".", spec), home)
+    cwd, argv = run_supervisor_command(ops._supervisor(node, "start", ".", spec), home)
 
     assert cwd == home / "work 'dir' $x" / "jobs" / JOB_ID / "n1"
     assert argv == ["orch_supervisor.py", "start", ".", spec]
@@ -176,5 +176,5 @@ def test_follow_command_reaches_the_supervisor_intact(
     job = JobSpec(path="j", name="q", workdir=Path("."), script="t.py", module=None)
     (node,) = build_plan(job, [host], JOB_ID, "10.77.0.11", 29500).nodes
     offsets = {"node": 12, "3": 4096}
-    _, argv = run_supervisor_command(launch.follow_command(node, offsets), home)
+    _, argv = run_supervisor_command(ops.follow_command(node, offsets), home)
     assert argv == ["orch_supervisor.py", "follow", ".", json.dumps(offsets)]

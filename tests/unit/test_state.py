@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.jobs.watch import root_cause
 from orchestrator.models.errors import InfraError, InputError
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState, job_state, node_state
-from orchestrator.service import root_cause
-from orchestrator.state import JobRecord, NodeRecord, Store
+from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 
 S, F, K, L, R, P = (
     JobState.SUCCEEDED,
@@ -39,7 +39,7 @@ def record(job_id: str, hosts: int = 2) -> JobRecord:
 
 
 def test_a_record_round_trips_with_its_hosts(tmp_path: Path) -> None:
-    store = Store(tmp_path)
+    store = JobDB(tmp_path)
     store.add(record("train-abc123"))
     got = store.get("train-abc123")
     assert got.nodes[1].host == Host(name="node2", address="10.77.0.12", gpus=(0, 1), labels=("a",))
@@ -48,7 +48,7 @@ def test_a_record_round_trips_with_its_hosts(tmp_path: Path) -> None:
 
 
 def test_states_stamp_start_and_end_once(tmp_path: Path) -> None:
-    store = Store(tmp_path)
+    store = JobDB(tmp_path)
     store.add(record("j-1"))
     store.update_job("j-1", R)
     started = store.get("j-1").started
@@ -60,7 +60,7 @@ def test_states_stamp_start_and_end_once(tmp_path: Path) -> None:
 
 
 def test_unknown_id_suggests_the_nearest_and_prefixes_work(tmp_path: Path) -> None:
-    store = Store(tmp_path)
+    store = JobDB(tmp_path)
     for job_id in ("digits-3fa9c2", "digits-3fa9d7", "other-000001"):
         store.add(record(job_id))
     assert store.get("other").id == "other-000001"
@@ -74,12 +74,12 @@ def test_unknown_id_suggests_the_nearest_and_prefixes_work(tmp_path: Path) -> No
 def test_a_corrupt_store_says_how_to_move_it_away(tmp_path: Path) -> None:
     (tmp_path / "jobs.db").write_bytes(b"garbage" * 1000)
     with pytest.raises(InfraError) as err:
-        Store(tmp_path).jobs()
+        JobDB(tmp_path).jobs()
     assert "unreadable" in err.value.message and "mv " in err.value.hint
 
 
 def _writer(home: str, worker: int) -> None:
-    store = Store(Path(home))
+    store = JobDB(Path(home))
     for i in range(15):
         job_id = f"w{worker}-{i:06d}"
         store.add(record(job_id))
@@ -95,7 +95,7 @@ def test_concurrent_writers_lose_no_record(tmp_path: Path) -> None:
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    jobs = Store(tmp_path).jobs()
+    jobs = JobDB(tmp_path).jobs()
     assert len(jobs) == 90 and all(j.state is R and j.nodes[0].state is S for j in jobs)
     with sqlite3.connect(tmp_path / "jobs.db") as db:
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

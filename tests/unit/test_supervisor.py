@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.logstore import LogMirror
+from orchestrator.records.logmirror import LogMirror
 from orchestrator.remote import supervisor as sup
 
 F_GETPIPE_SZ = 1032  # Linux

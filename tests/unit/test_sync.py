@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.manifest import Entry, Tree
-from orchestrator.sync import collect_files, scan_workdir, supervisor_source
+from orchestrator.nodes.agent import supervisor_source
+from orchestrator.sync.ignore import collect_files
+from orchestrator.sync.manifest import Entry, Tree, scan_workdir
 from tests.hostile_names import TEXT_NAMES
 
 

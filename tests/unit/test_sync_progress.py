@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from orchestrator.cli import ConsoleReporter
-from orchestrator.push import PushProgress
+from orchestrator.cli.console import ConsoleReporter
+from orchestrator.sync.push import PushProgress
 
 
 class Terminal(io.TextIOWrapper):
@@ -42,7 +42,9 @@ def run_push(monkeypatch: pytest.MonkeyPatch, tty: bool, seconds: float) -> str:
     return out.text() + err.text()
 
 
-def test_a_push_over_a_second_shows_each_host_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_push_over_a_second_shows_each_host_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     shown = run_push(monkeypatch, tty=True, seconds=1.2)
     assert "pushing code to node1" in shown and "pushing code to node2" in shown
     assert "3/10 files" in shown and "3.0/10.0 MB" in shown

@@ -17,20 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import push as push_module
-from orchestrator import wire
-from orchestrator.hosts import HostGroup
-from orchestrator.manifest import HostMemory
 from orchestrator.models.errors import InfraError
 from orchestrator.models.inventory import Host
-from orchestrator.push import PushProgress, PushResult, push
-from orchestrator.sync import (
-    collect_garbage,
-    packed_supervisor,
-    scan_workdir,
-    store_dir,
-    supervisor_command,
-)
+from orchestrator.nodes.agent import packed_supervisor, supervisor_command
+from orchestrator.nodes.group import HostGroup
+from orchestrator.sync import push as push_module
+from orchestrator.sync import wire
+from orchestrator.sync.gc import collect_garbage
+from orchestrator.sync.manifest import HostMemory, scan_workdir
+from orchestrator.sync.push import PushProgress, PushResult, push
+from orchestrator.sync.store import store_dir
 from orchestrator.transport import ConnectOptions
 from tests.hostile_names import HOSTILE_NAMES
 
@@ -243,7 +239,9 @@ def test_progress_reports_every_host_up_to_its_totals(pusher: Pusher) -> None:
     assert pusher.updates[0].files_done == 0
 
 
-def test_progress_moves_within_a_round_trip(pusher: Pusher, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_progress_moves_within_a_round_trip(
+    pusher: Pusher, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A round trip holds up to 64 MB: the bar must not wait for its end to move."""
     monkeypatch.setattr(push_module, "PROGRESS_EVERY_S", 0.0)
     for i in range(5):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import wire
+from orchestrator.sync import wire
 
 
 def read_frames(data: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -53,7 +53,9 @@ def test_text_travels_compressed_and_random_bytes_as_they_are(tmp_path: Path) ->
     noise = os.urandom(100_000)
     (tmp_path / "t.py").write_bytes(text)
     (tmp_path / "n.bin").write_bytes(noise)
-    info, data = decode(wire.encode_piece(tmp_path, wire.Piece("kt", "t.py", 0, len(text), len(text))))
+    info, data = decode(
+        wire.encode_piece(tmp_path, wire.Piece("kt", "t.py", 0, len(text), len(text)))
+    )
     assert info == {"k": "kt", "off": 0, "size": len(text), "z": 1} and data == text
     piece = wire.Piece("kn", "n.bin", 50_000, 50_000, 100_000)
     info, data = decode(wire.encode_piece(tmp_path, piece))

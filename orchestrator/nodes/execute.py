@@ -15,7 +15,6 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from orchestrator.hosts import HostGroup
 from orchestrator.models.errors import (
     EXIT_INFRA,
     HostError,
@@ -24,6 +23,7 @@ from orchestrator.models.errors import (
     OrchError,
 )
 from orchestrator.models.inventory import Host, Inventory
+from orchestrator.nodes.group import HostGroup
 from orchestrator.transport import ConnectOptions, Transport
 
 log = logging.getLogger(__name__)

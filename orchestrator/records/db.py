@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from typing import Any
 from orchestrator.models.errors import InfraError, InputError
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
+from orchestrator.records.home import orch_home
 
 DB_NAME = "jobs.db"
 _SCHEMA = """
@@ -53,11 +53,6 @@ CREATE TABLE IF NOT EXISTS nodes (
     PRIMARY KEY (job_id, host)
 );
 """
-
-
-def orch_home() -> Path:
-    """Where the controller keeps its state: $ORCH_HOME, else ~/.local/state/orch."""
-    return Path(os.environ.get("ORCH_HOME") or Path.home() / ".local" / "state" / "orch")
 
 
 @dataclass
@@ -115,7 +110,7 @@ def _host_from_json(text: str) -> Host:
     return Host(**data)
 
 
-class Store:
+class JobDB:
     """The job records of this controller."""
 
     def __init__(self, home: Path | None = None) -> None:

@@ -104,3 +104,11 @@ class HostGroup:
 
 def _combined(failures: list[OrchError], succeeded: list[str]) -> OrchError:
     return failures[0] if len(failures) == 1 else MultiHostError(failures, succeeded=succeeded)
+
+
+def connect_reachable(
+    hosts: Sequence[Host], notice: Callable[[str], None]
+) -> tuple[HostGroup, list[OrchError]]:
+    """A group of whichever of `hosts` answer, and the errors of those that do not."""
+    group = HostGroup(hosts, ConnectOptions(notice=notice))
+    return group, group.connect(tolerate=True)

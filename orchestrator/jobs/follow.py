@@ -20,9 +20,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
-from orchestrator.launch import NodeRef, follow_command
-from orchestrator.logstore import LogMirror, rank_of
 from orchestrator.models.errors import OrchError
+from orchestrator.nodes.ops import NodeRef, follow_command
+from orchestrator.records.logmirror import LogMirror, rank_of
 from orchestrator.transport import RemoteProcess, Transport
 
 log = logging.getLogger(__name__)

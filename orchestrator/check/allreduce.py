@@ -21,11 +21,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator import service
+from orchestrator.jobs.plan import select_hosts
+from orchestrator.jobs.submit import Submission, new_job_id, submit
 from orchestrator.models.errors import InputError
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
-from orchestrator.plan import select_hosts
 
 MARK = "@orch-allreduce "
 SCRIPT = "allreduce.py"
@@ -161,8 +161,8 @@ def run_allreduce(
         job = bench_job([h.name for h in hosts], spec, workdir)
         selected = select_hosts(job, inventory)
         collector = _Collector(listener)
-        sub = service.Submission(job, selected, service.new_job_id(job.name))
-        service.submit(sub, collector)
+        sub = Submission(job, selected, new_job_id(job.name))
+        submit(sub, collector)
         return collector.results
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from orchestrator.jobs.plan import IFNAME_VARS, HostFacts
 from orchestrator.models.errors import InfraError, OrchError
 from orchestrator.models.inventory import Host
-from orchestrator.plan import IFNAME_VARS, HostFacts
 
 LOW_DISK_BYTES = 1 << 30
 CLOCK_WARN_S = 1.0
@@ -143,7 +143,7 @@ def host_problems(host: Host, facts: HostFacts, env: Mapping[str, str]) -> list[
 
 
 def _torch_problems(host: Host, facts: HostFacts) -> list[Problem]:
-    # A missing torch is the probe's own error (launch.torch_missing), as submit shows it.
+    # A missing torch is the probe's own error (nodes/probe.py torch_missing), as submit shows it.
     if facts.gpu_count and facts.torch_version and not facts.torch_cuda:
         return [
             _warning(

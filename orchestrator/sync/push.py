@@ -28,9 +28,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator import wire
-from orchestrator.hosts import HostGroup
-from orchestrator.manifest import HostMemory, Tree
 from orchestrator.models.errors import (
     HostError,
     InfraError,
@@ -39,15 +36,16 @@ from orchestrator.models.errors import (
     RemoteCommandError,
 )
 from orchestrator.models.inventory import Host
-from orchestrator.sync import (
+from orchestrator.nodes.agent import (
     SHELL_NOT_FOUND,
-    host_key,
     last_json,
     packed_supervisor,
-    snapshot_retention,
-    store_dir,
     supervisor_command,
 )
+from orchestrator.nodes.group import HostGroup
+from orchestrator.sync import wire
+from orchestrator.sync.manifest import HostMemory, Tree
+from orchestrator.sync.store import host_key, snapshot_retention, store_dir
 from orchestrator.transport import Transport
 
 ROUND_TRIP_TIMEOUT_S = 600.0

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from orchestrator.hosts import HostGroup
 from orchestrator.models.errors import HostError, OrchError
 from orchestrator.models.inventory import Host
-from orchestrator.shell import sh_path
+from orchestrator.nodes.group import HostGroup
+from orchestrator.nodes.shell import sh_path
 from orchestrator.transport import RemoteProcess, Transport
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,8 @@ from functools import cached_property
 from pathlib import Path
 
 from orchestrator.models.errors import InputError
-from orchestrator.state import orch_home
+from orchestrator.records.home import orch_home
+from orchestrator.sync.ignore import collect_files
 
 log = logging.getLogger(__name__)
 
@@ -252,3 +253,12 @@ class HostMemory:
             tmp.replace(path)
         except OSError as exc:
             log.debug("cannot remember the store of %s: %s", host_key, exc)
+
+
+def scan_workdir(root: Path, exclude: Iterable[str] = ()) -> Tree:
+    """The manifest of what a job pushes from `root` (hashes from the stat cache).
+
+    Raises:
+        InputError: a file cannot be read.
+    """
+    return scan(root, collect_files(root, exclude))

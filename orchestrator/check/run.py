@@ -13,9 +13,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from orchestrator import check_net, launch
-from orchestrator.check_net import Throughput
-from orchestrator.check_rules import (
+from orchestrator.check.net import Throughput, bandwidth, reachability
+from orchestrator.check.rules import (
     PreflightError,
     Problem,
     bandwidth_problems,
@@ -26,11 +25,12 @@ from orchestrator.check_rules import (
     reach_problems,
     unusable,
 )
-from orchestrator.hosts import HostGroup
+from orchestrator.jobs.plan import HostFacts, select_hosts, static_master_addr
 from orchestrator.models.errors import HostError, OrchError
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
-from orchestrator.plan import HostFacts, select_hosts, static_master_addr
+from orchestrator.nodes.group import HostGroup
+from orchestrator.nodes.probe import probe, probe_host, torch_missing
 from orchestrator.transport import ConnectOptions, Transport
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def run_check(
         def inspect(host: Host, transport: Transport) -> HostStatus:
             port = wanted if host.name == master.name else None
             try:
-                found = launch.probe_host(host, transport, master_addr, port, True, modules)
+                found = probe_host(host, transport, master_addr, port, True, modules)
             except OrchError as exc:
                 return HostStatus(host, error=exc, error_topic="python")
             return HostStatus(host, found.facts, ssh_ms=_round_trip_ms(host, transport))
@@ -132,7 +132,7 @@ def run_check(
         throughput = None
         if measure_bandwidth and master_addr and master in usable:
             others = [h for h in usable if h.name != master.name]
-            throughput = check_net.bandwidth(group, master, master_addr, others)
+            throughput = bandwidth(group, master, master_addr, others)
     problems = merge_hosts(_judge(hosts, statuses, job, rendezvous, throughput))
     return CheckReport(statuses, master_addr, rendezvous, throughput, tuple(problems))
 
@@ -149,7 +149,7 @@ def preflight(job: JobSpec, hosts: Sequence[Host], group: HostGroup) -> Prefligh
     wanted = job.rendezvous_port or DEFAULT_PORT
     modules = _modules_to_find(job)
     probes = group.each(
-        lambda h, t: launch.probe(
+        lambda h, t: probe(
             h,
             t,
             master_addr,
@@ -200,7 +200,7 @@ def _test_rendezvous(
         return result  # nothing to test against: the port is someone else's
     # Nodes on the master's own machine reach it over loopback: nothing to learn there.
     others = [h for h in usable if h.name != master.name and not (h.is_local and master.is_local)]
-    unreachable = check_net.reachability(group, master, master_addr, port, others)
+    unreachable = reachability(group, master, master_addr, port, others)
     tested = tuple(h.name for h in others)
     return replace(result, tested=tested, unreachable=unreachable)
 
@@ -218,7 +218,7 @@ def _judge(
         if status.error is not None:
             problems.append(unusable(status.host, status.error, status.error_topic))
         elif status.facts is not None and not status.facts.torch_version:
-            problems.append(unusable(status.host, launch.torch_missing(status.host), "torch"))
+            problems.append(unusable(status.host, torch_missing(status.host), "torch"))
         elif status.facts is not None:
             facts[status.host.name] = status.facts
             problems += host_problems(status.host, status.facts, _job_env(status.host, job))
@@ -249,7 +249,7 @@ def _master_addr(group: HostGroup, master: Host) -> str:
     if static is not None:
         return static
     # A DNS name or ssh alias: use the address the master's sshd was reached at.
-    first = group.each(lambda h, t: launch.probe_host(h, t, gpus=False), only=[master.name])
+    first = group.each(lambda h, t: probe_host(h, t, gpus=False), only=[master.name])
     ssh_addr = first[master.name].ssh_addr
     if not ssh_addr:
         raise HostError(

@@ -1,0 +1,60 @@
+"""The `orch` command line: parse, print, exit. The only module that does any of those.
+
+Results go to stdout (the job id, the ranks' lines), diagnostics to stderr. Every
+OrchError is caught in `main` and shown as `error: ...` and `hint: ...` with its exit
+code; no traceback ever reaches the user.
+
+Each verb is its own `cmd_*` module; `app` holds the options they share and
+`console` what a running job shows.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import NoReturn
+
+# The verbs register themselves on `app`, in the order `orch --help` lists them.
+# isort: off
+from orchestrator.cli import (  # noqa: F401
+    cmd_submit,
+    cmd_status,
+    cmd_logs,
+    cmd_kill,
+    cmd_check,
+    cmd_exec,
+    cmd_bench,
+    cmd_gc,
+)
+
+# isort: on
+from orchestrator.cli.app import app
+from orchestrator.cli.console import ConsoleReporter
+from orchestrator.models.errors import EXIT_INTERRUPTED, OrchError
+
+__all__ = ["ConsoleReporter", "app", "main"]
+
+
+def main() -> NoReturn:
+    """Entry point: run the app; map errors to `error:`/`hint:` lines and exit codes.
+
+    typer itself turns usage errors into exit 2 and Ctrl-C into exit 130.
+    """
+    try:
+        app()
+    except OrchError as exc:
+        _fail(exc.message, exc.hint, exc.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted", "", EXIT_INTERRUPTED)
+    except Exception as exc:  # anything unforeseen: still never a traceback
+        logging.getLogger(__name__).debug("unexpected error", exc_info=True)
+        _fail(f"internal error: {exc!r}", "run again with -vv and report the output", 1)
+    sys.exit(0)
+
+
+def _fail(message: str, hint: str, code: int) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.write(f"error: {message}\n")
+    if hint:
+        sys.stderr.write(f"hint: {hint}\n")
+    sys.exit(code)

@@ -1,0 +1,56 @@
+"""The typer app that every `cmd_*` module adds its verb to, and the options they share."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    name="orch",
+    help="Launch PyTorch distributed training on machines you can reach over SSH.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+InventoryOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "-i", "--inventory", help="Inventory file (else $ORCH_INVENTORY, the job's, localhost)."
+    ),
+]
+
+
+@app.callback()
+def _root(
+    verbose: Annotated[
+        int, typer.Option("-v", "--verbose", count=True, help="More diagnostics on stderr.")
+    ] = 0,
+) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format="%(relativeCreated)6.0fms %(levelname)s %(name)s: %(message)s",
+    )
+    if verbose < 2:
+        logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
+
+def _names(csv: str | None) -> list[str]:
+    return [part.strip() for part in (csv or "").split(",") if part.strip()]
+
+
+HostsOpt = Annotated[
+    str | None, typer.Option("--hosts", help="Only these hosts (comma-separated names).")
+]
+
+
+LabelsOpt = Annotated[
+    str | None, typer.Option("--labels", help="Only hosts with all these labels (comma-separated).")
+]

@@ -1,0 +1,34 @@
+"""`orch gc`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from orchestrator.cli.app import InventoryOpt, app
+from orchestrator.cli.console import ConsoleReporter
+from orchestrator.sync.gc import gc
+
+
+@app.command("gc")
+def gc_command(
+    inventory: InventoryOpt = None,
+    keep: Annotated[
+        int | None,
+        typer.Option(
+            "--keep",
+            min=0,
+            help="Finished jobs per host that keep their code (default: $ORCH_KEEP_SNAPSHOTS, else 10).",
+        ),
+    ] = None,
+) -> None:
+    """Free disk space on the hosts: remove the code snapshots of finished jobs but the
+    newest, and pushed content no snapshot uses. Logs and job records stay."""
+    reports = gc(inventory, keep, ConsoleReporter().notice)
+    for host, r in reports.items():
+        typer.echo(
+            f"{host}: removed {r.get('snapshots_removed', 0)} snapshots and "
+            f"{r.get('objects_removed', 0)} files ({r.get('bytes_freed', 0) / 1e6:.1f} MB); "
+            f"kept {r.get('snapshots_kept', 0)} finished, {r.get('running', 0)} running"
+        )

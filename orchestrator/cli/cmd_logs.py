@@ -1,0 +1,32 @@
+"""`orch logs`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from orchestrator.cli.app import app
+from orchestrator.cli.console import ConsoleReporter
+from orchestrator.jobs.logs import LogFilter
+from orchestrator.jobs.logs import logs as show_logs
+from orchestrator.records.db import JobDB
+
+
+@app.command()
+def logs(
+    job_id: Annotated[str, typer.Argument(help="A job id (or a unique prefix).")],
+    follow: Annotated[
+        bool, typer.Option("-f", "--follow", help="Go on until the job ends.")
+    ] = False,
+    node: Annotated[str | None, typer.Option("--node", help="Only this host's lines.")] = None,
+    rank: Annotated[
+        int | None, typer.Option("--rank", help="Only this global rank's lines.")
+    ] = None,
+    tail: Annotated[
+        int | None, typer.Option("--tail", help="Only the last N lines of each rank.")
+    ] = None,
+) -> None:
+    """Print everything a job's ranks have written, as [host rN] line."""
+    want = LogFilter(node=node, rank=rank, tail=tail)
+    raise typer.Exit(show_logs(JobDB(), job_id, want, follow, ConsoleReporter()))

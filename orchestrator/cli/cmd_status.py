@@ -1,0 +1,124 @@
+"""`orch status`: the jobs table, or one job's nodes; `--json` for scripts."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.cli.app import app
+from orchestrator.cli.console import ConsoleReporter
+from orchestrator.jobs.reconcile import status as job_status
+from orchestrator.models.states import JobState
+from orchestrator.records.db import JobDB, JobRecord
+
+
+@app.command()
+def status(
+    job_id: Annotated[str | None, typer.Argument(help="A job id (or a unique prefix).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Table of jobs, or one job's nodes; reconciled with the hosts."""
+    records = job_status(JobDB(), job_id, ConsoleReporter())
+    if as_json:
+        typer.echo(json.dumps([_job_json(r) for r in records], indent=2))
+        return
+    console = Console()
+    if job_id:
+        console.print(_nodes_table(records[0]))
+        return
+    table = Table("id", "name", "state", "nodes", "started", "duration", "exit", box=None)
+    for r in records:
+        table.add_row(
+            r.id,
+            r.name,
+            _state(r.state),
+            str(len(r.nodes)),
+            _when(r.started or r.created),
+            _duration(r.duration),
+            "" if r.exit_code is None else str(r.exit_code),
+        )
+    console.print(table if records else "no jobs yet: orch submit JOB.yaml")
+
+
+def _state(state: JobState) -> str:
+    color = {"succeeded": "green", "failed": "red", "lost": "red", "killed": "yellow"}.get(
+        state.value, "cyan"
+    )
+    return f"[{color}]{state.value}[/{color}]"
+
+
+def _when(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return ""
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return str(code)
+
+
+def _nodes_table(record: JobRecord) -> Table:
+    table = Table(
+        "host",
+        "node rank",
+        "ranks",
+        "state",
+        "exit",
+        box=None,
+        title=f"job {record.id} ({record.name}): {record.state.value}",
+        title_justify="left",
+    )
+    for n in record.nodes:
+        ranks = str(n.first_rank) if n.nproc == 1 else f"{n.ranks.start}-{n.ranks.stop - 1}"
+        table.add_row(
+            n.host.name, str(n.node_rank), ranks, _state(n.state), _exit_text(n.exit_code)
+        )
+    return table
+
+
+def _job_json(r: JobRecord) -> dict[str, object]:
+    return {
+        "id": r.id,
+        "name": r.name,
+        "state": r.state.value,
+        "created": r.created,
+        "started": r.started,
+        "ended": r.ended,
+        "duration": r.duration,
+        "exit_code": r.exit_code,
+        "master_addr": r.master_addr,
+        "master_port": r.master_port,
+        "spec": r.spec,
+        "nodes": [
+            {
+                "host": n.host.name,
+                "address": n.host.address,
+                "node_rank": n.node_rank,
+                "ranks": list(n.ranks),
+                "state": n.state.value,
+                "exit_code": n.exit_code,
+                "signal": _exit_text(n.exit_code) if (n.exit_code or 0) < 0 else None,
+                "error": n.error,
+            }
+            for n in r.nodes
+        ],
+    }

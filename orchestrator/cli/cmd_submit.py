@@ -1,0 +1,34 @@
+"""`orch submit`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from orchestrator.cli.app import InventoryOpt, app
+from orchestrator.cli.console import ConsoleReporter
+from orchestrator.jobs import submit as submitting
+from orchestrator.jobs.plan import describe
+
+
+@app.command()
+def submit(
+    job: Annotated[Path, typer.Argument(help="Job file (YAML).")],
+    inventory: InventoryOpt = None,
+    detach: Annotated[
+        bool, typer.Option("-d", "--detach", help="Return once every node has started.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print each host's command; touch no host.")
+    ] = False,
+) -> None:
+    """Run a job on its hosts and stream every rank's output."""
+    sub = submitting.prepare(job, inventory)
+    if dry_run:
+        for line in describe(submitting.dry_run(sub)):
+            typer.echo(line)
+        return
+    code = submitting.submit(sub, ConsoleReporter(), detach=detach)
+    raise typer.Exit(code)

@@ -1,0 +1,158 @@
+"""`orch logs`: a job's output from its hosts (else the local copy), optionally followed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.jobs.follow import NodeExit, Watcher
+from orchestrator.jobs.reporter import Reporter
+from orchestrator.jobs.watch import watch_job
+from orchestrator.models.errors import HostError, InfraError, InputError, OrchError
+from orchestrator.models.states import JobState, job_state, node_state
+from orchestrator.nodes.group import HostGroup, connect_reachable
+from orchestrator.records.db import JobDB, JobRecord, NodeRecord
+from orchestrator.records.logmirror import LogMirror, rank_of
+
+
+@dataclass
+class LogFilter:
+    """Which lines `orch logs` shows."""
+
+    node: str | None = None
+    rank: int | None = None
+    tail: int | None = None
+
+    def nodes(self, record: JobRecord) -> list[NodeRecord]:
+        if self.node is None:
+            chosen = record.nodes
+        else:
+            chosen = [n for n in record.nodes if n.host.name == self.node]
+            if not chosen:
+                raise InputError(
+                    f"job {record.id} has no node '{self.node}'",
+                    "its nodes: " + ", ".join(n.host.name for n in record.nodes),
+                )
+        if self.rank is not None:
+            chosen = [n for n in chosen if self.rank in n.ranks]
+            if not chosen:
+                world = sum(n.nproc for n in record.nodes)
+                raise InputError(
+                    f"job {record.id} has no rank {self.rank} (on the nodes asked for)",
+                    f"ranks are 0 to {world - 1}",
+                )
+        return chosen
+
+    def wants(self, host: str, rank: int | None) -> bool:
+        """Whether to show a stream: a rank's (rank) or a node's torchrun output (None)."""
+        if self.node is not None and host != self.node:
+            return False
+        return self.rank is None or rank == self.rank
+
+
+def logs(store: JobDB, job_id: str, want: LogFilter, follow: bool, reporter: Reporter) -> int:
+    """Print a job's output so far (from its hosts, else the local copy); with `follow`,
+    go on until the job ends.
+
+    Returns:
+        0, or with `follow` the job's exit code (0 succeeded, 1 otherwise).
+
+    Raises:
+        HostError / MultiHostError: some hosts could not be reached; everything that
+            could be shown was shown first (exit 3).
+    """
+    record = store.get(job_id)
+    nodes = want.nodes(record)
+    if follow:  # the job's end is known only from all of its nodes
+        nodes = record.nodes
+    mirror = LogMirror(store.home / "logs", record.id)
+    group, failures = connect_reachable([n.host for n in nodes], reporter.notice)
+    try:
+        with group:
+            reachable = [n for n in nodes if n.host.name in group.transports]
+            failures += _drain(record, reachable, group, mirror, store)
+            _print_mirror(nodes, mirror, want, reporter)
+            if follow and not failures:
+                return _follow(store, record, group, mirror, want, reporter)
+    finally:
+        mirror.close()
+    if failures:
+        for failure in failures:
+            reporter.notice(f"could not read the logs there: {failure.message}")
+        raise (
+            failures[0]
+            if len(failures) == 1
+            else InfraError(
+                f"{len(failures)} hosts could not be reached: "
+                + "; ".join(f.message for f in failures),
+                "the lines above are the local copy of what was seen before",
+            )
+        )
+    return 0
+
+
+def _drain(
+    record: JobRecord, nodes: list[NodeRecord], group: HostGroup, mirror: LogMirror, store: JobDB
+) -> list[OrchError]:
+    """Copy what the hosts have beyond the local copy into it; note ended nodes."""
+    watcher = Watcher(nodes, group.transports, mirror, once=True)
+    failures: list[OrchError] = []
+    try:
+        for event in watcher.events():
+            if not isinstance(event, NodeExit):
+                continue
+            if event.lost:
+                failures.append(HostError(event.host, event.error or "lost while reading logs"))
+            elif event.returncode is not None or event.killed:
+                state = node_state(event.returncode, event.killed)
+                store.update_node(record.id, event.host, state, event.returncode, event.error)
+    finally:
+        watcher.close()
+    return failures
+
+
+def _print_mirror(
+    nodes: list[NodeRecord], mirror: LogMirror, want: LogFilter, reporter: Reporter
+) -> None:
+    for node in nodes:
+        name = node.host.name
+        for stream in mirror.streams(name):
+            if not want.wants(name, rank_of(stream)):
+                continue
+            reporter.output(name, rank_of(stream), mirror.read(name, stream, want.tail))
+
+
+class _Filtered:
+    """A Reporter that passes on only the streams a LogFilter wants."""
+
+    def __init__(self, inner: Reporter, want: LogFilter) -> None:
+        self.inner, self.want = inner, want
+
+    def job_started(self, job_id: str) -> None:
+        self.inner.job_started(job_id)
+
+    def output(self, host: str, rank: int | None, data: bytes) -> None:
+        if self.want.wants(host, rank):
+            self.inner.output(host, rank, data)
+
+    def notice(self, message: str) -> None:
+        self.inner.notice(message)
+
+
+def _follow(
+    store: JobDB,
+    record: JobRecord,
+    group: HostGroup,
+    mirror: LogMirror,
+    want: LogFilter,
+    reporter: Reporter,
+) -> int:
+    fresh = store.get(record.id)
+    if all(n.state.is_terminal() for n in fresh.nodes):
+        return 0 if job_state([n.state for n in fresh.nodes]) is JobState.SUCCEEDED else 1
+    try:
+        return watch_job(fresh, group, _Filtered(reporter, want), store, mirror, attached=False)
+    except OrchError as exc:
+        if exc.exit_code == 1:  # the job failed: its summary, then its exit code
+            reporter.notice(exc.message)
+            return 1
+        raise

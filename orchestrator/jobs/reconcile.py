@@ -1,0 +1,95 @@
+"""`orch status`, `orch logs` and `orch kill`: managing jobs after the fact.
+
+Every command works from the local job record alone (the inventory may have changed
+since): it reconnects to the job's hosts, asks each node's supervisor how it is, and
+brings the record up to date. Hosts that do not answer are named, never hidden.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from orchestrator.jobs.reporter import Reporter
+from orchestrator.jobs.teardown import teardown
+from orchestrator.models.errors import HostError
+from orchestrator.models.states import JobState, job_state, node_state
+from orchestrator.nodes import ops
+from orchestrator.nodes.group import connect_reachable
+from orchestrator.records.db import JobDB, JobRecord
+
+log = logging.getLogger(__name__)
+SETTLED = (JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED)
+
+
+# ---------------------------------------------------------------- status
+
+
+def reconcile(store: JobDB, record: JobRecord, reporter: Reporter) -> JobRecord:
+    """Bring a job's record in line with its hosts; returns the updated record.
+
+    A node that failed while others still run gets the job torn down, as an attached
+    submit would have done: a detached job has no controller to do it.
+    """
+    if record.state.is_terminal():
+        return record
+    open_nodes = [n for n in record.nodes if n.state not in SETTLED]
+    group, failures = connect_reachable([n.host for n in open_nodes], reporter.notice)
+    with group:
+        by_host = {n.host.name: n for n in open_nodes}
+        statuses, more = group.try_each(lambda h, t: ops.node_status(by_host[h.name], t))
+        unreachable = {f.host for f in [*failures, *more] if isinstance(f, HostError)}
+        last_end: float | None = None
+        for node in open_nodes:
+            if node.host.name in unreachable:
+                node.state, node.error = JobState.LOST, "host not answering"
+                continue
+            ended = statuses[node.host.name].get("ended")
+            if ended:
+                node.state = node_state(ended.get("returncode"), bool(ended.get("killed")))
+                node.exit_code, node.error = ended.get("returncode"), ended.get("error")
+                last_end = max(last_end or 0.0, float(ended.get("ended") or 0.0)) or None
+                store.update_node(record.id, node.host.name, node.state, node.exit_code, node.error)
+            elif statuses[node.host.name].get("started"):
+                node.state = JobState.RUNNING
+        failed = [n for n in record.nodes if n.state is JobState.FAILED]
+        running = [n for n in record.nodes if n.state is JobState.RUNNING]
+        if failed and running:
+            reporter.notice(
+                f"job {record.id}: node {failed[0].host.name} failed; stopping the others"
+            )
+            teardown(record.id, record.master_port, running, group, reporter)
+            for node in running:
+                node.state = JobState.KILLED
+                store.update_node(record.id, node.host.name, JobState.KILLED)
+    state = job_state([n.state for n in record.nodes])
+    # A host that does not answer keeps its node LOST in this answer only; the job
+    # becomes lost only once every other node has ended.
+    if state.is_terminal():
+        store.update_job(record.id, state, _exit_code(record), ended=last_end)
+    elif state is JobState.RUNNING and record.state is JobState.PENDING:
+        store.update_job(record.id, state)
+    return store.get(record.id) if state.is_terminal() else _with_state(record, state)
+
+
+def _with_state(record: JobRecord, state: JobState) -> JobRecord:
+    record.state = state
+    return record
+
+
+def _exit_code(record: JobRecord) -> int:
+    codes = [n.exit_code for n in record.nodes if n.exit_code not in (None, 0)]
+    if all(n.state is JobState.SUCCEEDED for n in record.nodes):
+        return 0
+    return codes[0] if codes else 1
+
+
+def status(store: JobDB, job_id: str | None, reporter: Reporter) -> list[JobRecord]:
+    """Every job (or one), reconciled with its hosts where it has not ended."""
+    records = [store.get(job_id)] if job_id else store.jobs()
+    return [reconcile(store, r, reporter) for r in records]
+
+
+# ---------------------------------------------------------------- logs
+
+
+# ---------------------------------------------------------------- kill

@@ -1,0 +1,35 @@
+"""What a running job tells the user: the protocols the CLI implements."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from orchestrator.sync.push import PushProgress
+
+
+class Reporter(Protocol):
+    """What a running submit tells the user (implemented by the CLI).
+
+    1. `job_started(job_id)` comes once, before any host is changed.
+    2. `output()` comes with complete lines (bytes, newline-terminated but maybe the
+       very last) of one rank, or of a node's torchrun (rank None), in each one's order.
+    3. `notice()` is a diagnostic for stderr: progress, host keys, teardown.
+    """
+
+    def job_started(self, job_id: str) -> None: ...
+
+    def output(self, host: str, rank: int | None, data: bytes) -> None: ...
+
+    def notice(self, message: str) -> None: ...
+
+
+@runtime_checkable
+class ProgressReporter(Protocol):
+    """A Reporter that can also show how far a code push is (optional: those without
+    `progress` get no progress).
+
+    1. `progress()` comes from the hosts' threads, for each host at the start of its
+       push, after each round trip, and once with `finished` at its end.
+    """
+
+    def progress(self, update: PushProgress) -> None: ...

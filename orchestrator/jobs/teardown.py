@@ -1,0 +1,102 @@
+"""Stopping a job: on failure, on Ctrl-C, and `orch kill`.
+
+The host side decides what to signal (agent `kill`); this side picks the nodes,
+reaches them in parallel and records what happened.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.jobs.reporter import Reporter
+from orchestrator.models.errors import HostError, OrchError
+from orchestrator.models.inventory import Host
+from orchestrator.models.states import JobState
+from orchestrator.nodes import ops
+from orchestrator.nodes.group import HostGroup, connect_reachable
+from orchestrator.nodes.ops import NodeRef
+from orchestrator.records.db import JobDB, JobRecord
+from orchestrator.transport.base import Transport
+
+log = logging.getLogger(__name__)
+
+
+def teardown(
+    job_id: str,
+    port: int | None,
+    nodes: Sequence[NodeRef],
+    group: HostGroup,
+    reporter: Reporter,
+    grace_s: float = ops.KILL_GRACE_S,
+) -> dict[str, dict[str, Any]]:
+    """Stop the job on these nodes (on reachable hosts); report failures, never raise:
+    the error that led here is already on its way.
+
+    Returns:
+        Each reached host's kill report.
+    """
+    reachable = [n for n in nodes if n.host.name in group.transports]
+    master = nodes[0].host.name if nodes and nodes[0].node_rank == 0 else None
+
+    def kill(host: Host, transport: Transport) -> dict[str, Any]:
+        node = next(n for n in reachable if n.host.name == host.name)
+        return ops.kill(node, transport, job_id, grace_s, port if host.name == master else None)
+
+    results, failures = group.try_each(kill, only=[n.host.name for n in reachable])
+    for name, report in results.items():
+        log.debug("[job=%s host=%s] kill took %s", job_id, name, report.get("seconds"))
+    for failure in failures:
+        reporter.notice(f"could not stop the job there: {failure.message}")
+    return results
+
+
+@dataclass
+class KillOutcome:
+    """What `orch kill` did to one job."""
+
+    job_id: str
+    already: JobState | None = None  # the job had ended before: nothing to do
+    killed: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    port_free: bool | None = None
+    unreachable: list[OrchError] = field(default_factory=list)
+
+
+def kill(store: JobDB, job_id: str | None, reporter: Reporter) -> list[KillOutcome]:
+    """Stop a job (or, with job_id None, every job not yet ended) on every host."""
+    records = (
+        [store.get(job_id)] if job_id else [r for r in store.jobs() if not r.state.is_terminal()]
+    )
+    return [_kill_one(store, r, reporter) for r in records]
+
+
+def _kill_one(store: JobDB, record: JobRecord, reporter: Reporter) -> KillOutcome:
+    outcome = KillOutcome(record.id)
+    nodes = record.nodes
+    if record.state.is_terminal():
+        # An ended job may still have processes on a host that vanished and came back.
+        nodes = [n for n in record.nodes if n.state is JobState.LOST]
+        if not nodes:
+            outcome.already = record.state
+            return outcome
+    group, failures = connect_reachable([n.host for n in nodes], reporter.notice)
+    log.info("[job=%s] connected to %d hosts", record.id, len(group.transports))
+    with group:
+        reports = teardown(record.id, record.master_port, nodes, group, reporter)
+    log.info("[job=%s] stopped on %d hosts", record.id, len(reports))
+    outcome.unreachable = failures
+    for name, report in reports.items():
+        outcome.killed[name] = [(int(pid), str(cmd)) for pid, cmd in report.get("killed", [])]
+        if "port_free" in report:
+            outcome.port_free = bool(report["port_free"])
+        store.update_node(record.id, name, JobState.KILLED)
+    for failure in failures:
+        if isinstance(failure, HostError):
+            store.update_node(
+                record.id, failure.host, JobState.LOST, error="host not answering at kill"
+            )
+    if not record.state.is_terminal():
+        store.update_job(record.id, JobState.KILLED, 1)
+    return outcome

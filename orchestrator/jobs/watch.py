@@ -1,0 +1,166 @@
+"""Watching an attached job: stream its output, and tear it down when a node fails."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+from collections import deque
+from collections.abc import Sequence
+
+from orchestrator.jobs.follow import NodeExit, Output, Watcher
+from orchestrator.jobs.reporter import Reporter
+from orchestrator.jobs.teardown import teardown
+from orchestrator.models.errors import Interrupted, JobFailed
+from orchestrator.models.states import JobState, job_state, node_state
+from orchestrator.nodes.group import HostGroup
+from orchestrator.records.db import JobDB, JobRecord
+from orchestrator.records.logmirror import LogMirror
+
+TAIL_LINES = 20
+
+
+def watch_job(
+    record: JobRecord,
+    group: HostGroup,
+    reporter: Reporter,
+    store: JobDB,
+    mirror: LogMirror,
+    attached: bool,
+) -> int:
+    """Stream a job's output until every node ended; tear the job down when one fails.
+
+    Args:
+        attached: the submit that started the job: Ctrl-C kills the job (else it only
+            stops following).
+
+    Returns:
+        0 when every node succeeded.
+
+    Raises:
+        JobFailed: a node failed or was lost; the job was stopped on every node.
+        Interrupted: Ctrl-C on an attached submit; the job was stopped everywhere.
+    """
+    live = [
+        n for n in record.nodes if not n.state.is_terminal() and n.host.name in group.transports
+    ]
+    watcher = Watcher(live, group.transports, mirror)
+    tails: dict[tuple[str, int | None], deque[bytes]] = {}
+    failure: NodeExit | None = None
+    killer: threading.Thread | None = None
+    try:
+        for event in watcher.events():
+            if isinstance(event, Output):
+                tail = tails.setdefault((event.host, event.rank), deque(maxlen=TAIL_LINES))
+                tail.extend(event.data.splitlines()[-TAIL_LINES:])
+                reporter.output(event.host, event.rank, event.data)
+                continue
+            state = node_state(event.returncode, event.killed)
+            store.update_node(record.id, event.host, state, event.returncode, event.error)
+            record.node(event.host).state = state
+            if event.ok or failure is not None:
+                continue
+            failure = event
+            others = [
+                n for n in record.nodes if n.host.name != event.host and not n.state.is_terminal()
+            ]
+            reporter.notice(
+                f"{describe_exit(event)}: stopping the job on {len(others)} other node(s)"
+            )
+            args = (record.id, record.master_port, others, group, reporter)
+            killer = threading.Thread(target=teardown, args=args, daemon=True)
+            killer.start()
+    except KeyboardInterrupt:
+        if not attached:
+            raise
+        reporter.notice(
+            "interrupted: stopping the job on every host (Ctrl-C again to skip the grace period)"
+        )
+        try:
+            teardown(record.id, record.master_port, record.nodes, group, reporter)
+        except KeyboardInterrupt:
+            teardown(record.id, record.master_port, record.nodes, group, reporter, grace_s=0)
+        for node in record.nodes:
+            store.update_node(record.id, node.host.name, JobState.KILLED)
+        store.update_job(record.id, JobState.KILLED)
+        raise Interrupted(f"job {record.id} interrupted and stopped on every host") from None
+    finally:
+        watcher.close()
+        if killer is not None:
+            killer.join()
+    final = job_state([n.state for n in record.nodes])
+    if final.is_terminal():
+        store.update_job(record.id, final, 0 if final is JobState.SUCCEEDED else 1)
+    if failure is None and final is JobState.SUCCEEDED:
+        return 0
+    if failure is None:
+        raise JobFailed(f"job {record.id} ended {final.value}", f"see: orch status {record.id}")
+    raise JobFailed(failure_summary(record, failure, tails), f"all output: orch logs {record.id}")
+
+
+def describe_exit(event: NodeExit) -> str:
+    """How a node ended, in words."""
+    if event.killed:
+        return f"node {event.host} was killed"
+    if event.returncode is None:
+        return f"lost node {event.host} ({event.error or 'unknown'})"
+    if event.returncode < 0:
+        return f"node {event.host} was killed by {_signal_name(-event.returncode)}"
+    return f"node {event.host} exited with code {event.returncode}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
+
+
+_ROOT_RANK = re.compile(rb"^\s*rank\s*:\s*(\d+)")
+
+
+_ROOT_EXIT = re.compile(rb"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+def root_cause(torchrun_tail: Sequence[bytes]) -> tuple[int | None, int | None]:
+    """The first failing rank and its exit code, from torchrun's failure report."""
+    lines = list(torchrun_tail)
+    start = next((i for i, line in enumerate(lines) if b"Root Cause" in line), None)
+    rank = code = None
+    for line in lines[start or 0 :]:
+        if rank is None and (m := _ROOT_RANK.match(line)):
+            rank = int(m.group(1))
+        elif code is None and (m := _ROOT_EXIT.match(line)):
+            code = int(m.group(1))
+    return rank, code
+
+
+def failure_summary(
+    record: JobRecord, failure: NodeExit, tails: dict[tuple[str, int | None], deque[bytes]]
+) -> str:
+    """The first failing host and rank, how it ended, and the end of its output."""
+    node = record.node(failure.host)
+    rank, code = root_cause(list(tails.get((failure.host, None), ())))
+    if rank is None:  # no torchrun report: the rank whose output ends in a traceback
+        rank = next(
+            (
+                r
+                for r in node.ranks
+                if any(b"Traceback" in line for line in tails.get((node.host.name, r), ()))
+            ),
+            None,
+        )
+    what = describe_exit(failure)
+    if rank is not None:
+        how = (
+            ""
+            if code is None
+            else (f", exit code {code}" if code >= 0 else f", {_signal_name(-code)}")
+        )
+        what += f"; first failure: rank {rank}{how}"
+    lines = [f"job {record.id} failed: {what}"]
+    tail = tails.get((failure.host, rank)) if rank is not None else None
+    if tail:
+        lines.append(f"last lines of [{failure.host} r{rank}]:")
+        lines.extend("  " + line.decode("utf-8", "replace") for line in tail)
+    return "\n".join(lines)

@@ -1,0 +1,149 @@
+"""Probing a host: its facts (python, torch, GPUs, routes, ports) without importing torch."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.jobs.plan import HostFacts
+from orchestrator.models.errors import HostError, RemoteCommandError
+from orchestrator.models.inventory import Host
+from orchestrator.nodes.agent import SHELL_NOT_FOUND, last_json, supervisor_source
+from orchestrator.nodes.ops import PROBE_TIMEOUT_S
+from orchestrator.nodes.shell import sh_path
+from orchestrator.transport.base import Transport
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """A host's facts, plus the address its sshd was reached at."""
+
+    facts: HostFacts
+    ssh_addr: str | None
+
+
+def probe(
+    host: Host,
+    transport: Transport,
+    master: str | None,
+    port: int | None = None,
+    gpus: bool = False,
+    modules: Sequence[str] = (),
+) -> ProbeResult:
+    """Learn a host's facts without importing torch (that costs seconds).
+
+    Args:
+        master: the address whose route (interface, source address) to report.
+        port: also report whether this port is free there, and who holds it.
+        gpus: also count GPUs (nvidia-smi, which can take a second on a big box).
+        modules: top-level modules to look for with the host's python.
+
+    Raises:
+        HostError: python is missing on the host, or torch is not installed for it.
+    """
+    found = probe_host(host, transport, master, port, gpus, modules)
+    if not found.facts.torch_version:
+        raise torch_missing(host)
+    return found
+
+
+def probe_host(
+    host: Host,
+    transport: Transport,
+    master: str | None = None,
+    port: int | None = None,
+    gpus: bool = True,
+    modules: Sequence[str] = (),
+) -> ProbeResult:
+    """The probe without a verdict: facts even where torch is missing (`orch check`).
+
+    Raises:
+        HostError: python is missing, or the probe's output cannot be read.
+        RemoteCommandError: the probe itself failed.
+    """
+    options = {
+        "master": master,
+        "port": port,
+        "workdir": host.workdir,
+        "gpus": gpus,
+        "modules": list(modules),
+    }
+    command = f"{sh_path(host.python)} - probe {shlex.quote(json.dumps(options))}"
+    result = transport.run(command, stdin=supervisor_source(), timeout=PROBE_TIMEOUT_S)
+    received = time.time()
+    if result.exit_code in SHELL_NOT_FOUND:
+        raise HostError(
+            host.name,
+            f"python not found at {host.python}",
+            f"set 'python:' for {host.name} in the inventory to an interpreter that has torch",
+        )
+    if not result.ok:
+        raise RemoteCommandError(
+            host.name,
+            f"{host.python} - probe",
+            result.exit_code,
+            result.stderr,
+            f"check that {host.python} is a working Python 3 on {host.name}",
+        )
+    data = last_json(result.stdout)
+    if data is None:
+        raise HostError(host.name, f"unreadable probe output: {result.stdout[-200:]!r}")
+    return ProbeResult(facts_from_probe(data, received), data.get("ssh_addr"))
+
+
+def torch_missing(host: Host) -> HostError:
+    return HostError(
+        host.name,
+        f"torch is not installed for {host.python}",
+        f"install torch there ({host.python} -m pip install torch), "
+        f"or point 'python:' for {host.name} at an interpreter that has it",
+    )
+
+
+def facts_from_probe(data: dict[str, Any], received_at: float) -> HostFacts:
+    """HostFacts from the probe's JSON; `received_at` is this machine's clock when it came.
+
+    The probe stamps its clock just before it answers, so the difference is the
+    clock offset, give or take the time the answer took to arrive.
+    """
+    gpus = data.get("gpus") or {}
+    port = data.get("port") or {}
+    remote_time = data.get("time")
+    return HostFacts(
+        hostname=str(data.get("hostname", "")),
+        python_version=str(data.get("python", "")),
+        torch_version=data.get("torch"),
+        iface=data.get("iface"),
+        local_addr=data.get("local_addr"),
+        free_port=data.get("free_port"),
+        os=str(data.get("os", "")),
+        python_executable=str(data.get("executable", "")),
+        torch_cuda=data.get("torch_cuda"),
+        nccl_version=data.get("nccl"),
+        gpu_count=gpus.get("count"),
+        gpu_names=tuple(str(g.get("name", "")) for g in gpus.get("list", ())),
+        gpu_error=gpus.get("error"),
+        addresses=tuple(sorted((data.get("addresses") or {}).items())),
+        route_error=data.get("route_error"),
+        port=port.get("port"),
+        port_free=port.get("free"),
+        port_holders=tuple(describe_holder(h) for h in port.get("holders", ())),
+        disk_free=data.get("disk_free"),
+        clock_offset_s=remote_time - received_at if isinstance(remote_time, float) else None,
+        modules_missing=tuple(m for m, found in (data.get("modules") or {}).items() if not found),
+    )
+
+
+def describe_holder(holder: dict[str, Any]) -> str:
+    """`pid 4242 (python train.py) of user bob`, or who it is when the pid is hidden."""
+    user = holder.get("user") or "?"
+    if not holder.get("pid"):
+        return f"a process of user {user} (hidden from this user: run check as {user} or root)"
+    command = " ".join(str(holder.get("command") or "?").split())
+    if len(command) > 80:  # keep both ends: the program, and the arguments that name the run
+        command = f"{command[:38]} ... {command[-38:]}"
+    return f"pid {holder['pid']} ({command}) of user {user}"

@@ -1,0 +1,70 @@
+"""`orch gc`: old code snapshots and unused stored content go from the hosts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from orchestrator.models.errors import HostError, RemoteCommandError
+from orchestrator.models.inventory import Host, resolve_inventory
+from orchestrator.nodes.agent import last_json, packed_supervisor, supervisor_command
+from orchestrator.nodes.group import HostGroup
+from orchestrator.sync import wire
+from orchestrator.sync.store import host_key, snapshot_retention
+from orchestrator.transport.base import ConnectOptions, Transport
+
+
+def gc(
+    inventory_path: Path | None, keep: int | None, notice: Callable[[str], None]
+) -> dict[str, dict[str, Any]]:
+    """`orch gc`: on every host of the inventory, remove the code snapshots of finished
+    jobs but the newest `keep` (default: $ORCH_KEEP_SNAPSHOTS), then the stored
+    content that no snapshot uses any more. Logs and job records stay.
+
+    Returns:
+        Each host's report: snapshots removed and kept, jobs running, objects removed,
+        bytes freed. Hosts that share a store (one machine and workdir under two
+        names) are collected once, under the first name.
+
+    Raises:
+        InputError: a bad inventory or retention.
+        HostError / MultiHostError: hosts that could not be reached or collected.
+    """
+    keep = snapshot_retention() if keep is None else keep
+    inventory = resolve_inventory(inventory_path, None)
+    stores = {host_key(h): h.name for h in reversed(inventory.hosts)}  # one name per store
+
+    def collect(host: Host, transport: Transport) -> dict[str, Any]:
+        return collect_garbage(host, transport, keep)
+
+    with HostGroup(inventory.hosts, ConnectOptions(notice=notice)) as group:
+        group.connect()
+        return group.each(collect, only=stores.values())
+
+
+def collect_garbage(
+    host: Host, transport: Transport, keep: int, grace_s: float | None = None
+) -> dict[str, Any]:
+    """Remove the host's snapshots of finished jobs but the newest `keep`, and content
+    that no snapshot uses any more.
+
+    Returns:
+        {"snapshots_removed", "snapshots_kept", "running", "objects_removed", "bytes_freed"}
+
+    Raises:
+        HostError: the host could not collect.
+    """
+    options: dict[str, Any] = {"workdir": host.workdir, "keep": keep}
+    if grace_s is not None:
+        options["grace"] = grace_s
+    stdin = packed_supervisor() + wire.json_frame(b"H", options)
+    result = transport.run(supervisor_command(host, "gc"), stdin=stdin, timeout=600)
+    report = last_json(result.stdout)
+    if report is None:
+        raise RemoteCommandError(
+            host.name, "orch_supervisor.py gc", result.exit_code, result.stderr
+        )
+    if "error" in report:
+        raise HostError(host.name, f"gc failed: {report['error']}")
+    return report

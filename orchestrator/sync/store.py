@@ -1,0 +1,74 @@
+"""Pushing the job's code to hosts: incremental, content-addressed, one snapshot per job.
+
+1. The workdir is scanned into a manifest (`manifest.py`): every path that
+   `.gitignore`, `.orchignore` (at any depth, deeper files winning, with negation) and
+   the job's `exclude:` patterns leave in, with its kind and sha256.
+2. Each host keeps a content store under its workdir. The controller remembers which
+   objects it pushed to each host, sends only the ones the host lacks, in one
+   compressed stream per host (`wire.py`), all hosts in parallel; the host checks
+   that it holds every object of the manifest and says which are missing otherwise.
+   An unchanged resubmit sends nothing but that check.
+3. The host builds the job's `code/` from hard links into its store
+   (`orch_supervisor.py sync`): a push never changes another job's files, and the
+   snapshots of ten jobs share every unchanged file.
+
+Old snapshots go when their job has finished and more than ORCH_KEEP_SNAPSHOTS newer
+finished ones exist on the host (checked in the background after each push, and by
+`orch gc`); then content no snapshot links to goes too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from orchestrator.models.errors import (
+    InputError,
+)
+from orchestrator.models.inventory import Host
+
+# ---------------------------------------------------------------- hosts
+
+KEEP_ENV = "ORCH_KEEP_SNAPSHOTS"
+DEFAULT_KEEP = 10
+
+
+def store_dir(host: Host) -> str:
+    """The host's content store (may start with ~)."""
+    return f"{host.workdir.rstrip('/')}/store"
+
+
+def setup_marker(host: Host, key: str) -> str:
+    """Where the host records that setup `key` succeeded (may start with ~)."""
+    return f"{store_dir(host)}/setup/{key}"
+
+
+def host_key(host: Host) -> str:
+    """Identifies a store: two inventory names of one machine and workdir share one."""
+    return f"{host.user or ''}@{host.address}:{host.port or ''}:{host.workdir}"
+
+
+def setup_key(script: str, digest: str, python: str) -> str:
+    """Names one run of `setup:`: the setup text, the code version and the interpreter
+    (a setup that installs packages must run again for another interpreter)."""
+    return hashlib.sha256(f"{script}\0{digest}\0{python}".encode()).hexdigest()
+
+
+def snapshot_retention() -> int:
+    """How many finished jobs keep their code snapshot per host: $ORCH_KEEP_SNAPSHOTS.
+
+    Raises:
+        InputError: the variable is not a whole number >= 0.
+    """
+    raw = os.environ.get(KEEP_ENV, "").strip()
+    if not raw:
+        return DEFAULT_KEEP
+    if not raw.isdigit():
+        raise InputError(
+            f"{KEEP_ENV}={raw!r} is not a whole number (environment)",
+            f"set {KEEP_ENV} to how many finished jobs keep their code per host, e.g. 10",
+        )
+    return int(raw)
+
+
+# ---------------------------------------------------------------- gc
