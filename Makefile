@@ -35,10 +35,10 @@ unit: setup
 integration: setup test-deps
 	$(PY) -m pytest -q tests/integration
 
-## lint: ruff and mypy --strict on the package
+## lint: ruff (lint and format) on the package, tests and bench; mypy --strict on the package
 lint: setup
 	$(VENV)/bin/ruff check orchestrator tests bench
-	$(VENV)/bin/ruff format --check orchestrator
+	$(VENV)/bin/ruff format --check orchestrator tests bench
 	$(VENV)/bin/mypy orchestrator
 
 ## bench: the benchmarks of docs/BENCHMARKS.md (root: they start test hosts)

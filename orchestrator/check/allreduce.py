@@ -1,6 +1,6 @@
 """`orch bench allreduce`: an all_reduce sweep across hosts, reported as nccl-tests does.
 
-The sweep is an orch job like any other (remote/allreduce.py, started through submit):
+The sweep is an orch job like any other (check/allreduce_rank.py, started through submit):
 it gets the same preflight, interface choice and teardown as a training job, so what
 it measures is what a job would get. nccl on hosts with GPUs, gloo on CPUs.
 
@@ -156,7 +156,7 @@ def run_allreduce(
     """
     workdir = Path(tempfile.mkdtemp(prefix="orch-bench-"))
     try:
-        source = resources.files("orchestrator.remote").joinpath(SCRIPT).read_bytes()
+        source = resources.files("orchestrator.check").joinpath("allreduce_rank.py").read_bytes()
         (workdir / SCRIPT).write_bytes(source)
         job = bench_job([h.name for h in hosts], spec, workdir)
         selected = select_hosts(job, inventory)

@@ -1,4 +1,4 @@
-"""Network tests between the job's hosts, run with their own Python (remote/nettest.py).
+"""Network tests between the job's hosts, run by their agents (agent/nettest.py).
 
 - `reachability`: a temporary listener on the master's rendezvous port, and a TCP
   connection to it from every other node. Not a guess from routes: a firewall that
@@ -12,16 +12,14 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from orchestrator.models.errors import HostError, OrchError
 from orchestrator.models.inventory import Host
+from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
-from orchestrator.nodes.shell import sh_path
 from orchestrator.transport import RemoteProcess, Transport
 
 log = logging.getLogger(__name__)
@@ -41,15 +39,6 @@ class Throughput:
     error: str | None = None
 
 
-def nettest_command(python: str, *args: object) -> str:
-    """The command line that runs a nettest command with the host's python."""
-    source = resources.files("orchestrator.remote").joinpath("nettest.py").read_text()
-    words = " ".join(shlex.quote(str(a)) for a in args)
-    # -S: the tests need nothing beyond the standard library, and skipping site's
-    # imports saves a good part of the interpreter's start on every node.
-    return f"{sh_path(python)} -S -c {shlex.quote(source)} {words}"
-
-
 def reachability(
     group: HostGroup, master: Host, master_addr: str, port: int, nodes: Sequence[Host]
 ) -> dict[str, str]:
@@ -65,7 +54,7 @@ def reachability(
         return {}
     token = secrets.token_hex(8)
     transport = group.transports[master.name]
-    command = nettest_command(master.python, "listen", port, len(nodes), LISTEN_S, token)
+    command = _nettest(master, "listen", port, len(nodes), LISTEN_S, token)
     listener = transport.stream(command, idle_timeout=LISTEN_S + 10)
     try:
         ready = _first_record(listener)
@@ -79,15 +68,12 @@ def reachability(
 
         def connect(host: Host, t: Transport) -> str | None:
             args = ("connect", master_addr, port, CONNECT_TIMEOUT_S, token)
-            result = t.run(nettest_command(host.python, *args), timeout=CONNECT_TIMEOUT_S + 30)
-            record = _last_record(result.stdout)
-            if record.get("ok"):
-                return None
-            return str(record.get("error") or f"test exited {result.exit_code}")
+            record = agent.run(host, t, _words(args), timeout=CONNECT_TIMEOUT_S + 30)
+            return None if record.get("ok") else str(record.get("error") or "no answer")
 
         results, errors = group.try_each(connect, only=[n.name for n in nodes])
         failures = {name: reason for name, reason in results.items() if reason}
-        failures.update({_host_of(e): _what(e) for e in errors})
+        failures.update({e.host or "?": e.what for e in errors})
         if not failures:
             # All connected: the listener is closing the port now; wait until it has,
             # so that torchrun can bind it right after.
@@ -106,7 +92,7 @@ def bandwidth(
         return {}
     transport = group.transports[master.name]
     idle = BANDWIDTH_S + 30
-    command = nettest_command(master.python, "bwserve", BANDWIDTH_S, len(nodes), idle)
+    command = _nettest(master, "bwserve", BANDWIDTH_S, len(nodes), idle)
     server = transport.stream(command, idle_timeout=idle)
     try:
         ready = _first_record(server)
@@ -125,14 +111,13 @@ def bandwidth(
 def _measure(transport: Transport | None, node: Host, master_addr: str, port: int) -> Throughput:
     if transport is None:
         return Throughput(error="not connected")
-    command = nettest_command(node.python, "bwclient", master_addr, port, BANDWIDTH_S)
+    args = _words(("bwclient", master_addr, port, BANDWIDTH_S))
     try:
-        result = transport.run(command, timeout=2 * BANDWIDTH_S + 30)
+        record = agent.run(node, transport, args, timeout=2 * BANDWIDTH_S + 30)
     except OrchError as exc:
         return Throughput(error=exc.message)
-    record = _last_record(result.stdout)
-    if "error" in record or not record:
-        return Throughput(error=str(record.get("error") or f"test exited {result.exit_code}"))
+    if "error" in record:
+        return Throughput(error=str(record["error"]))
     return Throughput(record.get("up_gbps"), record.get("down_gbps"))
 
 
@@ -144,21 +129,11 @@ def _first_record(process: RemoteProcess) -> dict[str, Any]:
     return {"ready": False, "error": process.stderr().strip()[-300:] or "no answer"}
 
 
-def _last_record(stdout: str) -> dict[str, Any]:
-    for line in reversed(stdout.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                record: dict[str, Any] = json.loads(line)
-                return record
-            except ValueError:
-                break
-    return {}
+def _words(args: Sequence[object]) -> list[str]:
+    return ["nettest", *(str(a) for a in args)]
 
 
-def _host_of(error: OrchError) -> str:
-    return error.host if isinstance(error, HostError) else "?"
-
-
-def _what(error: OrchError) -> str:
-    """The error without its `(host NAME)`: the problem built from it names the host."""
-    return error.message.removesuffix(f" (host {_host_of(error)})")
+def _nettest(host: Host, *args: object) -> str:
+    """The command that streams a nettest from the host's agent (which the probe that
+    always comes first has unpacked there: a stream sends no stdin)."""
+    return agent.installed_command(host, *_words(args))

@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from orchestrator.jobs.plan import IFNAME_VARS, HostFacts
+from orchestrator.jobs.plan import IFNAME_VARS
 from orchestrator.models.errors import InfraError, OrchError
+from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
 
 LOW_DISK_BYTES = 1 << 30

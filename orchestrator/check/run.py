@@ -25,8 +25,9 @@ from orchestrator.check.rules import (
     reach_problems,
     unusable,
 )
-from orchestrator.jobs.plan import HostFacts, select_hosts, static_master_addr
+from orchestrator.jobs.plan import select_hosts, static_master_addr
 from orchestrator.models.errors import HostError, OrchError
+from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
 from orchestrator.nodes.group import HostGroup
@@ -104,7 +105,7 @@ def run_check(
     hosts = select_hosts(job, inventory) if job else list(inventory.hosts)
     master = hosts[0]
     with HostGroup(hosts, options or ConnectOptions()) as group:
-        failed = {_host_of(e): e for e in group.connect(tolerate=True)}
+        failed = {e.host: e for e in group.connect(tolerate=True)}
         master_addr = _master_addr_or_none(group, master)
         wanted = (job.rendezvous_port or DEFAULT_PORT) if job else None
         modules = _modules_to_find(job)
@@ -118,7 +119,7 @@ def run_check(
             return HostStatus(host, found.facts, ssh_ms=_round_trip_ms(host, transport))
 
         probed, errors = group.try_each(inspect)
-        failed.update({_host_of(e): e for e in errors})
+        failed.update({e.host: e for e in errors})
         statuses = tuple(
             probed.get(h.name) or HostStatus(h, error=failed.get(h.name), error_topic="ssh")
             for h in hosts
@@ -289,10 +290,6 @@ def _round_trip_ms(host: Host, transport: Transport) -> float | None:
     started = time.perf_counter()
     transport.run("true", timeout=10)
     return (time.perf_counter() - started) * 1000
-
-
-def _host_of(error: OrchError) -> str:
-    return error.host if isinstance(error, HostError) else ""
 
 
 def describe_port(r: Rendezvous) -> str:

@@ -28,7 +28,7 @@ def gc_command(
     reports = gc(inventory, keep, ConsoleReporter().notice)
     for host, r in reports.items():
         typer.echo(
-            f"{host}: removed {r.get('snapshots_removed', 0)} snapshots and "
-            f"{r.get('objects_removed', 0)} files ({r.get('bytes_freed', 0) / 1e6:.1f} MB); "
-            f"kept {r.get('snapshots_kept', 0)} finished, {r.get('running', 0)} running"
+            f"{host}: removed {r.snapshots_removed} snapshots and "
+            f"{r.objects_removed} files ({r.bytes_freed / 1e6:.1f} MB); "
+            f"kept {r.snapshots_kept} finished, {r.running} running"
         )

@@ -18,9 +18,11 @@ import threading
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
+from orchestrator.agent.protocol import ExitRecord, NodeStatus
 from orchestrator.models.errors import OrchError
+from orchestrator.nodes import agent
 from orchestrator.nodes.ops import NodeRef, follow_command
 from orchestrator.records.logmirror import LogMirror, rank_of
 from orchestrator.transport import RemoteProcess, Transport
@@ -40,15 +42,35 @@ class Output:
 
 @dataclass(frozen=True)
 class NodeExit:
-    """How a node ended. `returncode` None means unknown: the host was lost."""
+    """How a node's stream ended.
+
+    `ended` is how the node ended, as its host recorded it. None means the host could
+    not say: either it was lost (the stream broke or went silent: `lost`, and `error`
+    says how), or, with --once, the node has not ended yet (`drained`).
+    """
 
     host: str
     node_rank: int
-    returncode: int | None
-    killed: bool = False
-    error: str | None = None
+    ended: ExitRecord | None
+    error: str | None = None  # how the host was lost
     drained: bool = False  # --once: the stream stopped because it had sent everything
-    lost: bool = False  # the stream broke or went silent: the host stopped answering
+
+    @property
+    def lost(self) -> bool:
+        return self.ended is None and not self.drained
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.ended is None else self.ended.returncode
+
+    @property
+    def killed(self) -> bool:
+        return self.ended is not None and self.ended.killed
+
+    @property
+    def reason(self) -> str | None:
+        """Why the outcome is unknown, when it is: the host's word, or how it was lost."""
+        return self.error if self.ended is None else self.ended.error
 
     @property
     def ok(self) -> bool:
@@ -88,7 +110,7 @@ class Watcher:
         try:
             proc = transport.stream(follow_command(node, offsets, once), idle_timeout=idle_timeout)
         except OrchError as exc:
-            self._put(NodeExit(name, node.node_rank, None, error=exc.message, lost=True))
+            self._put(NodeExit(name, node.node_rank, None, error=exc.message))
             return
         with self._lock:
             self._procs.append(proc)
@@ -116,50 +138,34 @@ class Watcher:
                 log.debug("[host=%s] not a follow record: %r", name, header[:200])
                 continue
             kind = record.get("k")
-            if kind == "data":
-                size = int(record["n"])
-                wire = int(record.get("z") or size)
-                data = _read_exact(stdout, wire)
-                if len(data) < wire:
-                    break
-                if "z" in record:
-                    data = zlib.decompress(data)
-                if len(data) != size:
-                    log.warning(
-                        "[host=%s] corrupt log chunk: %d bytes, expected %d", name, len(data), size
-                    )
-                    break
-                if self._mirror is not None:
-                    self._mirror.write(name, record["s"], int(record["o"]), data)
-                self._put(Output(name, rank_of(str(record["s"])), data))
-            elif kind == "exit":
-                return NodeExit(
-                    name,
-                    node.node_rank,
-                    record.get("returncode"),
-                    bool(record.get("killed")),
-                    record.get("error"),
-                )
-            elif kind == "end":
-                ended = record.get("ended")
-                if ended:
-                    return NodeExit(
-                        name,
-                        node.node_rank,
-                        ended.get("returncode"),
-                        bool(ended.get("killed")),
-                        ended.get("error"),
-                        drained=True,
-                    )
-                return NodeExit(
-                    name,
-                    node.node_rank,
-                    None,
-                    drained=True,
-                    error=None if record.get("started") else "not started",
-                )
+            if kind == "data" and not self._data(name, record, stdout):
+                break
+            if kind == "exit":
+                ended = agent.parse(node.host, ExitRecord, record)
+                return NodeExit(name, node.node_rank, ended)
+            if kind == "end":
+                status = agent.parse(node.host, NodeStatus, record)
+                return NodeExit(name, node.node_rank, status.ended, drained=True)
         error = None if self._closed.is_set() else f"lost the connection to {name}"
-        return NodeExit(name, node.node_rank, None, error=error, lost=True)
+        return NodeExit(name, node.node_rank, None, error=error)
+
+    def _data(self, name: str, record: dict[str, Any], stdout: IO[bytes]) -> bool:
+        """Take a data record's bytes into the mirror and the queue; False when the
+        stream broke in the middle of them."""
+        size = int(record["n"])
+        wire = int(record.get("z") or size)
+        data = _read_exact(stdout, wire)
+        if len(data) < wire:
+            return False
+        if "z" in record:
+            data = zlib.decompress(data)
+        if len(data) != size:
+            log.warning("[host=%s] corrupt log chunk: %d bytes, expected %d", name, len(data), size)
+            return False
+        if self._mirror is not None:
+            self._mirror.write(name, record["s"], int(record["o"]), data)
+        self._put(Output(name, rank_of(str(record["s"])), data))
+        return True
 
     def _put(self, event: Event) -> None:
         while not self._closed.is_set():

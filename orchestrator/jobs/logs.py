@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.jobs.follow import NodeExit, Watcher
+from orchestrator.jobs.follow import IDLE_TIMEOUT_S, NodeExit, Watcher
 from orchestrator.jobs.reporter import Reporter
 from orchestrator.jobs.watch import watch_job
 from orchestrator.models.errors import HostError, InfraError, InputError, OrchError
@@ -69,7 +69,7 @@ def logs(store: JobDB, job_id: str, want: LogFilter, follow: bool, reporter: Rep
     try:
         with group:
             reachable = [n for n in nodes if n.host.name in group.transports]
-            failures += _drain(record, reachable, group, mirror, store)
+            failures += drain(record, reachable, group, mirror, store)
             _print_mirror(nodes, mirror, want, reporter)
             if follow and not failures:
                 return _follow(store, record, group, mirror, want, reporter)
@@ -90,11 +90,20 @@ def logs(store: JobDB, job_id: str, want: LogFilter, follow: bool, reporter: Rep
     return 0
 
 
-def _drain(
-    record: JobRecord, nodes: list[NodeRecord], group: HostGroup, mirror: LogMirror, store: JobDB
+def drain(
+    record: JobRecord,
+    nodes: list[NodeRecord],
+    group: HostGroup,
+    mirror: LogMirror,
+    store: JobDB,
+    idle_timeout: float = IDLE_TIMEOUT_S,
 ) -> list[OrchError]:
-    """Copy what the hosts have beyond the local copy into it; note ended nodes."""
-    watcher = Watcher(nodes, group.transports, mirror, once=True)
+    """Copy what the hosts have beyond the local copy into it; note ended nodes.
+
+    Returns:
+        An error for each host that could not be read to the end.
+    """
+    watcher = Watcher(nodes, group.transports, mirror, once=True, idle_timeout=idle_timeout)
     failures: list[OrchError] = []
     try:
         for event in watcher.events():
@@ -102,9 +111,9 @@ def _drain(
                 continue
             if event.lost:
                 failures.append(HostError(event.host, event.error or "lost while reading logs"))
-            elif event.returncode is not None or event.killed:
+            elif event.ended is not None:
                 state = node_state(event.returncode, event.killed)
-                store.update_node(record.id, event.host, state, event.returncode, event.error)
+                store.update_node(record.id, event.host, state, event.returncode, event.reason)
     finally:
         watcher.close()
     return failures

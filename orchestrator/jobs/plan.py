@@ -11,40 +11,13 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.agent import protocol
+from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
 
-SUPERVISOR_NAME = "orch_supervisor.py"
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 UNKNOWN_PORT = "<free port on master>"
-
-
-@dataclass(frozen=True)
-class HostFacts:
-    """What a probe learned about a host; every field may be unknown."""
-
-    hostname: str = ""
-    python_version: str = ""
-    torch_version: str | None = None
-    iface: str | None = None  # the interface that routes to the master
-    local_addr: str | None = None  # this host's address on that route
-    free_port: int | None = None  # a port free on this host when probed
-    # What `orch check` and submit's preflight look at:
-    os: str = ""
-    python_executable: str = ""
-    torch_cuda: str | None = None  # CUDA version torch was built for; None: CPU build
-    nccl_version: str | None = None  # of the nvidia-nccl wheel beside torch
-    gpu_count: int | None = None  # GPUs seen (nvidia-smi, else /dev/nvidiaN); None: unknown
-    gpu_names: tuple[str, ...] = ()
-    gpu_error: str | None = None  # what nvidia-smi said instead of (or beside) its GPU rows
-    addresses: tuple[tuple[str, str], ...] = ()  # (address, interface) of every IPv4 address
-    route_error: str | None = None  # why no interface routes to the master
-    port: int | None = None  # the port asked about, and whether it could be bound
-    port_free: bool | None = None
-    port_holders: tuple[str, ...] = ()  # who holds it: "pid 42 (python train.py), user bob"
-    disk_free: int | None = None  # bytes free in the workdir
-    clock_offset_s: float | None = None  # host clock minus controller clock
-    modules_missing: tuple[str, ...] = ()  # top-level modules the job needs, not found
 
 
 @dataclass(frozen=True)
@@ -181,7 +154,7 @@ def build_plan(
         nproc = node_count(job, host)
         hf = facts.get(host.name, HostFacts())
         local_addr = master_addr if node_rank == 0 else (hf.local_addr or _static_addr(host))
-        job_dir = f"{host.workdir.rstrip('/')}/jobs/{job_id}/{host.name}"
+        job_dir = protocol.job_dir(host.workdir, job_id, host.name)
         argv = _torchrun_argv(
             job, host, len(hosts), node_rank, nproc, master_addr, master_port, local_addr
         )
@@ -231,9 +204,10 @@ def _torchrun_argv(
     if local_addr:
         # Without it torchrun hands workers its FQDN, which peers may not resolve.
         argv += ["--local-addr", local_addr]
-    # Each rank starts through the supervisor's `rank` entry, which sends the rank's
-    # stdout and stderr to its own log file before it execs the user's code.
-    argv += [f"../{SUPERVISOR_NAME}", "rank", "../logs"]
+    # Each rank starts through the agent's `rank` entry (the version the job pinned),
+    # which sends the rank's stdout and stderr to its own log file before it execs the
+    # user's code.
+    argv += [f"../{protocol.AGENT}/{protocol.RUN_SCRIPT}", "rank", f"../{protocol.LOGS}"]
     argv += ["script", job.script] if job.script else ["module", str(job.module)]
     argv += ["--", *job.args]
     return tuple(argv)

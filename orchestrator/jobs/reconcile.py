@@ -43,13 +43,13 @@ def reconcile(store: JobDB, record: JobRecord, reporter: Reporter) -> JobRecord:
             if node.host.name in unreachable:
                 node.state, node.error = JobState.LOST, "host not answering"
                 continue
-            ended = statuses[node.host.name].get("ended")
+            ended = statuses[node.host.name].ended
             if ended:
-                node.state = node_state(ended.get("returncode"), bool(ended.get("killed")))
-                node.exit_code, node.error = ended.get("returncode"), ended.get("error")
-                last_end = max(last_end or 0.0, float(ended.get("ended") or 0.0)) or None
+                node.state = node_state(ended.returncode, ended.killed)
+                node.exit_code, node.error = ended.returncode, ended.error
+                last_end = max(last_end or 0.0, ended.ended or 0.0) or None
                 store.update_node(record.id, node.host.name, node.state, node.exit_code, node.error)
-            elif statuses[node.host.name].get("started"):
+            elif statuses[node.host.name].started:
                 node.state = JobState.RUNNING
         failed = [n for n in record.nodes if n.state is JobState.FAILED]
         running = [n for n in record.nodes if n.state is JobState.RUNNING]

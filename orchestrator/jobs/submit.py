@@ -30,7 +30,7 @@ from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror
 from orchestrator.sync.manifest import Tree, scan_workdir
 from orchestrator.sync.push import push
-from orchestrator.sync.store import setup_key, setup_marker
+from orchestrator.sync.store import setup_key
 from orchestrator.transport import ConnectOptions, Transport
 
 log = logging.getLogger(__name__)
@@ -195,7 +195,6 @@ def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter
         def line(text: str) -> None:
             reporter.output(f"{host.name} setup", None, (text + "\n").encode())
 
-        marker = setup_marker(host, keys[host.name])
-        ops.setup(nodes[host.name], transport, script, marker, tree.digest, line)
+        ops.setup(nodes[host.name], transport, script, keys[host.name], tree.digest, line)
 
     group.each(run_setup, only=todo)

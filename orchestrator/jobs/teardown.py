@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from orchestrator.agent.protocol import KillReport
 from orchestrator.jobs.reporter import Reporter
 from orchestrator.models.errors import HostError, OrchError
 from orchestrator.models.inventory import Host
@@ -31,7 +31,7 @@ def teardown(
     group: HostGroup,
     reporter: Reporter,
     grace_s: float = ops.KILL_GRACE_S,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, KillReport]:
     """Stop the job on these nodes (on reachable hosts); report failures, never raise:
     the error that led here is already on its way.
 
@@ -41,13 +41,13 @@ def teardown(
     reachable = [n for n in nodes if n.host.name in group.transports]
     master = nodes[0].host.name if nodes and nodes[0].node_rank == 0 else None
 
-    def kill(host: Host, transport: Transport) -> dict[str, Any]:
+    def kill(host: Host, transport: Transport) -> KillReport:
         node = next(n for n in reachable if n.host.name == host.name)
         return ops.kill(node, transport, job_id, grace_s, port if host.name == master else None)
 
     results, failures = group.try_each(kill, only=[n.host.name for n in reachable])
     for name, report in results.items():
-        log.debug("[job=%s host=%s] kill took %s", job_id, name, report.get("seconds"))
+        log.debug("[job=%s host=%s] kill took %s", job_id, name, report.seconds)
     for failure in failures:
         reporter.notice(f"could not stop the job there: {failure.message}")
     return results
@@ -88,9 +88,9 @@ def _kill_one(store: JobDB, record: JobRecord, reporter: Reporter) -> KillOutcom
     log.info("[job=%s] stopped on %d hosts", record.id, len(reports))
     outcome.unreachable = failures
     for name, report in reports.items():
-        outcome.killed[name] = [(int(pid), str(cmd)) for pid, cmd in report.get("killed", [])]
-        if "port_free" in report:
-            outcome.port_free = bool(report["port_free"])
+        outcome.killed[name] = [(int(pid), str(cmd)) for pid, cmd in report.killed]
+        if report.port_free is not None:
+            outcome.port_free = report.port_free
         store.update_node(record.id, name, JobState.KILLED)
     for failure in failures:
         if isinstance(failure, HostError):

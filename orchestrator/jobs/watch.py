@@ -56,7 +56,7 @@ def watch_job(
                 reporter.output(event.host, event.rank, event.data)
                 continue
             state = node_state(event.returncode, event.killed)
-            store.update_node(record.id, event.host, state, event.returncode, event.error)
+            store.update_node(record.id, event.host, state, event.returncode, event.reason)
             record.node(event.host).state = state
             if event.ok or failure is not None:
                 continue
@@ -103,7 +103,7 @@ def describe_exit(event: NodeExit) -> str:
     if event.killed:
         return f"node {event.host} was killed"
     if event.returncode is None:
-        return f"lost node {event.host} ({event.error or 'unknown'})"
+        return f"lost node {event.host} ({event.reason or 'unknown'})"
     if event.returncode < 0:
         return f"node {event.host} was killed by {_signal_name(-event.returncode)}"
     return f"node {event.host} exited with code {event.returncode}"

@@ -20,11 +20,13 @@ class OrchError(Exception):
     """Base of every error orch reports to the user."""
 
     exit_code = EXIT_INFRA
+    host: str | None = None  # the one host it happened on, when there is one
 
     def __init__(self, message: str, hint: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.what = message  # the message without the host's name
 
 
 class InputError(OrchError):
@@ -62,9 +64,12 @@ class InfraError(OrchError):
 class HostError(InfraError):
     """An infrastructure error on one named host."""
 
+    host: str
+
     def __init__(self, host: str, message: str, hint: str = "") -> None:
         super().__init__(f"{message} (host {host})", hint)
         self.host = host
+        self.what = message
 
 
 class RemoteCommandError(HostError):

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from orchestrator.models.errors import (
     EXIT_INFRA,
-    HostError,
     InputError,
     Interrupted,
     OrchError,
@@ -47,7 +46,7 @@ class HostRun:
 
     def describe(self) -> str:
         if self.error is not None:
-            return f"{self.host} ({self.error.message.removesuffix(f' (host {self.host})')})"
+            return f"{self.host} ({self.error.what})"
         if self.exit_code == LOST:
             return f"{self.host} (connection lost, or killed by a signal)"
         return f"{self.host} (exit {self.exit_code})"
@@ -124,7 +123,7 @@ def run_everywhere(
     """
     command = remote_command(argv)
     with HostGroup(hosts, options or ConnectOptions()) as group:
-        runs = {_host_of(e): HostRun(_host_of(e), EXIT_INFRA, e) for e in group.connect(True)}
+        runs = {e.host or "?": HostRun(e.host or "?", EXIT_INFRA, e) for e in group.connect(True)}
         pgids: dict[str, int] = {}
 
         def run_one(host: Host, transport: Transport) -> None:
@@ -200,7 +199,3 @@ def stop(group: HostGroup, pgids: dict[str, int]) -> list[str]:
 def worst_exit(runs: Sequence[HostRun]) -> int:
     """The exit code of `orch exec`: the highest of the hosts' codes."""
     return max((r.exit_code for r in runs), default=0)
-
-
-def _host_of(error: OrchError) -> str:
-    return error.host if isinstance(error, HostError) else "?"

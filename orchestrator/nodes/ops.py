@@ -1,5 +1,5 @@
-"""Node operations on one host: probe, setup, start, kill. Each is one command.
-(The code push, which may take several, is push.py's.)
+"""Node operations on one host: setup, start, follow, status, kill. Each is one agent
+command. (The probe is probe.py's; the code push, which may take several, push.py's.)
 
 Every command line is built from quoted words; values from job and inventory files
 (args, env, paths) travel as JSON inside a single quoted argument and reach torchrun
@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import json
 import logging
-import shlex
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
-from orchestrator.jobs.plan import SUPERVISOR_NAME, NodeLaunch
+from orchestrator.agent import protocol
+from orchestrator.agent.protocol import KillReport, NodeStatus, Started
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.inventory import Host
-from orchestrator.nodes.agent import last_json, packed_supervisor, supervisor_command
-from orchestrator.nodes.shell import sh_path
+from orchestrator.nodes import agent
 from orchestrator.transport import Transport
 
 log = logging.getLogger(__name__)
-PROBE_TIMEOUT_S = 30.0
-PUSH_TIMEOUT_S = 600.0
+STATUS_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 600.0
 KILL_GRACE_S = 3.0
 
 
@@ -40,56 +39,46 @@ class NodeRef(Protocol):
     def job_dir(self) -> str: ...
 
 
-def _supervisor(node: NodeRef, *args: str) -> str:
-    """The command line that runs the node's supervisor from its job directory."""
-    job_dir = sh_path(node.job_dir)
-    words = " ".join(shlex.quote(a) for a in args)
-    return f"cd {job_dir} && exec {sh_path(node.host.python)} {SUPERVISOR_NAME} {words}"
+class NodeStart(NodeRef, Protocol):
+    """What starting a node needs beyond a NodeRef: a plan's node (jobs/plan.py)."""
+
+    @property
+    def argv(self) -> tuple[str, ...]: ...
+
+    @property
+    def env(self) -> dict[str, str]: ...
 
 
-def start(node: NodeLaunch, transport: Transport) -> dict[str, Any]:
+def start(node: NodeStart, transport: Transport) -> Started:
     """Start torchrun under a detached supervisor in the node's job directory, whose
-    code snapshot and supervisor `push.push` put there. Returns its pids.
+    code snapshot `push.push` built there.
 
     Raises:
         RemoteCommandError: the supervisor could not start torchrun.
     """
     spec = json.dumps({"argv": list(node.argv), "env": node.env})
-    result = transport.run(_supervisor(node, "start", ".", spec), timeout=PUSH_TIMEOUT_S)
-    started = last_json(result.stdout) or {}
-    if not result.ok or "pid" not in started:
+    command = agent.job_command(node.host, node.job_dir, "start", ".", spec)
+    result = transport.run(command, timeout=START_TIMEOUT_S)
+    reply = protocol.last_json(result.stdout) or {}
+    if not result.ok or "pid" not in reply:
+        if result.exit_code in agent.SHELL_NOT_FOUND:
+            raise agent.python_not_found(node.host)
         raise RemoteCommandError(
             node.host.name,
-            f"{SUPERVISOR_NAME} start",
+            "orch agent start",
             result.exit_code,
-            result.stderr + str(started.get("error", "")),
+            result.stderr + str(reply.get("error", "")),
             f"check free disk space and permissions of {node.host.workdir}",
         )
+    started = agent.parse(node.host, Started, reply)
     log.debug("[job=%s host=%s] started %s", node.env.get("ORCH_JOB_ID"), node.host.name, started)
     return started
 
 
 def follow_command(node: NodeRef, offsets: dict[str, int] | None = None, once: bool = False) -> str:
-    """The command that streams the node's log files from `offsets` as framed chunks."""
-    return _supervisor(
-        node, "follow", ".", json.dumps(offsets or {}), *(["--once"] if once else [])
-    )
-
-
-def _run_sent(
-    node: NodeRef, transport: Transport, args: list[str], timeout: float
-) -> dict[str, Any]:
-    """Run a supervisor command through the host's cached copy of the supervisor (sent
-    along, stored on first use): it works even where the job directory was never
-    created (a launch cut short), and costs no compile once the host has it."""
-    command = supervisor_command(node.host, " ".join(shlex.quote(a) for a in args))
-    result = transport.run(command, stdin=packed_supervisor(), timeout=timeout)
-    report = last_json(result.stdout)
-    if report is None:
-        raise RemoteCommandError(
-            node.host.name, f"{SUPERVISOR_NAME} {args[0]}", result.exit_code, result.stderr
-        )
-    return report
+    """The command that streams the node's log files from `offsets` (protocol.py)."""
+    args = ["follow", ".", json.dumps(offsets or {}), *(["--once"] if once else [])]
+    return agent.job_command(node.host, node.job_dir, *args)
 
 
 def kill(
@@ -98,40 +87,42 @@ def kill(
     job_id: str,
     grace_s: float = KILL_GRACE_S,
     port: int | None = None,
-) -> dict[str, Any]:
-    """Stop everything the job runs on this node: its process groups, then tagged strays.
-
-    Returns:
-        {"killed": [[pid, cmdline], ...], "forced": [...], "remaining": [...],
-        "seconds": {"scan", "grace", "confirm"}}, and "port_free" when a port was given.
-    """
+) -> KillReport:
+    """Stop everything the job runs on this node (the agent decides what: agent/kill.py).
+    Runs through the host's cached agent, so it works where the job directory was never
+    created (a launch cut short). `port`: also wait until it is free, and say so."""
     args = ["kill", node.job_dir, str(grace_s), job_id, *([str(port)] if port is not None else [])]
-    return _run_sent(node, transport, args, timeout=grace_s + 30)
+    reply = agent.run(node.host, transport, args, timeout=grace_s + 30)
+    return agent.parse(node.host, KillReport, reply)
 
 
-def node_status(node: NodeRef, transport: Transport) -> dict[str, Any]:
-    """{"started", "running", "ended": exit record or None} of a node, from its host."""
-    return _run_sent(node, transport, ["status", node.job_dir], timeout=PROBE_TIMEOUT_S)
+def node_status(node: NodeRef, transport: Transport) -> NodeStatus:
+    """Whether a node started, runs, and how it ended, from its host."""
+    reply = agent.run(node.host, transport, ["status", node.job_dir], timeout=STATUS_TIMEOUT_S)
+    return agent.parse(node.host, NodeStatus, reply)
 
 
 def setup(
-    node: NodeLaunch,
+    node: NodeStart,
     transport: Transport,
     script: str,
-    marker: str,
+    key: str,
     digest: str,
     on_line: Callable[[str], None],
 ) -> None:
     """Run the job's `setup:` command with /bin/sh in the node's code snapshot, passing
-    each output line to `on_line`; on success the host records `marker`, so that the
-    same setup for the same code version does not run there again.
+    each output line to `on_line`; on success the host's store records `key`, so that
+    the same setup for the same code version does not run there again.
 
     Raises:
         HostError: the setup command failed; names the host, the exit code and the
             last lines of its output.
     """
-    spec = {"script": script, "env": node.env, "marker": marker, "manifest": digest}
-    process = transport.stream(_supervisor(node, "setup", ".", json.dumps(spec)))
+    store = protocol.store_dir(node.host.workdir)
+    spec = {"script": script, "env": node.env, "store": store, "key": key, "manifest": digest}
+    process = transport.stream(
+        agent.job_command(node.host, node.job_dir, "setup", ".", json.dumps(spec))
+    )
     tail: list[str] = []
     try:
         for line in process.lines():

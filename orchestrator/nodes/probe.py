@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.jobs.plan import HostFacts
+from orchestrator.agent import protocol
 from orchestrator.models.errors import HostError, RemoteCommandError
+from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
-from orchestrator.nodes.agent import SHELL_NOT_FOUND, last_json, supervisor_source
-from orchestrator.nodes.ops import PROBE_TIMEOUT_S
-from orchestrator.nodes.shell import sh_path
+from orchestrator.nodes import agent
 from orchestrator.transport.base import Transport
+
+PROBE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -72,24 +72,21 @@ def probe_host(
         "gpus": gpus,
         "modules": list(modules),
     }
-    command = f"{sh_path(host.python)} - probe {shlex.quote(json.dumps(options))}"
-    result = transport.run(command, stdin=supervisor_source(), timeout=PROBE_TIMEOUT_S)
+    # Not isolated: torch may come from site-packages, the user's site or PYTHONPATH.
+    command = agent.command(host, "probe", json.dumps(options), isolated=False)
+    result = transport.run(command, stdin=agent.packed(), timeout=PROBE_TIMEOUT_S)
     received = time.time()
-    if result.exit_code in SHELL_NOT_FOUND:
-        raise HostError(
-            host.name,
-            f"python not found at {host.python}",
-            f"set 'python:' for {host.name} in the inventory to an interpreter that has torch",
-        )
+    if result.exit_code in agent.SHELL_NOT_FOUND:
+        raise agent.python_not_found(host)
     if not result.ok:
         raise RemoteCommandError(
             host.name,
-            f"{host.python} - probe",
+            "orch agent probe",
             result.exit_code,
             result.stderr,
             f"check that {host.python} is a working Python 3 on {host.name}",
         )
-    data = last_json(result.stdout)
+    data = protocol.last_json(result.stdout)
     if data is None:
         raise HostError(host.name, f"unreadable probe output: {result.stdout[-200:]!r}")
     return ProbeResult(facts_from_probe(data, received), data.get("ssh_addr"))

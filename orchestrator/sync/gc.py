@@ -6,18 +6,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.models.errors import HostError, RemoteCommandError
+from orchestrator.agent import protocol
+from orchestrator.agent.protocol import GcReport
+from orchestrator.models.errors import HostError
 from orchestrator.models.inventory import Host, resolve_inventory
-from orchestrator.nodes.agent import last_json, packed_supervisor, supervisor_command
+from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
-from orchestrator.sync import wire
 from orchestrator.sync.store import host_key, snapshot_retention
 from orchestrator.transport.base import ConnectOptions, Transport
 
 
 def gc(
     inventory_path: Path | None, keep: int | None, notice: Callable[[str], None]
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, GcReport]:
     """`orch gc`: on every host of the inventory, remove the code snapshots of finished
     jobs but the newest `keep` (default: $ORCH_KEEP_SNAPSHOTS), then the stored
     content that no snapshot uses any more. Logs and job records stay.
@@ -35,7 +36,7 @@ def gc(
     inventory = resolve_inventory(inventory_path, None)
     stores = {host_key(h): h.name for h in reversed(inventory.hosts)}  # one name per store
 
-    def collect(host: Host, transport: Transport) -> dict[str, Any]:
+    def collect(host: Host, transport: Transport) -> GcReport:
         return collect_garbage(host, transport, keep)
 
     with HostGroup(inventory.hosts, ConnectOptions(notice=notice)) as group:
@@ -45,12 +46,9 @@ def gc(
 
 def collect_garbage(
     host: Host, transport: Transport, keep: int, grace_s: float | None = None
-) -> dict[str, Any]:
+) -> GcReport:
     """Remove the host's snapshots of finished jobs but the newest `keep`, and content
     that no snapshot uses any more.
-
-    Returns:
-        {"snapshots_removed", "snapshots_kept", "running", "objects_removed", "bytes_freed"}
 
     Raises:
         HostError: the host could not collect.
@@ -58,13 +56,8 @@ def collect_garbage(
     options: dict[str, Any] = {"workdir": host.workdir, "keep": keep}
     if grace_s is not None:
         options["grace"] = grace_s
-    stdin = packed_supervisor() + wire.json_frame(b"H", options)
-    result = transport.run(supervisor_command(host, "gc"), stdin=stdin, timeout=600)
-    report = last_json(result.stdout)
-    if report is None:
-        raise RemoteCommandError(
-            host.name, "orch_supervisor.py gc", result.exit_code, result.stderr
-        )
-    if "error" in report:
-        raise HostError(host.name, f"gc failed: {report['error']}")
+    header = protocol.json_frame(b"H", options)
+    report = agent.parse(host, GcReport, agent.run(host, transport, ["gc"], [header], 600))
+    if report.error is not None:
+        raise HostError(host.name, f"gc failed: {report.error}")
     return report

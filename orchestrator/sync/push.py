@@ -28,24 +28,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.agent import protocol
+from orchestrator.agent.protocol import SyncReply
 from orchestrator.models.errors import (
     HostError,
     InfraError,
     InputError,
     MultiHostError,
-    RemoteCommandError,
 )
 from orchestrator.models.inventory import Host
-from orchestrator.nodes.agent import (
-    SHELL_NOT_FOUND,
-    last_json,
-    packed_supervisor,
-    supervisor_command,
-)
+from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
 from orchestrator.sync import wire
 from orchestrator.sync.manifest import HostMemory, Tree
-from orchestrator.sync.store import host_key, snapshot_retention, store_dir
+from orchestrator.sync.store import host_key, snapshot_retention
 from orchestrator.transport import Transport
 
 ROUND_TRIP_TIMEOUT_S = 600.0
@@ -127,7 +123,7 @@ def push(
     shared = _Shared(
         tree,
         cache,
-        packed_supervisor(),
+        agent.packed(),
         keep if keep is not None else snapshot_retention(),
         progress or (lambda _: None),
     )
@@ -191,7 +187,7 @@ class _Shared:
 
     @functools.cached_property
     def manifest_frame(self) -> bytes:
-        return wire.frame(b"M", zlib.compress(self.tree.body))
+        return protocol.frame(b"M", zlib.compress(self.tree.body))
 
 
 class _HostPush:
@@ -213,7 +209,7 @@ class _HostPush:
         self.setup = setup
         self.files = self.bytes = self.wire_bytes = self.round_trips = 0
         self.files_total = self.bytes_total = 0
-        self.command = supervisor_command(host, "sync")
+        self.command = agent.command(host, "sync")
         self.token = token
 
     def run(self, plan: HostPlan) -> PushResult:
@@ -224,7 +220,7 @@ class _HostPush:
         self._report()
         for _ in range(MAX_ATTEMPTS):
             reply = self._send(todo, manifest, asking)
-            if reply.get("snapshot"):
+            if reply.snapshot:
                 self._report(finished=True)
                 return PushResult(
                     self.host.name,
@@ -232,19 +228,19 @@ class _HostPush:
                     self.bytes,
                     self.wire_bytes,
                     self.round_trips,
-                    bool(reply.get("setup_done")),
+                    reply.setup_done,
                 )
             # The host lost content the controller thought it had: send that too.
-            asking, manifest = False, bool(reply.get("need_manifest"))
-            todo = _pieces(tree, [k for k in reply.get("missing", ()) if k in tree.objects])
+            asking, manifest = False, reply.need_manifest
+            todo = _pieces(tree, [k for k in reply.missing if k in tree.objects])
             self.shared.cache.expect(todo)
         raise HostError(
             self.host.name,
-            f"the content store in {store_dir(self.host)} kept losing files during the push",
+            f"the content store in {protocol.store_dir(self.host.workdir)} kept losing files during the push",
             "is another 'orch gc' or a cleanup job running there? submit again",
         )
 
-    def _send(self, todo: list[wire.Piece], manifest: bool, ask: bool) -> dict[str, Any]:
+    def _send(self, todo: list[wire.Piece], manifest: bool, ask: bool) -> SyncReply:
         """Send the pieces in round trips of BATCH_BYTES; the last one
         also carries the manifest (when the host may lack it) and the snapshot request.
 
@@ -266,7 +262,7 @@ class _HostPush:
                     frames.append(self.shared.manifest_frame)
                     manifest = False
                 if last or ask:
-                    frames.append(wire.json_frame(b"S", self._snapshot_request()))
+                    frames.append(protocol.json_frame(b"S", self._snapshot_request()))
                 size = next(sizes, size)
                 following = wire.batch_end(todo, end, size)
                 encoded = helper.submit(self._encode_all, todo[end:following])
@@ -286,11 +282,11 @@ class _HostPush:
         sent: int,
         following: int,
         encoded: Future[list[bytes]],
-        reply: dict[str, Any],
+        reply: SyncReply,
     ) -> tuple[list[wire.Piece], int, Future[list[bytes]]]:
         """What is left to send once the host said what it lacks, and the next round
         trip's frames: those already encoded, less what the host has."""
-        lacking = set(() if reply.get("snapshot") else reply.get("missing", ()))
+        lacking = set(() if reply.snapshot else reply.missing)
         later = [p for p in todo[following:] if p.key not in lacking]
         self.shared.cache.forgo(later)  # push() counted on this host for them
         self._count([p for p in todo[sent:] if p.key not in lacking], -1)
@@ -331,12 +327,14 @@ class _HostPush:
             "keep": self.shared.keep,
         }
 
-    def _round_trip(self, frames: list[bytes], batch: Sequence[wire.Piece]) -> dict[str, Any]:
+    def _round_trip(self, frames: list[bytes], batch: Sequence[wire.Piece]) -> SyncReply:
         """Send one stream and read the host's answer. The frames go as they are, never
         joined: every host of the push sends the same (cached) piece frames. The first
         len(batch) frames are those pieces', counted into the progress as they go."""
-        header = wire.json_frame(b"H", {"store": store_dir(self.host), "push": self.token})
-        ends = [self.shared.source, header, wire.frame(b"Z")]
+        header = protocol.json_frame(
+            b"H", {"store": protocol.store_dir(self.host.workdir), "push": self.token}
+        )
+        ends = [self.shared.source, header, protocol.frame(b"Z")]
         size = sum(len(part) for part in ends) + sum(len(frame) for frame in frames)
         stream = itertools.chain(ends[:2], self._counted(frames, batch), ends[2:])
         self.round_trips += 1
@@ -350,24 +348,14 @@ class _HostPush:
             size,
             time.monotonic() - started,
         )
-        reply = last_json(result.stdout)
-        if reply is None:
-            if result.exit_code in SHELL_NOT_FOUND:
-                raise HostError(
-                    self.host.name,
-                    f"python not found at {self.host.python}",
-                    f"set 'python:' for {self.host.name} in the inventory",
-                )
-            raise RemoteCommandError(
-                self.host.name, "orch_supervisor.py sync", result.exit_code, result.stderr
-            )
-        if "changed" in reply:
-            entry = self.shared.tree.objects.get(str(reply["changed"]))
+        reply = agent.parse(self.host, SyncReply, agent.reply_of(self.host, result, "sync"))
+        if reply.changed is not None:
+            entry = self.shared.tree.objects.get(reply.changed)
             raise _changed(self.shared.tree, entry.path if entry else "a file")
-        if "error" in reply:
+        if reply.error is not None:
             raise HostError(
                 self.host.name,
-                f"code push failed: {reply['error']}",
+                f"code push failed: {reply.error}",
                 f"check free disk space and permissions of {self.host.workdir} on "
                 f"{self.host.name}; 'orch gc' removes old snapshots",
             )

@@ -33,16 +33,6 @@ KEEP_ENV = "ORCH_KEEP_SNAPSHOTS"
 DEFAULT_KEEP = 10
 
 
-def store_dir(host: Host) -> str:
-    """The host's content store (may start with ~)."""
-    return f"{host.workdir.rstrip('/')}/store"
-
-
-def setup_marker(host: Host, key: str) -> str:
-    """Where the host records that setup `key` succeeded (may start with ~)."""
-    return f"{store_dir(host)}/setup/{key}"
-
-
 def host_key(host: Host) -> str:
     """Identifies a store: two inventory names of one machine and workdir share one."""
     return f"{host.user or ''}@{host.address}:{host.port or ''}:{host.workdir}"

@@ -1,14 +1,8 @@
-"""The byte stream a code push sends to a host's `orch_supervisor.py sync`.
+"""The byte stream a code push sends to a host's agent (`sync`).
 
-A stream is a sequence of frames: one kind byte, an 8-byte big-endian length, the
-payload. Names and hashes travel inside JSON payloads, file content inside B frames,
-so nothing the stream carries is ever parsed by a shell:
-
-    H  {"store": DIR, "push": TOKEN}                       always first
-    P  {"k": KEY, "off": N, "size": N, "z": 0|1}  then B  a piece of an object
-    M  zlib(canonical manifest)                            a manifest the host lacks
-    S  {"digest", "job_dir", "setup", "keep"}              build the job's snapshot
-    Z  (empty)                                             the end
+A stream is a sequence of frames (their table is in agent/protocol.py, which both
+sides import). Names and hashes travel inside JSON payloads, file content inside B
+frames, so nothing the stream carries is ever parsed by a shell.
 
 Objects travel in pieces of at most PIECE_BYTES, so that neither side ever holds a
 large file whole, and so that a push can be cut into several round trips. A piece is
@@ -18,17 +12,15 @@ compressed data is sent as it is rather than burning CPU for nothing.
 
 from __future__ import annotations
 
-import json
-import struct
 import threading
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-FRAME = struct.Struct(">cQ")
+from orchestrator.agent.protocol import frame, json_frame
+
 PIECE_BYTES = 4 << 20
 SAMPLE_BYTES = 4 << 10
 COMPRESS_LEVEL = 1
@@ -42,14 +34,6 @@ class ChangedDuringPush(Exception):
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self.path = path
-
-
-def frame(kind: bytes, payload: bytes = b"") -> bytes:
-    return FRAME.pack(kind, len(payload)) + payload
-
-
-def json_frame(kind: bytes, data: dict[str, Any]) -> bytes:
-    return frame(kind, json.dumps(data, ensure_ascii=True).encode())
 
 
 @dataclass(frozen=True)

@@ -4,16 +4,60 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
-from collections.abc import Iterator
-from typing import IO
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import IO, cast
 
 from orchestrator.transport.base import CommandResult, Stdin, stdin_parts
+
+
+class _IdleReader:
+    """A pipe whose reads raise TimeoutError once the command stays silent for
+    `idle_timeout` (as an SSH channel's do): a watchdog kills the silent command, and
+    the read that its end cut short raises."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], idle_timeout: float) -> None:
+        assert proc.stdout is not None
+        self._raw, self._proc, self._idle = proc.stdout, proc, idle_timeout
+        self._waiting_since: float | None = None  # a read is blocked since then
+        self._timed_out = False
+        threading.Thread(target=self._watch, daemon=True, name="local-idle").start()
+
+    def _watch(self) -> None:
+        while self._proc.poll() is None:
+            since = self._waiting_since
+            if since is not None and time.monotonic() - since > self._idle:
+                self._timed_out = True
+                self._proc.kill()
+                return
+            time.sleep(min(self._idle / 4, 0.5))
+
+    def _call(self, method: Callable[[int], bytes], size: int) -> bytes:
+        self._waiting_since = time.monotonic()
+        try:
+            data = method(size)
+        finally:
+            self._waiting_since = None
+        if not data and self._timed_out:
+            raise TimeoutError("no data from the command within the idle timeout")
+        return data
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._call(self._raw.readline, size)
+
+    def read(self, size: int = -1) -> bytes:
+        return self._call(self._raw.read, size)
+
+    def __iter__(self) -> Iterator[bytes]:
+        while line := self.readline():
+            yield line
 
 
 class LocalProcess:
     """A local command followed line by line (RemoteProcess)."""
 
-    def __init__(self, command: str) -> None:
+    def __init__(self, command: str, idle_timeout: float | None = None) -> None:
         self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         self._proc = subprocess.Popen(
             ["/bin/sh", "-c", command],
@@ -21,9 +65,12 @@ class LocalProcess:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
         )
+        self._reader = None if idle_timeout is None else _IdleReader(self._proc, idle_timeout)
 
     @property
     def stdout(self) -> IO[bytes]:
+        if self._reader is not None:
+            return cast(IO[bytes], self._reader)
         assert self._proc.stdout is not None
         return self._proc.stdout
 
@@ -73,8 +120,8 @@ class LocalTransport:
         )
 
     def stream(self, command: str, idle_timeout: float | None = None) -> LocalProcess:
-        # A local command cannot be cut off by the network: no idle timeout needed.
-        return LocalProcess(command)
+        # No network can cut a local command off, but it can hang: same rule as SSH.
+        return LocalProcess(command, idle_timeout)
 
     def close(self) -> None:
         pass

@@ -22,8 +22,8 @@ from orchestrator.check.allreduce import (
 )
 from orchestrator.check.run import HostStatus
 from orchestrator.cli.check_view import host_cells
-from orchestrator.jobs.plan import HostFacts
 from orchestrator.models.errors import InputError
+from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
 from orchestrator.nodes.execute import PGID_MARK, remote_command
 from tests.unit.conftest import Orch, WriteFile

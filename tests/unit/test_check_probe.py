@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent import probe as agent_probe
+from orchestrator.agent import proc
+from orchestrator.nodes import agent
 from orchestrator.nodes.probe import describe_holder, facts_from_probe
-from orchestrator.remote import supervisor as sup
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -25,7 +27,7 @@ def fixture(name: str) -> str:
 
 
 def test_nvidia_smi_lists_eight_a100s_with_memory_and_driver() -> None:
-    gpus = sup.parse_gpu_query(fixture("nvidia-smi-8xA100.csv"), 0)
+    gpus = agent_probe.parse_gpu_query(fixture("nvidia-smi-8xA100.csv"), 0)
     assert gpus["count"] == 8 and "error" not in gpus
     assert [g["index"] for g in gpus["list"]] == list(range(8))
     assert gpus["list"][0] == {
@@ -37,20 +39,20 @@ def test_nvidia_smi_lists_eight_a100s_with_memory_and_driver() -> None:
 
 
 def test_nvidia_smi_with_a_lost_gpu_counts_seven_and_keeps_what_it_said() -> None:
-    gpus = sup.parse_gpu_query(fixture("nvidia-smi-gpu-lost.txt"), 15)
+    gpus = agent_probe.parse_gpu_query(fixture("nvidia-smi-gpu-lost.txt"), 15)
     assert gpus["count"] == 7
     assert gpus["error"].startswith("Unable to determine the device handle for GPU 0000:CA:00.0")
 
 
 def test_nvidia_smi_without_driver_counts_nothing_and_says_why() -> None:
-    gpus = sup.parse_gpu_query(fixture("nvidia-smi-no-driver.txt"), 9)
+    gpus = agent_probe.parse_gpu_query(fixture("nvidia-smi-no-driver.txt"), 9)
     assert gpus["count"] is None
     assert gpus["error"].startswith("NVIDIA-SMI has failed because it couldn't communicate")
 
 
 def test_device_nodes_count_gpus_where_nvidia_smi_is_missing() -> None:
     names = ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-modeset", "null", "nvidia10"]
-    assert sup.device_gpu_count(names) == 3
+    assert agent_probe.device_gpu_count(names) == 3
 
 
 @pytest.mark.parametrize(
@@ -63,24 +65,24 @@ def test_device_nodes_count_gpus_where_nvidia_smi_is_missing() -> None:
 def test_torch_version_py_gives_version_and_cuda_without_import(
     name: str, expected: dict[str, str | None]
 ) -> None:
-    values = sup.parse_version_py(fixture(name))
+    values = agent_probe.parse_version_py(fixture(name))
     assert {k: values[k] for k in expected} == expected
 
 
 def test_nccl_version_comes_from_the_wheel_beside_torch() -> None:
-    assert sup.nccl_from_listing(fixture("site-packages-cu124.txt").split()) == "2.21.5"
-    assert sup.nccl_from_listing(["torch", "torch-2.13.0+cpu.dist-info"]) is None
+    assert agent_probe.nccl_from_listing(fixture("site-packages-cu124.txt").split()) == "2.21.5"
+    assert agent_probe.nccl_from_listing(["torch", "torch-2.13.0+cpu.dist-info"]) is None
 
 
 def test_tcp_tables_give_port_state_owner_uid_and_inode() -> None:
-    rows = sup.parse_tcp_table(fixture("proc-net-tcp.txt"))
+    rows = proc.parse_tcp_table(fixture("proc-net-tcp.txt"))
     on_29500 = [(r["addr"], r["state"], r["uid"], r["inode"]) for r in rows if r["port"] == 29500]
     assert on_29500 == [
         ("10.77.0.11", "LISTEN", 1001, 48213),
         ("10.77.0.11", "ESTABLISHED", 1001, 48377),
         ("10.77.0.11", "TIME_WAIT", 0, 0),
     ]
-    rows6 = sup.parse_tcp_table(fixture("proc-net-tcp6.txt"))
+    rows6 = proc.parse_tcp_table(fixture("proc-net-tcp6.txt"))
     assert [(r["addr"], r["port"], r["state"]) for r in rows6] == [
         ("::", 29500, "LISTEN"),
         ("::1", 631, "LISTEN"),
@@ -97,7 +99,7 @@ def held() -> Iterator[int]:
 
 
 def test_busy_port_names_this_process_as_its_holder(held: int) -> None:
-    status = sup.port_status(held)
+    status = agent_probe.port_status(held)
     assert status["free"] is False
     listening = [h for h in status["holders"] if h["state"] == "LISTEN"]
     assert listening and listening[0]["pid"] == os.getpid()
@@ -105,8 +107,8 @@ def test_busy_port_names_this_process_as_its_holder(held: int) -> None:
 
 
 def test_free_port_is_free() -> None:
-    port = sup.free_port()
-    assert sup.port_status(port) == {"port": port, "free": True}
+    port = agent_probe.free_port()
+    assert agent_probe.port_status(port) == {"port": port, "free": True}
 
 
 def test_holder_description_keeps_both_ends_of_a_long_command() -> None:
@@ -126,10 +128,11 @@ def test_probe_answers_in_one_json_line_without_importing_torch(tmp_path: Path) 
         "workdir": str(tmp_path),
         "modules": ["json", "nope_x"],
     }
-    source = (Path(sup.__file__)).read_bytes()
+    loader = [sys.executable, "-X", "importtime", "-c", agent.LOADER]
+    where = [str(len(agent.packed())), agent.version(), str(tmp_path / "agent")]
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-", "probe", json.dumps(options)],
-        input=source,
+        [*loader, *where, "probe", json.dumps(options)],
+        input=agent.packed(),
         capture_output=True,
         check=True,
     )

@@ -21,8 +21,8 @@ from orchestrator.check.rules import (
     port_problems,
     reach_problems,
 )
-from orchestrator.jobs.plan import HostFacts
 from orchestrator.models.errors import EXIT_INFRA
+from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
 from orchestrator.nodes.probe import facts_from_probe
 

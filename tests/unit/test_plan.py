@@ -172,7 +172,7 @@ def test_torchrun_argv_is_exact_for_every_node(make_job: MakeJob) -> None:
     ]
     facts = {"node2": HostFacts(iface="eth1", local_addr="10.77.0.12")}
     plan = build_plan(job, hosts, "j-1", "10.77.0.11", 29511, facts)
-    tail = ("../orch_supervisor.py", "rank", "../logs", "script", "train.py", "--")
+    tail = ("../agent/run.py", "rank", "../logs", "script", "train.py", "--")
     user = ("--epochs", "3", "a b", "--", "$HOME")
     common = ("--nnodes", "2")
     assert plan.nodes[0].argv == (

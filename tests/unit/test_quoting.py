@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from orchestrator.jobs.plan import build_plan
 from orchestrator.models.inventory import Host
 from orchestrator.models.job import JobSpec
-from orchestrator.nodes import ops
+from orchestrator.nodes import agent, ops
 from orchestrator.nodes.shell import sh_join, sh_path
 
 SH = "/bin/sh"
@@ -159,11 +159,13 @@ def test_job_args_and_env_reach_the_supervisor_byte_identical(
     (node,) = build_plan(job, [host], JOB_ID, "10.77.0.11", 29500).nodes
     spec = json.dumps({"argv": list(node.argv), "env": node.env})  # as launch.start sends it
 
-    cwd, argv = run_supervisor_command(ops._supervisor(node, "start", ".", spec), home)
+    cwd, argv = run_supervisor_command(
+        agent.job_command(host, node.job_dir, "start", ".", spec), home
+    )
 
     assert cwd == home / "work 'dir' $x" / "jobs" / JOB_ID / "n1"
-    assert argv == ["orch_supervisor.py", "start", ".", spec]
-    received = json.loads(argv[3])
+    assert argv == ["-I", "-S", "agent/run.py", "start", ".", spec]
+    received = json.loads(argv[5])
     assert received["argv"][-len(args) - 1 :] == ["--", *args]
     assert {k: received["env"][k] for k in env} == env
     assert not (home / "pwned").exists()
@@ -177,4 +179,4 @@ def test_follow_command_reaches_the_supervisor_intact(
     (node,) = build_plan(job, [host], JOB_ID, "10.77.0.11", 29500).nodes
     offsets = {"node": 12, "3": 4096}
     _, argv = run_supervisor_command(ops.follow_command(node, offsets), home)
-    assert argv == ["orch_supervisor.py", "follow", ".", json.dumps(offsets)]
+    assert argv == ["-I", "-S", "agent/run.py", "follow", ".", json.dumps(offsets)]

@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator.agent import follow, proc, protocol
+from orchestrator.agent.main import main as agent_main
 from orchestrator.records.logmirror import LogMirror
-from orchestrator.remote import supervisor as sup
 
 F_GETPIPE_SZ = 1032  # Linux
 
@@ -37,7 +38,7 @@ class Log:
     def send(self, final: bool = False) -> list[tuple[dict[str, object], bytes]]:
         """The chunks one send_new() call writes, parsed back."""
         out = io.BytesIO()
-        sup.send_new(out, self.stream, str(self.path), self.offsets, final)
+        follow.send_new(out, self.stream, str(self.path), self.offsets, final)
         return parse(out.getvalue())
 
 
@@ -76,7 +77,7 @@ def test_nothing_new_sends_nothing(log: Log) -> None:
 
 def test_missing_file_sends_nothing(tmp_path: Path) -> None:
     out = io.BytesIO()
-    assert sup.send_new(out, "3", str(tmp_path / "nope.log"), {}, final=False) == (False, False)
+    assert follow.send_new(out, "3", str(tmp_path / "nope.log"), {}, final=False) == (False, False)
     assert out.getvalue() == b""
 
 
@@ -110,7 +111,7 @@ def test_long_line_below_max_line_is_kept_whole(log: Log) -> None:
 def test_unterminated_line_reaching_max_line_goes_in_pieces(
     log: Log, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sup, "MAX_LINE", 16)
+    monkeypatch.setattr(follow, "MAX_LINE", 16)
     log.append(b"y" * 40)
     pieces = [data for _ in range(3) for _, data in log.send()]
     assert pieces == [b"y" * 16, b"y" * 16]  # the last 8 bytes wait for a newline
@@ -164,7 +165,7 @@ def test_log_files_are_torchrun_log_then_every_rank(
     (tmp_path / "logs").mkdir()
     for name in ("rank-10.log", "rank-2.log", "rank-2.pid", "other.txt"):
         (tmp_path / "logs" / name).write_text("")
-    assert sup.log_files() == [
+    assert follow.log_files() == [
         ("node", "torchrun.log"),
         ("10", "logs/rank-10.log"),
         ("2", "logs/rank-2.log"),
@@ -178,7 +179,7 @@ def test_follow_once_sends_everything_then_the_node_state(
     (tmp_path / "logs" / "rank-0.log").write_bytes(b"hello\n")
     (tmp_path / "node.json").write_text("{}")
     (tmp_path / "exit.json").write_text(json.dumps({"returncode": 3}))
-    assert sup.cmd_follow([str(tmp_path), json.dumps({}), "--once"]) == 0
+    assert follow.main([str(tmp_path), json.dumps({}), "--once"]) == 0
     chunks = parse(capsysbinary.readouterr().out)
     assert chunks[0] == ({"k": "data", "s": "0", "o": 0, "n": 6}, b"hello\n")
     assert chunks[-1][0] == {"k": "exit", "returncode": 3, "killed": False}
@@ -190,25 +191,25 @@ def test_port_listening_reads_the_kernel_table() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-        assert sup.port_listening(port) is False
+        assert proc.port_listening(port) is False
         s.listen()
-        assert sup.port_listening(port) is True
+        assert proc.port_listening(port) is True
 
 
 def test_unknown_command_prints_usage_and_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert sup.main(["nonsense"]) == 2
+    assert agent_main(["nonsense"]) == 2
     assert "usage:" in capsys.readouterr().err
 
 
 def test_big_chunks_travel_compressed_and_small_ones_do_not(log: Log) -> None:
     log.append(b"a\n")
     out = io.BytesIO()
-    sup.send_new(out, "0", str(log.path), log.offsets, final=False)
+    follow.send_new(out, "0", str(log.path), log.offsets, final=False)
     assert b'"z"' not in out.getvalue()  # a small chunk goes at once, as it is
     lines = b"".join(b"step %06d loss 0.1234\n" % i for i in range(5000))
     log.append(lines)
     out = io.BytesIO()
-    assert sup.send_new(out, "0", str(log.path), log.offsets, final=False) == (True, False)
+    assert follow.send_new(out, "0", str(log.path), log.offsets, final=False) == (True, False)
     raw = out.getvalue()
     assert len(raw) < len(lines) / 5
     assert parse(raw) == [({"k": "data", "s": "0", "o": 2, "n": len(lines)}, lines)]
@@ -217,10 +218,10 @@ def test_big_chunks_travel_compressed_and_small_ones_do_not(log: Log) -> None:
 def test_widen_pipe_grows_a_pipe_and_leaves_other_files_alone(tmp_path: Path) -> None:
     read, write = os.pipe()
     try:
-        sup.widen_pipe(read)
+        protocol.widen_pipe(read)
         assert fcntl.fcntl(read, F_GETPIPE_SZ) >= 1 << 20
     finally:
         os.close(read)
         os.close(write)
     with open(tmp_path / "file", "wb") as f:
-        sup.widen_pipe(f.fileno())  # not a pipe: no error
+        protocol.widen_pipe(f.fileno())  # not a pipe: no error

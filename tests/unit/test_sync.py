@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
 
-from orchestrator.nodes.agent import supervisor_source
+from orchestrator.nodes import agent
 from orchestrator.sync.ignore import collect_files
 from orchestrator.sync.manifest import Entry, Tree, scan_workdir
 from tests.hostile_names import TEXT_NAMES
@@ -222,10 +223,14 @@ def test_manifest_holds_each_file_with_its_hash_size_and_executable_bit(tmp_path
     assert tree.total_bytes == 12 + 6 + 10
 
 
-def test_supervisor_source_is_the_remote_supervisor_script() -> None:
-    source = supervisor_source().decode()
-    assert "def cmd_start" in source
-    assert 'if __name__ == "__main__":' in source
+def test_agent_archive_is_deterministic_and_its_hash_is_the_version() -> None:
+    files = json.loads(agent.archive())
+    assert list(files) == sorted(files)
+    assert {"orch_agent/main.py", "orch_agent/protocol.py", "run.py"} <= set(files)
+    assert agent.version() == hashlib.sha256(agent.archive()).hexdigest()[:16]
+    agent.archive.cache_clear()
+    agent.version.cache_clear()
+    assert json.loads(agent.archive()) == files  # the same bytes, read again
 
 
 @pytest.mark.parametrize("name", TEXT_NAMES)

@@ -17,16 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent import protocol
 from orchestrator.models.errors import InfraError
 from orchestrator.models.inventory import Host
-from orchestrator.nodes.agent import packed_supervisor, supervisor_command
+from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
 from orchestrator.sync import push as push_module
-from orchestrator.sync import wire
 from orchestrator.sync.gc import collect_garbage
 from orchestrator.sync.manifest import HostMemory, scan_workdir
 from orchestrator.sync.push import PushProgress, PushResult, push
-from orchestrator.sync.store import store_dir
 from orchestrator.transport import ConnectOptions
 from tests.hostile_names import HOSTILE_NAMES
 
@@ -99,7 +98,7 @@ def listing(root: Path) -> dict[str, tuple[str, str]]:
 
 
 def objects_in_store(host: Host) -> list[Path]:
-    return [p for p in (Path(store_dir(host)) / "objects").glob("*")]
+    return [p for p in (Path(protocol.store_dir(host.workdir)) / "objects").glob("*")]
 
 
 def test_snapshot_is_an_exact_copy_of_a_hostile_tree(pusher: Pusher, tmp_path: Path) -> None:
@@ -128,10 +127,9 @@ def test_snapshot_is_an_exact_copy_of_a_hostile_tree(pusher: Pusher, tmp_path: P
     assert result.files_sent == len(HOSTILE_NAMES) + 3  # the names, deep.py, run.sh, .gitignore
     assert not (Path.cwd() / "pwned").exists() and not (code / "pwned").exists()
     assert listing(code)["data"] == ("link", str(tmp_path / "outside"))  # not followed
-    # The supervisor is there to start the job, and pushed files are read-only.
-    assert (
-        (code.parent / "orch_supervisor.py").read_bytes().startswith(b'"""orch\'s node supervisor')
-    )
+    # The job pins the agent that built it, and pushed files are read-only.
+    assert (code.parent / "agent" / "run.py").is_file()
+    assert json.loads((code.parent / "snapshot.json").read_text())["agent"] == agent.version()
     assert not (code / "with space.py").stat().st_mode & 0o222
 
 
@@ -255,16 +253,16 @@ def test_progress_moves_within_a_round_trip(
 def raw_sync(host: Host, body: bytes, job_dir: Path) -> dict[str, object]:
     """Send the host a manifest `body` of our own making and ask for a snapshot."""
     frames = [
-        wire.json_frame(b"H", {"store": store_dir(host), "push": "t1"}),
-        wire.frame(b"M", zlib.compress(body)),
-        wire.json_frame(
+        protocol.json_frame(b"H", {"store": protocol.store_dir(host.workdir), "push": "t1"}),
+        protocol.frame(b"M", zlib.compress(body)),
+        protocol.json_frame(
             b"S", {"digest": hashlib.sha256(body).hexdigest(), "job_dir": str(job_dir), "keep": 5}
         ),
-        wire.frame(b"Z"),
+        protocol.frame(b"Z"),
     ]
     out = subprocess.run(
-        ["/bin/sh", "-c", supervisor_command(host, "sync")],
-        input=packed_supervisor() + b"".join(frames),
+        ["/bin/sh", "-c", agent.command(host, "sync")],
+        input=agent.packed() + b"".join(frames),
         capture_output=True,
         check=False,
     )
@@ -303,7 +301,7 @@ def test_gc_drops_old_finished_snapshots_and_content_nothing_uses(
         os.utime(code.parent / "exit.json", (time.time() - 100 + n, time.time() - 100 + n))
     report = group.each(lambda h, t: collect_garbage(h, t, keep=1, grace_s=0))[host.name]
     assert [c.exists() for c in snapshots] == [False, False, True, True]
-    assert report["snapshots_removed"] == 2 and report["objects_removed"] == 2
+    assert report.snapshots_removed == 2 and report.objects_removed == 2
     assert sorted(p.read_bytes() for p in objects_in_store(host)) == [
         b"version 2\n",
         b"version 3\n",

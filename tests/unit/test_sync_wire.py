@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent import protocol
 from orchestrator.sync import wire
 
 
 def read_frames(data: bytes) -> Iterator[tuple[bytes, bytes]]:
     stream = io.BytesIO(data)
-    while header := stream.read(wire.FRAME.size):
-        kind, size = wire.FRAME.unpack(header)
+    while header := stream.read(protocol.FRAME.size):
+        kind, size = protocol.FRAME.unpack(header)
         yield kind, stream.read(size)
 
 

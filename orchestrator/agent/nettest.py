@@ -1,6 +1,4 @@
-"""orch's network tests, run on hosts with the host's own Python. Standard library only.
-
-Sent as `python -c SOURCE COMMAND ARGS...`, so nothing is left behind on the host:
+"""`nettest TEST ARGS...`: orch's network tests between the job's hosts.
 
     listen PORT EXPECT SECONDS TOKEN  listen on PORT; answer each connection with
                                       TOKEN; stop after EXPECT of them or SECONDS
@@ -185,5 +183,6 @@ COMMANDS: dict[str, Any] = {
     "bwclient": cmd_bwclient,
 }
 
-if __name__ == "__main__":
-    sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))
+
+def main(args: list[str]) -> int:
+    return int(COMMANDS[args[0]](args[1:]))

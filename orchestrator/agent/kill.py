@@ -1,0 +1,135 @@
+"""`kill JOB_DIR [GRACE [JOB_ID [PORT]]]`: stop everything of a job on this host.
+
+What is signalled, and in which order, is decided here: the process groups the job
+directory records (torchrun's, and each rank's own session) and every process whose
+environment carries the job's tag (those that escaped with setsid or a double fork).
+Nothing else on the host is ever touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import proc
+from .protocol import EXIT, KILLED, LOGS, NODE_SPEC, PIDS, read_json, send_record
+
+POLL_S = 0.05
+
+
+def main(args: list[str]) -> int:
+    """kill JOB_DIR [GRACE [JOB_ID [PORT]]]: stop everything of the job on this host.
+
+    TERM to torchrun's process group and each rank's (torchrun gives every rank its
+    own session), and to every process carrying the job's tag in its environment
+    (those that escaped with setsid or a double fork). Everything but torchrun itself
+    gets up to GRACE seconds to clean up; torchrun has nothing of the user's to save,
+    and its interpreter teardown costs ~0.4 s of CPU a node, so it is KILLed as soon
+    as the rest is gone. What is left after GRACE is KILLed, again until it is gone.
+    Prints a KillReport: what it killed, and whether PORT is free again.
+    """
+    began = time.monotonic()
+    job_dir = os.path.expanduser(args[0])
+    grace = float(args[1]) if len(args) > 1 else 3.0
+    job = Victims(args[2] if len(args) > 2 else None)
+    port = int(args[3]) if len(args) > 3 else None
+    if os.path.isdir(job_dir):
+        os.chdir(job_dir)
+        job.read_job_dir()
+    victims = {pid: proc.cmdline(pid) or "?" for pid in job.remaining()}
+    for pgid in job.groups:
+        proc.signal_group(pgid, signal.SIGTERM)
+    for pid in victims:
+        proc.signal_pid(pid, signal.SIGTERM)
+    termed = time.monotonic()
+    wait_until(lambda: not job.remaining(spare=job.torchrun), termed + grace)
+    rest_gone = time.monotonic()
+    forced = job.remaining(spare=job.torchrun)
+    force(job, rest_gone + 5)
+    # The supervisor records the exit status once torchrun is reaped.
+    wait_until(lambda: not os.path.exists(PIDS) or os.path.exists(EXIT), rest_gone + 5)
+    if port is not None:
+        wait_until(lambda: not proc.port_listening(port), rest_gone + 5)
+    report: dict[str, Any] = {
+        "killed": [[pid, cmd] for pid, cmd in sorted(victims.items())],
+        "forced": sorted(forced),
+        "remaining": sorted(job.remaining()),
+        "seconds": {  # where the time went, for `orch -vv kill`
+            "scan": round(termed - began, 3),
+            "grace": round(rest_gone - termed, 3),
+            "confirm": round(time.monotonic() - rest_gone, 3),
+        },
+    }
+    if port is not None:
+        report["port_free"] = not proc.port_listening(port)
+    send_record(sys.stdout.buffer, report)
+    return 0
+
+
+class Victims:
+    """The processes of one job on this host: in its groups, or carrying its tag."""
+
+    def __init__(self, job_id: str | None) -> None:
+        self.job_id = job_id
+        self.groups: set[int] = set()
+        self.torchrun: set[int] = set()
+
+    def read_job_dir(self) -> None:
+        """Learn the groups (and the job id, when not given) from the job directory,
+        and mark the node killed."""
+        started = read_json(PIDS) or {}
+        spec_env = (read_json(NODE_SPEC) or {}).get("env") or {}
+        self.job_id = self.job_id or spec_env.get("ORCH_JOB_ID")
+        open(KILLED, "a").close()
+        self.groups = process_groups()
+        self.torchrun = {int(started["pid"])} if "pid" in started else set()
+
+    def remaining(self, spare: set[int] | frozenset[int] = frozenset()) -> set[int]:
+        """The job's live processes but the `spare` pids."""
+        table = proc.processes()
+        tags = tagged(self.job_id, table)
+        return {
+            pid for pid, pgid in table if (pgid in self.groups or pid in tags) and pid not in spare
+        }
+
+
+def force(job: Victims, deadline: float) -> None:
+    """KILL the job's groups, then whatever is left, until nothing is (or `deadline`)."""
+    for pgid in job.groups:
+        proc.signal_group(pgid, signal.SIGKILL)
+    while time.monotonic() < deadline and (left := job.remaining()):
+        for pid in left:  # tagged strays, and anything forked since the last pass
+            proc.signal_pid(pid, signal.SIGKILL)
+        time.sleep(POLL_S)
+
+
+def wait_until(done: Callable[[], bool], deadline: float) -> None:
+    while time.monotonic() < deadline and not done():
+        time.sleep(POLL_S)
+
+
+def process_groups() -> set[int]:
+    """The process groups of the node: torchrun's, and each rank's own session."""
+    groups = set()
+    started = read_json(PIDS)
+    if started:
+        groups.add(int(started["pgid"]))
+    for name in os.listdir(LOGS) if os.path.isdir(LOGS) else []:
+        if name.endswith(".pid"):
+            with contextlib.suppress(OSError, ValueError), open(os.path.join(LOGS, name)) as f:
+                groups.add(int(f.read()))
+    return groups
+
+
+def tagged(job_id: str | None, table: list[tuple[int, int]]) -> set[int]:
+    """Processes whose environment carries this job's tag, wherever they moved to."""
+    if not job_id:
+        return set()
+    tag = f"ORCH_JOB_ID={job_id}".encode()
+    me = os.getpid()
+    return {pid for pid, _ in table if pid != me and proc.has_env(pid, tag)}

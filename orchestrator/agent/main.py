@@ -1,0 +1,46 @@
+"""The agent's entry: `COMMAND ARGS...`, each command in its own module, imported only
+when it runs (a host command's start is on every path of orch)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# command -> module; each module's main(args) returns the exit code
+COMMANDS = {
+    "probe": "probe",
+    "start": "start",
+    "status": "status",
+    "follow": "follow",
+    "kill": "kill",
+    "rank": "rank",
+    "sync": "sync",
+    "setup": "setup",
+    "gc": "gc",
+    "nettest": "nettest",
+}
+USAGE = """usage: orch agent COMMAND ARGS...
+  probe [MASTER|OPTIONS]              this host's facts as JSON (no torch import)
+  start JOB_DIR [SPEC]                detach, start torchrun under a supervisor
+  status JOB_DIR                      whether the node started, runs, ended how
+  follow JOB_DIR [OFFSETS] [--once]   stream the node's logs until it ends
+  kill JOB_DIR [GRACE [JOB_ID [PORT]]]
+                                      stop every process of the job on this host
+  rank LOG_DIR KIND TARGET -- ARGS    torchrun's entry for each rank
+  sync                                (stdin: frames) store content, build a snapshot
+  setup JOB_DIR SPEC                  run the job's setup: command, mark it done
+  gc                                  (stdin: a frame) drop old snapshots and content
+  nettest TEST ARGS...                listen, connect, bwserve, bwclient
+"""
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in COMMANDS:
+        sys.stderr.write(USAGE)
+        return 2
+    command = importlib.import_module(f".{COMMANDS[argv[0]]}", __package__)
+    try:
+        code: int = command.main(argv[1:])
+    except BrokenPipeError:  # the controller went away while following
+        return 0
+    return code

@@ -1,0 +1,355 @@
+"""`probe [MASTER|OPTIONS]`: this host's facts as one JSON line, without importing torch
+(that costs seconds): python, torch and its CUDA and NCCL, GPUs, addresses, the route
+to the master, a port's holders, free disk, the clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from . import proc
+
+if TYPE_CHECKING:
+    import subprocess
+
+# Queried with nounits so memory is a plain MiB number; one CSV line per GPU.
+GPU_QUERY = (
+    "nvidia-smi",
+    "--query-gpu=index,name,memory.total,driver_version",
+    "--format=csv,noheader,nounits",
+)
+GPU_QUERY_TIMEOUT_S = 10.0
+
+
+def main(args: list[str]) -> int:
+    """Print this host's facts as one JSON line, fast: it runs before every submit.
+
+    args: `MASTER`, or one JSON object with any of master (address to route to),
+    port (tell whether it is free and who holds it), workdir (free disk there),
+    gpus (false skips nvidia-smi) and modules (top-level names to find).
+    """
+    import socket
+
+    opts = probe_options(args)
+    want_gpus = bool(opts.get("gpus", True))
+    # nvidia-smi can take a second on a big box: it runs while the rest is read.
+    gpu_query = start_gpu_query() if want_gpus else None
+    build = torch_build()
+    facts: dict[str, object] = {
+        "hostname": socket.gethostname(),
+        "os": os_name(),
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "torch": build.get("version"),
+        "torch_cuda": build.get("cuda"),
+        "torch_hip": build.get("hip"),
+        "nccl": nccl_version(build.get("dir")),
+        # The address sshd was reached at: what other hosts most likely reach us at too.
+        "ssh_addr": ssh_server_addr(),
+        "free_port": free_port(),
+    }
+    own = own_addresses()
+    facts["addresses"] = own
+    if opts.get("master"):
+        facts.update(route_facts(str(opts["master"]), own))
+    if opts.get("port"):
+        facts["port"] = port_status(int(opts["port"]))
+    if opts.get("workdir"):
+        facts["disk_free"] = disk_free(str(opts["workdir"]))
+    if opts.get("modules"):
+        facts["modules"] = {name: module_found(name) for name in opts["modules"]}
+    if gpu_query is not None:
+        facts["gpus"] = finish_gpu_query(gpu_query)
+    elif want_gpus:  # no nvidia-smi: the device nodes still tell the count
+        facts["gpus"] = {"count": device_gpu_count(os.listdir("/dev")), "source": "/dev"}
+    facts["time"] = time.time()  # last: the controller compares it with its own clock
+    print(json.dumps(facts))
+    return 0
+
+
+def probe_options(args: list[str]) -> dict[str, Any]:
+    if not args:
+        return {}
+    if args[0].startswith("{"):
+        opts = json.loads(args[0])
+        return opts if isinstance(opts, dict) else {}
+    return {"master": args[0]}
+
+
+def ssh_server_addr() -> str | None:
+    """The address sshd was reached at ($SSH_CONNECTION's third field)."""
+    fields = os.environ.get("SSH_CONNECTION", "").split()
+    return fields[2] if len(fields) >= 3 else None
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def os_name() -> str:
+    """PRETTY_NAME of /etc/os-release (`Ubuntu 22.04.4 LTS`), else the kernel's name."""
+    try:
+        with open("/etc/os-release") as f:
+            for line in f:
+                key, _, value = line.strip().partition("=")
+                if key == "PRETTY_NAME" and value:
+                    return value.strip("\"'")
+    except OSError:
+        pass
+    uname = os.uname()
+    return f"{uname.sysname} {uname.release}"
+
+
+def torch_build() -> dict[str, str | None]:
+    """torch's version, CUDA and HIP versions and install dir, read from its files.
+
+    Importing torch costs seconds, and importlib.metadata a tenth of one: torch's own
+    version.py holds all of it as plain assignments.
+    """
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return {}
+    if spec is None or not spec.origin:
+        return {}
+    torch_dir = os.path.dirname(spec.origin)
+    try:
+        with open(os.path.join(torch_dir, "version.py")) as f:
+            values = parse_version_py(f.read())
+    except OSError:
+        values = {}
+    return {
+        "version": values.get("__version__") or "unknown",
+        "cuda": values.get("cuda"),
+        "hip": values.get("hip"),
+        "dir": torch_dir,
+    }
+
+
+def parse_version_py(text: str) -> dict[str, str | None]:
+    """The string (or None) constants of torch/version.py: `cuda: Optional[str] = '12.4'`."""
+    import ast
+
+    values: dict[str, str | None] = {}
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return values
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        constant = value.value if isinstance(value, ast.Constant) else 0
+        if isinstance(target, ast.Name) and (constant is None or isinstance(constant, str)):
+            values[target.id] = constant
+    return values
+
+
+def nccl_version(torch_dir: str | None) -> str | None:
+    """The NCCL that torch loads: pip's `nvidia-nccl-cuXX` wheel beside torch.
+
+    Its version is in the name of its .dist-info directory. None when torch carries
+    its own (ROCm's RCCL, a static build) or has none (CPU builds).
+    """
+    if not torch_dir:
+        return None
+    try:
+        names = os.listdir(os.path.dirname(torch_dir))
+    except OSError:
+        return None
+    return nccl_from_listing(names)
+
+
+def nccl_from_listing(names: list[str]) -> str | None:
+    """`nvidia_nccl_cu12-2.21.5.dist-info` -> `2.21.5` (newest CUDA major first)."""
+    found = sorted(
+        (n for n in names if n.startswith("nvidia_nccl_cu") and n.endswith(".dist-info")),
+        reverse=True,
+    )
+    if not found:
+        return None
+    return found[0][: -len(".dist-info")].split("-", 1)[1]
+
+
+def route_facts(target: str, own: dict[str, str]) -> dict[str, str | None]:
+    """The interface and source address this host uses to reach `target`.
+
+    When `target` is one of this host's own addresses, the interface is the one that
+    holds it (not `lo`, which `ip route get` reports for local addresses): peers reach
+    the master through that interface. `route_error` says why there is no answer.
+    """
+    import socket
+    import subprocess
+
+    facts: dict[str, str | None] = {"iface": None, "local_addr": None, "route_error": None}
+    try:
+        addr = str(socket.getaddrinfo(target, None, socket.AF_INET)[0][4][0])
+    except OSError as exc:
+        facts["route_error"] = f"cannot resolve {target}: {exc.strerror or exc}"
+        return facts
+    if addr in own:
+        facts["iface"], facts["local_addr"] = own[addr], addr
+        return facts
+    try:
+        result = subprocess.run(
+            ["ip", "-o", "route", "get", addr], capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        facts["route_error"] = f"cannot run ip route get: {exc}"
+        return facts
+    words = result.stdout.split()
+    if "dev" not in words:
+        facts["route_error"] = result.stderr.strip() or f"no route to {addr}"
+        return facts
+    facts["iface"] = words[words.index("dev") + 1]
+    facts["local_addr"] = words[words.index("src") + 1] if "src" in words else None
+    return facts
+
+
+def own_addresses() -> dict[str, str]:
+    """Map of this host's IPv4 addresses to interface names."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=5
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {"127.0.0.1": "lo"}
+    result = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if "inet" in parts:
+            result[parts[parts.index("inet") + 1].split("/")[0]] = parts[1].split("@")[0]
+    return result
+
+
+def disk_free(workdir: str) -> int | None:
+    """Bytes free to this user where `workdir` is, or would be once created."""
+    path = os.path.abspath(os.path.expanduser(workdir))
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def module_found(name: str) -> bool:
+    """Whether a top-level module can be found, without running any of its code."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def start_gpu_query() -> subprocess.Popen[str] | None:
+    import subprocess
+
+    try:
+        return subprocess.Popen(
+            GPU_QUERY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+    except OSError:
+        return None
+
+
+def finish_gpu_query(query: subprocess.Popen[str]) -> dict[str, Any]:
+    import subprocess
+
+    try:
+        out, _ = query.communicate(timeout=GPU_QUERY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        query.kill()
+        query.communicate()
+        return {"count": None, "error": f"nvidia-smi gave no answer in {GPU_QUERY_TIMEOUT_S:.0f} s"}
+    return parse_gpu_query(out, query.returncode)
+
+
+def parse_gpu_query(out: str, returncode: int) -> dict[str, Any]:
+    """nvidia-smi's CSV answer: the GPUs it lists, and what it said about the others.
+
+    A GPU that fell off the bus shows as a line like `Unable to determine the device
+    handle for GPU0000:CA:00.0: Unknown Error` among the others' rows.
+    """
+    gpus: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) >= 3 and fields[0].isdigit():
+            memory = fields[2]
+            gpus.append(
+                {
+                    "index": int(fields[0]),
+                    "name": fields[1],
+                    "memory_mib": int(memory) if memory.isdigit() else None,
+                    "driver": fields[3] if len(fields) > 3 else None,
+                }
+            )
+        elif line.strip():
+            notes.append(line.strip())
+    if returncode != 0 and not gpus:
+        return {
+            "count": None,
+            "source": "nvidia-smi",
+            "error": " ".join(notes)[:300] or f"nvidia-smi exited {returncode}",
+        }
+    result: dict[str, Any] = {"count": len(gpus), "source": "nvidia-smi", "list": gpus}
+    if notes:
+        result["error"] = " ".join(notes)[:300]
+    return result
+
+
+def device_gpu_count(dev_names: list[str]) -> int:
+    """GPUs by their /dev/nvidiaN nodes, where nvidia-smi is not installed."""
+    return sum(1 for n in dev_names if n.startswith("nvidia") and n[6:].isdigit())
+
+
+def port_status(port: int) -> dict[str, Any]:
+    """Whether `port` can be bound as torchrun's store binds it, and if not, by whom."""
+    import socket
+
+    try:
+        with socket.socket() as s:
+            # As c10d's TCPStore does: a TIME_WAIT leftover does not make a port busy.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("", port))
+        return {"port": port, "free": True}
+    except OSError as exc:
+        return {"port": port, "free": False, "error": exc.strerror, "holders": port_holders(port)}
+
+
+def port_holders(port: int) -> list[dict[str, Any]]:
+    """The sockets on `port` and, where /proc lets us see them, their processes."""
+    sockets = [s for s in proc.tcp_sockets() if s["port"] == port and s["state"] != "TIME_WAIT"]
+    sockets.sort(key=lambda s: s["state"] != "LISTEN")
+    owners = proc.socket_owners({s["inode"] for s in sockets})
+    holders = []
+    for s in sockets:
+        pid = owners.get(s["inode"])
+        holders.append(
+            {
+                "pid": pid,
+                "command": proc.cmdline(pid) if pid else None,
+                "user": proc.user_name(s["uid"]),
+                "state": s["state"],
+                "addr": s["addr"],
+            }
+        )
+    return holders

@@ -1,0 +1,154 @@
+"""What the agent reads of /proc: processes, their groups, command lines and
+environments, and TCP sockets. Linux only, no tools needed; a process that vanished
+or that this user may not look into is skipped, never an error."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+TCP_STATES = {"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": "LISTEN"}
+TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+
+
+def stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs and is not a zombie."""
+    fields = stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def processes() -> list[tuple[int, int]]:
+    """(pid, pgid) of every live, non-zombie process in this host's process table."""
+    result = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = stat(int(entry))
+            if fields is not None and fields[0] != "Z":
+                result.append((int(entry), int(fields[2])))
+    return result
+
+
+def cmdline(pid: int) -> str | None:
+    """A process's command line, words joined by spaces (at most 200 characters)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().rstrip(b"\0").split(b"\0")
+    except OSError:
+        return None
+    return " ".join(w.decode("utf-8", "replace") for w in words)[:200]
+
+
+def has_env(pid: int, entry: bytes) -> bool:
+    """Whether a process's environment holds `entry` (`NAME=value`) exactly."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return entry in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def tcp_sockets() -> list[dict[str, Any]]:
+    """Every TCP socket of this network namespace (v4 and v6)."""
+    rows: list[dict[str, Any]] = []
+    for table in TCP_TABLES:
+        try:
+            with open(table) as f:
+                rows += parse_tcp_table(f.read())
+        except OSError:
+            continue
+    return rows
+
+
+def parse_tcp_table(text: str) -> list[dict[str, Any]]:
+    """Rows of /proc/net/tcp or tcp6: local address and port, state, uid, inode."""
+    rows = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10 or ":" not in fields[1]:
+            continue
+        hex_addr, hex_port = fields[1].rsplit(":", 1)
+        rows.append(
+            {
+                "addr": hex_address(hex_addr),
+                "port": int(hex_port, 16),
+                "state": TCP_STATES.get(fields[3], fields[3]),
+                "uid": int(fields[7]),
+                "inode": int(fields[9]),
+            }
+        )
+    return rows
+
+
+def hex_address(hex_addr: str) -> str:
+    """/proc/net/tcp's address (little-endian 32-bit words) as text."""
+    import socket
+
+    raw = bytes.fromhex(hex_addr)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    family = socket.AF_INET if len(words) == 4 else socket.AF_INET6
+    return socket.inet_ntop(family, words)
+
+
+def port_listening(port: int) -> bool:
+    """Whether anything on this host listens on TCP `port`."""
+    return any(s["port"] == port and s["state"] == "LISTEN" for s in tcp_sockets())
+
+
+def socket_owners(inodes: set[int]) -> dict[int, int]:
+    """Which process holds each socket inode; processes we may not look into are skipped."""
+    wanted = {f"socket:[{inode}]": inode for inode in inodes if inode}
+    owners: dict[int, int] = {}
+    if not wanted:
+        return owners
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fd_dir = f"/proc/{entry}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            if target in wanted:
+                owners.setdefault(wanted[target], int(entry))
+        if len(owners) == len(wanted):
+            break
+    return owners
+
+
+def user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    """Signal a process group; one that is gone already is no error."""
+    import contextlib
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def signal_pid(pid: int, sig: int) -> None:
+    """Signal a process; one that is gone already is no error."""
+    import contextlib
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)

@@ -1,0 +1,44 @@
+"""`setup JOB_DIR SPEC`: run the job's setup command with /bin/sh in its code dir,
+streaming its output, and mark it done in the store for this code version."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from .protocol import CODE, SETUP_LOG, setup_marker, write_json
+
+
+def main(args: list[str]) -> int:
+    """`setup JOB_DIR SPEC`: run the job's setup command in its code dir, streaming its
+    output, and mark it done for this code version when it succeeds."""
+    import subprocess
+
+    os.chdir(os.path.expanduser(args[0]))
+    spec = json.loads(args[1])
+    env = dict(os.environ)
+    env.update(spec.get("env", {}))
+    # `pip install ...` should mean the pip of the interpreter that runs the job.
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    with open(SETUP_LOG, "ab") as log:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", spec["script"]],
+            cwd=CODE,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+        code = proc.wait()
+    if code == 0:
+        marker = setup_marker(os.path.expanduser(spec["store"]), spec["key"])
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        write_json(marker, {"manifest": spec["manifest"], "done": time.time()})
+    return code

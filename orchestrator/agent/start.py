@@ -1,0 +1,89 @@
+"""`start JOB_DIR [SPEC]`: detach a supervisor from the SSH channel, start torchrun in
+its own session under it, record the pids; the supervisor waits for torchrun and
+records how it ended. Prints a Started reply once torchrun runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+from .proc import signal_group
+from .protocol import (
+    CODE,
+    EXIT,
+    LOGS,
+    NODE_SPEC,
+    PIDS,
+    SUPERVISOR_LOG,
+    TORCHRUN_LOG,
+    read_json,
+    write_json,
+)
+
+
+def main(args: list[str]) -> int:
+    os.chdir(os.path.expanduser(args[0]))
+    if len(args) > 1:
+        write_json(NODE_SPEC, json.loads(args[1]))
+    spec = read_json(NODE_SPEC)
+    if spec is None:
+        print(json.dumps({"error": "node.json missing or unreadable"}))
+        return 2
+    os.makedirs(LOGS, exist_ok=True)
+    ready_r, ready_w = os.pipe()
+    if os.fork() == 0:  # the daemon: outlives the SSH channel that started it
+        os.close(ready_r)
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        log = os.open(SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(devnull, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        code = 1
+        try:
+            code = supervise(spec, ready_w)
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    report = b""
+    while chunk := os.read(ready_r, 4096):
+        report += chunk
+    print(report.decode() or json.dumps({"error": "supervisor died before starting torchrun"}))
+    return 0 if report and b'"error"' not in report else 1
+
+
+def supervise(spec: dict[str, Any], ready_fd: int) -> int:
+    import subprocess
+
+    env = dict(os.environ)
+    env.update(spec["env"])
+    argv = list(spec["argv"])
+    argv[0] = os.path.expanduser(argv[0])
+    try:
+        with open(TORCHRUN_LOG, "ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                cwd=CODE,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+    except (OSError, ValueError) as exc:
+        write_json(EXIT, {"returncode": 127, "error": str(exc), "ended": time.time()})
+        os.write(ready_fd, json.dumps({"error": f"cannot start {argv[0]}: {exc}"}).encode())
+        return 1
+    # torchrun leads its own process group; the supervisor stays out of it so that it
+    # survives a kill of the group and can record how torchrun ended.
+    started = {"pid": proc.pid, "pgid": proc.pid, "supervisor": os.getpid(), "started": time.time()}
+    write_json(PIDS, started)
+    signal.signal(signal.SIGTERM, lambda *_: signal_group(proc.pid, signal.SIGTERM))
+    os.write(ready_fd, json.dumps(started).encode())
+    os.close(ready_fd)
+    returncode = proc.wait()
+    write_json(EXIT, {"returncode": returncode, "ended": time.time()})
+    return 0

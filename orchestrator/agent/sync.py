@@ -1,0 +1,201 @@
+"""`sync` (stdin: frames, see protocol.py): store pushed content, then build a job's
+code/ snapshot from hard links into the store. A push never changes another job's
+files, and the snapshots of ten jobs share every unchanged file. Every name arrives
+framed on stdin, never through a shell."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import sys
+import time
+import zlib
+from typing import Any
+
+from .protocol import (
+    AGENT,
+    CODE,
+    SNAPSHOT,
+    TOKEN_RE,
+    describe_error,
+    entry_key,
+    read_frame,
+    widen_pipe,
+    write_bytes,
+    write_json,
+)
+from .store import ContentStore, Mismatch, Missing, remove_tree
+
+GC_EVERY_S = 60.0
+
+
+def main(args: list[str]) -> int:
+    """Take pieces of objects, manifests and snapshot requests; answer in one JSON line.
+
+    Frames: H header {"store", "push"} first, then any of P {"k", "off", "size", "z"}
+    followed by B (its bytes), M (a zlib-compressed manifest), S (a snapshot request),
+    and Z at the end.
+    """
+    widen_pipe(0)
+    stream = sys.stdin.buffer
+    reply: dict[str, Any] = {"stored": 0, "bytes": 0}
+    after: dict[str, Any] | None = None
+    try:
+        kind, payload = read_frame(stream)
+        header = json.loads(payload) if kind == b"H" else None
+        if header is None or not TOKEN_RE.fullmatch(str(header.get("push"))):
+            raise ValueError("the stream does not start with a valid header")
+        store = ContentStore(os.path.expanduser(header["store"]))
+        meta: dict[str, Any] = {}
+        while True:
+            kind, payload = read_frame(stream)
+            if kind == b"P":
+                meta = json.loads(payload)
+            elif kind == b"B":
+                reply["stored"] += store.put_piece(meta, payload, header["push"])
+                reply["bytes"] += len(payload)
+            elif kind == b"M":
+                store.add_manifest(zlib.decompress(payload))
+            elif kind == b"S":
+                request = json.loads(payload)
+                reply.update(make_snapshot(store, request))
+                after = request if reply.get("snapshot") else None
+            elif kind == b"Z":
+                break
+            else:
+                raise ValueError(f"unknown frame {kind!r}")
+    except Mismatch as exc:
+        reply.update(error=str(exc), changed=exc.key)
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zlib.error) as exc:
+        reply["error"] = describe_error(exc)
+    if "error" in reply:
+        with contextlib.suppress(OSError):
+            while stream.read(1 << 20):  # take the rest, so that the reply gets through
+                pass
+    print(json.dumps(reply), flush=True)
+    if after is not None and gc_due(store):
+        from .gc import collect_garbage
+
+        in_background(collect_garbage, os.path.dirname(store.root), int(after["keep"]))
+    return 1 if "error" in reply else 0
+
+
+def make_snapshot(store: ContentStore, request: dict[str, Any]) -> dict[str, Any]:
+    """Build JOB_DIR/code from a stored manifest, if the store holds all of its objects."""
+    digest = str(request["digest"])
+    entries = store.manifest(digest)
+    if entries is None:
+        return {"need_manifest": True}
+    sizes = {key: s for _, k, v, s in entries if (key := entry_key(k, v)) is not None}
+    missing = sorted(key for key, size in sizes.items() if not store.has(key, size))
+    if missing:
+        return {"missing": missing}
+    job_dir = os.path.expanduser(str(request["job_dir"]))
+    os.makedirs(job_dir, exist_ok=True)
+    try:
+        build_tree(store, entries, os.path.join(job_dir, CODE))
+    except Missing as exc:  # collected by a concurrent gc since the check above
+        return {"missing": exc.keys}
+    version = pin_agent(job_dir)
+    write_json(
+        os.path.join(job_dir, SNAPSHOT),
+        {"manifest": digest, "created": time.time(), "agent": version},
+    )
+    setup = request.get("setup")
+    done = isinstance(setup, str) and os.path.exists(store.setup_marker(setup))
+    return {"snapshot": True, "setup_done": done}
+
+
+def pin_agent(job_dir: str) -> str:
+    """Link the job directory to the agent version that runs this command: the job's
+    later commands (start, follow, setup, each rank's entry) run that version, whatever
+    a newer controller sends meanwhile. Returns the version."""
+    version_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    link = os.path.join(job_dir, AGENT)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(link)
+    os.symlink(version_dir, link)
+    return os.path.basename(version_dir)
+
+
+def build_tree(store: ContentStore, entries: list[list[Any]], code: str) -> None:
+    """Create `code` from the entries, all at once: it appears complete or not at all.
+
+    Symlinks come last, so that no path is ever created through one.
+    """
+    if os.path.lexists(code):
+        raise ValueError(f"{code} exists already")
+    tmp = f"{code}.part{os.getpid()}"
+    dirs = set()
+    for path, kind, _, _ in entries:
+        path = path if kind == "d" else path.rpartition("/")[0]
+        while path and path not in dirs:
+            dirs.add(path)
+            path = path.rpartition("/")[0]
+    os.makedirs(tmp)
+    try:
+        for path in sorted(dirs, key=lambda d: d.count("/")):  # parents first
+            os.mkdir(f"{tmp}/{path}")
+        for path, kind, value, _ in entries:
+            key = entry_key(kind, value)
+            if key is not None:
+                place(store, key, f"{tmp}/{path}")
+        for path, kind, value, _ in entries:
+            if kind == "l":
+                os.symlink(value, f"{tmp}/{path}")
+        os.rename(tmp, code)
+    except BaseException:
+        remove_tree(tmp)
+        raise
+
+
+def place(store: ContentStore, key: str, target: str) -> None:
+    import shutil
+
+    source = f"{store.objects}/{key}"
+    try:
+        os.link(source, target)
+    except FileNotFoundError:
+        if not os.path.exists(source):
+            raise Missing([key]) from None
+        raise
+    except OSError as exc:  # too many links, another filesystem, or no hard links at all
+        if exc.errno not in (errno.EMLINK, errno.EXDEV, errno.EPERM, errno.ENOTSUP):
+            raise
+        shutil.copyfile(source, target)
+        os.chmod(target, os.stat(source).st_mode & 0o777)
+
+
+def in_background(function: Any, *args: Any) -> None:
+    """Run `function` in a detached grandchild, after this command answered."""
+    sys.stdout.flush()
+    child = os.fork()
+    if child:
+        os.waitpid(child, 0)
+        return
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # let go of the SSH channel
+            os.dup2(devnull, fd)
+        function(*args)
+    finally:
+        os._exit(0)
+
+
+def gc_due(store: ContentStore) -> bool:
+    """Whether a push should collect in the background: at most once a minute, since
+    a finished job's snapshot may wait that long, and pushes come in bursts."""
+    stamp = store.path("gc.last")
+    try:
+        if time.time() - os.path.getmtime(stamp) < GC_EVERY_S:
+            return False
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        write_bytes(stamp, b"")
+    return True

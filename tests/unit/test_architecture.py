@@ -1,0 +1,79 @@
+"""The layering of the package, checked on its imports (read with ast, nothing run):
+models import nothing else of orch; the agent only the standard library; only the
+transport touches paramiko and fabric; only the CLI typer and rich."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module a file imports, relative imports resolved to absolute names."""
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            name = node.module or ""
+            full = (f"{base}.{name}" if name else base) if node.level else name
+            found.add(full)
+            found.update(f"{full}.{alias.name}" for alias in node.names)
+    return found
+
+
+def files(*under: str) -> list[Path]:
+    return sorted(p for sub in under for p in (PACKAGE / sub).rglob("*.py"))
+
+
+def offenders(paths: list[Path], bad: object) -> dict[str, list[str]]:
+    found = {}
+    for path in paths:
+        names = sorted(n for n in imports_of(path) if bad(n))  # type: ignore[operator]
+        if names:
+            found[str(path.relative_to(PACKAGE.parent))] = names
+    return found
+
+
+def test_models_import_nothing_else_of_the_package() -> None:
+    outside = offenders(
+        files("models"),
+        lambda n: n.startswith("orchestrator.") and not n.startswith("orchestrator.models"),
+    )
+    assert outside == {}
+
+
+def test_the_agent_imports_only_the_standard_library() -> None:
+    def foreign(name: str) -> bool:
+        top = name.split(".")[0]
+        if top == "orchestrator":
+            return not name.startswith("orchestrator.agent")
+        return top not in sys.stdlib_module_names
+
+    assert offenders(files("agent"), foreign) == {}
+
+
+@pytest.mark.parametrize(
+    ("libraries", "allowed"),
+    [(("paramiko", "fabric", "invoke"), "transport"), (("typer", "rich", "click"), "cli")],
+)
+def test_third_party_libraries_stay_in_their_room(libraries: tuple[str, ...], allowed: str) -> None:
+    others = [p for p in files("") if allowed not in p.relative_to(PACKAGE).parts[:1]]
+    assert offenders(others, lambda n: n.split(".")[0] in libraries) == {}
+
+
+def test_the_checks_see_the_imports_they_forbid_elsewhere() -> None:
+    assert offenders(files("cli"), lambda n: n.split(".")[0] == "typer")
+    assert offenders(files("transport"), lambda n: n.split(".")[0] == "paramiko")
+    relative = imports_of(PACKAGE / "agent" / "sync.py")
+    assert {"orchestrator.agent.protocol", "orchestrator.agent.store"} <= relative
