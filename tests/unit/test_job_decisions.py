@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import protocol
+from orchestrator.agent import proc, protocol
 from orchestrator.jobs.logs import drain
 from orchestrator.jobs.reconcile import reconcile
 from orchestrator.jobs.watch import watch_job
@@ -55,10 +55,10 @@ def sleepers() -> Iterator[list[subprocess.Popen[bytes]]]:
     """Processes that stand in for a node's torchrun; killed at the end if still there."""
     procs: list[subprocess.Popen[bytes]] = []
     yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+    for sleeper in procs:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        sleeper.wait()
 
 
 def local_host(tmp_path: Path, name: str, python: str = sys.executable) -> Host:
@@ -149,7 +149,7 @@ def test_status_of_a_detached_job_with_a_failed_node_stops_the_others(
     assert [n.state for n in settled.nodes] == [JobState.FAILED, JobState.KILLED]
     assert settled.state is JobState.FAILED
     assert any("node n1 failed; stopping the others" in n for n in notes.notices), notes.notices
-    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    assert not proc.alive(pid)
 
 
 def test_attached_watch_stops_the_job_when_a_node_fails_and_names_the_rank(
