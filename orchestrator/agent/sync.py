@@ -42,30 +42,14 @@ def main(args: list[str]) -> int:
     stream = sys.stdin.buffer
     reply: dict[str, Any] = {"stored": 0, "bytes": 0}
     after: dict[str, Any] | None = None
+    store: ContentStore | None = None
     try:
         kind, payload = read_frame(stream)
         header = json.loads(payload) if kind == b"H" else None
         if header is None or not TOKEN_RE.fullmatch(str(header.get("push"))):
             raise ValueError("the stream does not start with a valid header")
         store = ContentStore(os.path.expanduser(header["store"]))
-        meta: dict[str, Any] = {}
-        while True:
-            kind, payload = read_frame(stream)
-            if kind == b"P":
-                meta = json.loads(payload)
-            elif kind == b"B":
-                reply["stored"] += store.put_piece(meta, payload, header["push"])
-                reply["bytes"] += len(payload)
-            elif kind == b"M":
-                store.add_manifest(zlib.decompress(payload))
-            elif kind == b"S":
-                request = json.loads(payload)
-                reply.update(make_snapshot(store, request))
-                after = request if reply.get("snapshot") else None
-            elif kind == b"Z":
-                break
-            else:
-                raise ValueError(f"unknown frame {kind!r}")
+        after = receive(stream, store, str(header["push"]), reply)
     except Mismatch as exc:
         reply.update(error=str(exc), changed=exc.key)
     except (OSError, ValueError, KeyError, TypeError, EOFError, zlib.error) as exc:
@@ -75,11 +59,38 @@ def main(args: list[str]) -> int:
             while stream.read(1 << 20):  # take the rest, so that the reply gets through
                 pass
     print(json.dumps(reply), flush=True)
-    if after is not None and gc_due(store):
+    if after is not None and store is not None and gc_due(store):
         from .gc import collect_garbage
 
         in_background(collect_garbage, os.path.dirname(store.root), int(after["keep"]))
     return 1 if "error" in reply else 0
+
+
+def receive(stream: Any, store: ContentStore, push: str, reply: dict[str, Any]) -> Any:
+    """Take the frames after the header into the store, counting into `reply`.
+
+    Returns:
+        The snapshot request, when a snapshot was built.
+    """
+    meta: dict[str, Any] = {}
+    after = None
+    while True:
+        kind, payload = read_frame(stream)
+        if kind == b"P":
+            meta = json.loads(payload)
+        elif kind == b"B":
+            reply["stored"] += store.put_piece(meta, payload, push)
+            reply["bytes"] += len(payload)
+        elif kind == b"M":
+            store.add_manifest(zlib.decompress(payload))
+        elif kind == b"S":
+            request = json.loads(payload)
+            reply.update(make_snapshot(store, request))
+            after = request if reply.get("snapshot") else None
+        elif kind == b"Z":
+            return after
+        else:
+            raise ValueError(f"unknown frame {kind!r}")
 
 
 def make_snapshot(store: ContentStore, request: dict[str, Any]) -> dict[str, Any]:

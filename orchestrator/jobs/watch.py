@@ -41,6 +41,8 @@ def watch_job(
         JobFailed: a node failed or was lost; the job was stopped on every node.
         Interrupted: Ctrl-C on an attached submit; the job was stopped everywhere.
     """
+    # Over complexity 10: the stream loop, the first failure's teardown and Ctrl-C
+    # share one watcher and one teardown thread, which every way out must close/join.
     live = [
         n for n in record.nodes if not n.state.is_terminal() and n.host.name in group.transports
     ]
