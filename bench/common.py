@@ -8,11 +8,14 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.integration.cluster import Cluster, Controller
+from tests.cluster import Cluster, Controller
 
 
-def ssh_argv(cluster: Cluster, controller: Controller, address: str, command: str) -> list[str]:
-    """Plain OpenSSH, as a user types it, with the test cluster's key and known_hosts."""
+def ssh_client(cluster: Cluster, controller: Controller) -> list[str]:
+    """Plain OpenSSH, as a user types it, with the test cluster's key and known_hosts.
+
+    The argv up to the destination: ``ssh_argv`` adds one, ``rsync -e`` takes it whole.
+    """
     return [
         "ssh",
         "-F",
@@ -25,9 +28,12 @@ def ssh_argv(cluster: Cluster, controller: Controller, address: str, command: st
         f"UserKnownHostsFile={controller.known_hosts}",
         "-o",
         "StrictHostKeyChecking=yes",
-        f"root@{address}",
-        command,
     ]
+
+
+def ssh_argv(cluster: Cluster, controller: Controller, address: str, command: str) -> list[str]:
+    """``command`` run as root on ``address`` through ``ssh_client``."""
+    return [*ssh_client(cluster, controller), f"root@{address}", command]
 
 
 def tagged_pids(tag: bytes) -> list[int]:

@@ -32,7 +32,7 @@ import contextlib
 
 from bench.common import place_file, ssh_argv, tagged_pids, wait_gone, wait_ranks_ready
 from bench.report import machine, write_section
-from tests.integration.cluster import Cluster, Controller, orch_command, repo_python
+from tests.cluster import Cluster, Controller, orch_command, repo_python
 
 WORKLOAD = (
     Path(__file__).resolve().parents[1]

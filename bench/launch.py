@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import place_file, ssh_argv
 from bench.report import machine, median, write_section
-from tests.integration.cluster import Cluster, Controller, orch_command, repo_python
+from tests.cluster import Cluster, Controller, orch_command, repo_python
 
 JOB_DIR = Path(__file__).resolve().parent / "jobs" / "first_line"
 SCRIPT = "first_line.py"

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ssh_argv
 from bench.report import machine, median, write_section
-from tests.integration.cluster import Cluster, Controller, orch_command
+from tests.cluster import Cluster, Controller, orch_command
 
 PRINTER = Path(__file__).resolve().parent / "jobs" / "printer"
 HOSTS, SLOTS = 4, 2

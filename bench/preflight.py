@@ -41,7 +41,7 @@ from bench.report import machine, median, write_section
 from orchestrator.models.inventory import load_inventory
 from orchestrator.models.job import load_job
 from orchestrator.transport import ConnectOptions
-from tests.integration.cluster import Cluster, Controller, orch_command, repo_python
+from tests.cluster import Cluster, Controller, orch_command, repo_python
 
 JOB_DIR = Path(__file__).resolve().parent / "jobs" / "first_line"
 

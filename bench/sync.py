@@ -36,10 +36,11 @@ from orchestrator.sync.push import push
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import ssh_client
 from bench.report import machine, median, write_section
 from orchestrator.models.inventory import load_inventory
 from orchestrator.transport import ConnectOptions
-from tests.integration.cluster import Cluster, Controller
+from tests.cluster import Cluster, Controller
 
 FILES = 2000
 TOTAL_BYTES = 50 * 1024 * 1024
@@ -75,21 +76,7 @@ def edit(path: Path) -> None:
 
 def rsync_all(cluster: Cluster, controller: Controller, n: int, src: Path, dest: str) -> float:
     """Seconds for `rsync -az -e ssh` of `src` to `dest` on the first n hosts, in parallel."""
-    ssh = shlex.join(
-        [
-            "ssh",
-            "-F",
-            "/dev/null",
-            "-i",
-            str(cluster.client_key),
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            f"UserKnownHostsFile={controller.known_hosts}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-        ]
-    )
+    ssh = shlex.join(ssh_client(cluster, controller))
     started = time.monotonic()
     procs = [
         subprocess.Popen(

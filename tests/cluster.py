@@ -12,6 +12,28 @@ own address, process table, hostname and home directory (DESIGN.md, "Test cluste
 Everything is created under fixed names (``orchbr0``, ``orch-node{i}``, ``orchv{i}``),
 so one cluster exists per machine at a time; a machine-wide lock makes a second
 session wait. Traffic only ever goes to 10.77.0.x addresses of these namespaces.
+
+Public surface, for ``tests/`` and ``bench/`` alike: the names in ``__all__``, listed
+below. Every other name here (constants, module functions, ``Host`` fields not listed)
+is how the harness builds the hosts, and may change without notice.
+
+- ``Cluster``: ``start``/``stop`` (or ``with``); its ``hosts`` (``Host``) and
+  ``client_key``; faults (``crash``, ``restart``, ``partition``, ``heal``,
+  ``ensure_healthy``); looking inside a host (``host``, ``home``, ``exec_on``,
+  ``host_pids``, ``ssh``); the controller side (``write_inventory``, ``new_controller``,
+  ``env``); a second cable between two hosts (``add_link``, ``route_via_link``,
+  ``remove_link``), firewalls (``block_port``, ``unblock_port``) and leftover
+  listeners (``hold_port``, ``release_port``).
+- ``Host``: read ``index``, ``name``, ``address``, ``home`` (its ``/root``, as seen
+  from this machine) and ``known_hosts_line()``; its other fields are the harness's
+  bookkeeping, which only the harness's own tests look at.
+- ``Controller``: a machine running ``orch``: ``home``, ``known_hosts``, ``state_dir``
+  and ``env()``. ``OrchRunner`` runs the real CLI as one.
+- ``orch_command()``, ``repo_python()``, ``REPO_ROOT``: the CLI, the hosts' interpreter
+  and the repository this harness belongs to.
+- ``require_cluster_support()``, ``skip_or_fail()``, ``cluster_unavailable_reason()``:
+  skip (in CI, fail) where the cluster cannot run; ``ClusterError`` when it breaks.
+- ``BRIDGE``, ``ROOT_HOME``: the bridge's name and the home directory every host hides.
 """
 
 from __future__ import annotations
@@ -40,9 +62,25 @@ from typing import Any
 
 import yaml
 
+__all__ = [
+    "BRIDGE",
+    "REPO_ROOT",
+    "ROOT_HOME",
+    "Cluster",
+    "ClusterError",
+    "Controller",
+    "Host",
+    "OrchRunner",
+    "cluster_unavailable_reason",
+    "orch_command",
+    "repo_python",
+    "require_cluster_support",
+    "skip_or_fail",
+]
+
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 SSHD = "/usr/sbin/sshd"
 BRIDGE = "orchbr0"
 SUBNET = "10.77.0"

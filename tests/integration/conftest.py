@@ -1,4 +1,4 @@
-"""Fixtures for integration tests against the namespace test cluster (see cluster.py)."""
+"""Fixtures for integration tests against the namespace test cluster (tests/cluster.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster import Cluster, OrchRunner, require_cluster_support
+from tests.cluster import Cluster, OrchRunner, require_cluster_support
+
+# The helpers the tests share check what they find with assert: show its values on
+# failure, as pytest does inside a test module. Must run before anything imports them.
+pytest.register_assert_rewrite("tests.support")
 
 CLUSTER_SIZE = 3  # most tests need 2 or 3 hosts; one boot per session serves them all
 

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.cluster import Cluster, ClusterError, OrchRunner, repo_python
-from tests.integration.test_submit import job_processes, write_job
-from tests.integration.test_submit_errors import assert_nothing_started, clear_jobs
+from tests.cluster import Cluster, ClusterError, OrchRunner, repo_python
+from tests.support import assert_nothing_started, clear_jobs, job_processes, write_job
 
 pytestmark = pytest.mark.cluster
 

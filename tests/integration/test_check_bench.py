@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster import OrchRunner
+from tests.cluster import OrchRunner
 
 pytestmark = pytest.mark.cluster
 

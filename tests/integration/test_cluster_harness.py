@@ -5,14 +5,12 @@ from __future__ import annotations
 import shlex
 import socket
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.integration.cluster import (
+from tests.cluster import (
     BRIDGE,
     ROOT_HOME,
     Cluster,
@@ -20,16 +18,7 @@ from tests.integration.cluster import (
     repo_python,
     skip_or_fail,
 )
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 5) -> bool:
-    """Poll ``condition`` until it holds or ``timeout`` seconds pass; return whether it held."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+from tests.support import wait_for
 
 
 def machine_pids_running(cmdline: str) -> list[int]:
@@ -93,7 +82,10 @@ def test_hosts_have_their_own_process_table_and_home(cluster: Cluster) -> None:
     start_background(cluster, 1, "sleep 4242")
     assert cluster.ssh(1, "echo mine > ~/marker").returncode == 0
 
-    assert wait_until(lambda: any(cmd == "sleep 4242" for _, cmd in cluster.host_pids(1)))
+    wait_for(
+        lambda: any(cmd == "sleep 4242" for _, cmd in cluster.host_pids(1)),
+        what="sleep 4242 in node1's process table",
+    )
     assert not any("sleep 4242" in cmd for _, cmd in cluster.host_pids(2))
     assert "sshd" in dict(cluster.host_pids(2))[1]  # PID 1 there is the host's own sshd
     assert (cluster.home(1) / "marker").read_text() == "mine\n"
@@ -102,7 +94,7 @@ def test_hosts_have_their_own_process_table_and_home(cluster: Cluster) -> None:
     # Killed orphans must be reaped, or "no process left" checks would see zombies.
     (pid,) = [pid for pid, cmd in cluster.host_pids(1) if cmd == "sleep 4242"]
     assert cluster.exec_on(1, ["kill", str(pid)]).returncode == 0
-    assert wait_until(lambda: pid not in dict(cluster.host_pids(1)))
+    wait_for(lambda: pid not in dict(cluster.host_pids(1)), what=f"pid {pid} reaped on node1")
     (cluster.home(1) / "marker").unlink()
 
 
@@ -135,13 +127,13 @@ def test_partition_cuts_host_off_until_healed(cluster: Cluster) -> None:
     assert cluster.ssh(2, "true").returncode == 0  # the others stay reachable
 
     cluster.heal(3)
-    assert wait_until(lambda: sshd_accepts("10.77.0.13"))
+    wait_for(lambda: sshd_accepts("10.77.0.13"), what="node3 to accept again")
 
 
 @pytest.mark.cluster
 def test_crash_kills_every_process_of_the_host_and_restart_boots_it(cluster: Cluster) -> None:
     start_background(cluster, 2, "sleep 4343")
-    assert wait_until(lambda: machine_pids_running("sleep 4343") != [])
+    wait_for(lambda: machine_pids_running("sleep 4343") != [], what="sleep 4343 to start")
 
     cluster.crash(2)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster import REPO_ROOT, Cluster, OrchRunner, orch_command
+from tests.cluster import REPO_ROOT, Cluster, OrchRunner, orch_command
 
 pytestmark = pytest.mark.cluster
 

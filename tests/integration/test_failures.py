@@ -13,20 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster import Cluster, OrchRunner, orch_command
-from tests.integration.test_jobs import job_id_of, status_json
-from tests.integration.test_submit import assert_no_job_left, job_processes, write_job
+from tests.cluster import Cluster, OrchRunner, orch_command
+from tests.support import (
+    assert_no_job_left,
+    job_id_of,
+    job_processes,
+    status_json,
+    wait_for,
+    write_job,
+)
 
 pytestmark = pytest.mark.cluster
-
-
-def wait_for(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def start_attached(orch: OrchRunner, job: Path, inventory: Path) -> subprocess.Popen[str]:

@@ -7,27 +7,13 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.integration.cluster import Cluster, OrchRunner, orch_command
-from tests.integration.test_submit import write_job
+from tests.cluster import Cluster, OrchRunner, orch_command
+from tests.support import job_id_of, status_json, wait_for, write_job
 
 pytestmark = pytest.mark.cluster
-
-
-def job_id_of(stdout: str) -> str:
-    first = stdout.splitlines()[0]
-    assert first.startswith("job "), first
-    return first.split()[1]
-
-
-def status_json(orch: OrchRunner, job_id: str) -> dict[str, Any]:
-    result = orch("status", job_id, "--json", timeout=60)
-    assert result.returncode == 0, result.stderr
-    data: list[dict[str, Any]] = json.loads(result.stdout)
-    return data[0]
 
 
 def assert_every_line_once_in_order(stdout: str, prefixes: dict[int, str], count: int) -> None:
@@ -137,9 +123,8 @@ def test_status_goes_from_running_to_failed_with_exit_codes(
     )
     job_id = job_id_of(orch("submit", "-d", str(job), "-i", str(inventory), timeout=120).stdout)
     assert status_json(orch, job_id)["state"] in ("pending", "running")
-    deadline = time.monotonic() + 60
-    while (data := status_json(orch, job_id))["state"] == "running" and time.monotonic() < deadline:
-        time.sleep(1)
+    wait_for(lambda: status_json(orch, job_id)["state"] != "running", 60, "the job to end", poll=1)
+    data = status_json(orch, job_id)
     assert data["state"] == "failed"
     assert data["nodes"][1]["state"] == "failed" and data["nodes"][1]["exit_code"] != 0
     table = orch("status", timeout=60)

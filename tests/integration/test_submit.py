@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from tests.integration.cluster import REPO_ROOT, Cluster, OrchRunner
+from tests.cluster import REPO_ROOT, Cluster, OrchRunner
+from tests.support import assert_no_job_left, write_job
 
 pytestmark = pytest.mark.cluster
 
-JOBS = REPO_ROOT / "tests" / "integration" / "jobs"
 RANK_LINE = re.compile(
     r"^\[(?P<host>[\w.-]+) r(?P<prefix_rank>\d+)\] rank=(?P<rank>\d+) world=(?P<world>\d+) "
     r"local_rank=(?P<local_rank>\d+) node_rank=(?P<node_rank>\d+) host=(?P<hostname>\S+) "
@@ -22,35 +21,8 @@ RANK_LINE = re.compile(
 )
 
 
-def write_job(tmp_path: Path, job_dir: str, script: str, **keys: Any) -> Path:
-    """A job file in tmp_path whose workdir is one of tests/integration/jobs/."""
-    spec = {
-        "name": job_dir.replace("_", "-"),
-        "workdir": str(JOBS / job_dir),
-        "script": script,
-        **keys,
-    }
-    path = tmp_path / f"{job_dir}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
 def rank_lines(stdout: str) -> list[re.Match[str]]:
     return [m for line in stdout.splitlines() if (m := RANK_LINE.match(line))]
-
-
-def job_processes(cluster: Cluster, host: int) -> list[tuple[int, str]]:
-    """Every process on a host but its sshd (PID 1) and transient sshd session children."""
-    return [
-        (pid, cmd)
-        for pid, cmd in cluster.host_pids(host)
-        if pid != 1 and not cmd.startswith("sshd")
-    ]
-
-
-def assert_no_job_left(cluster: Cluster, hosts: range | list[int]) -> None:
-    for i in hosts:
-        assert job_processes(cluster, i) == [], f"processes left on node{i}"
 
 
 def test_two_node_job_streams_every_rank_and_succeeds(

@@ -9,30 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster import Cluster, OrchRunner
-from tests.integration.test_submit import assert_no_job_left, write_job
+from tests.cluster import Cluster, OrchRunner
+from tests.support import assert_nothing_started, clear_jobs, write_job
 
 pytestmark = pytest.mark.cluster
-
-
-def assert_nothing_started(cluster: Cluster, hosts: list[int]) -> None:
-    """No job directory and no job process on any of these hosts."""
-    for i in hosts:
-        jobs = cluster.home(i) / ".orch" / "jobs"
-        started = (
-            [p.name for p in jobs.iterdir() if p.name.startswith("allreduce-")]
-            if jobs.exists()
-            else []
-        )
-        assert started == [], f"job files created on node{i}"
-    assert_no_job_left(cluster, hosts)
-
-
-def clear_jobs(cluster: Cluster) -> None:
-    for i in (1, 2, 3):
-        jobs = cluster.home(i) / ".orch" / "jobs"
-        if jobs.exists():
-            subprocess.run(["rm", "-rf", str(jobs)], check=True)
 
 
 def test_refused_connection_names_the_host_and_starts_nothing(

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.cluster import Cluster, OrchRunner
 from tests.hostile_names import HOSTILE_NAMES
-from tests.integration.cluster import Cluster, OrchRunner
 
 pytestmark = pytest.mark.cluster
 

@@ -11,7 +11,7 @@ import pytest
 from orchestrator.models.inventory import load_inventory
 from orchestrator.transport import ConnectOptions
 from orchestrator.transport.ssh import SshTransport
-from tests.integration.cluster import Cluster
+from tests.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

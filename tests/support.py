@@ -1,0 +1,124 @@
+"""Helpers the integration tests share: job files, what runs on a host, job ids, waiting.
+
+Test modules import shared helpers from here and never from each other; a helper only
+one module uses stays in that module. The cluster itself is ``tests/cluster.py``.
+tests/integration/conftest.py has pytest rewrite the asserts here, so a failing check
+shows its values as it would inside a test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.cluster import REPO_ROOT, Cluster, OrchRunner
+
+JOBS = REPO_ROOT / "tests" / "integration" / "jobs"
+
+
+def write_job(tmp_path: Path, job_dir: str, script: str, **keys: Any) -> Path:
+    """A job file in tmp_path whose workdir is one of tests/integration/jobs/.
+
+    Args:
+        tmp_path: where the file goes, as ``<job_dir>.yaml``.
+        job_dir: a directory of ``JOBS``; its name, with ``-`` for ``_``, names the job.
+        script: the script in it to run.
+        **keys: any other job keys (``nodes``, ``args``, ``env``, ``rendezvous`` ...).
+
+    Returns:
+        The job file's path.
+    """
+    spec = {
+        "name": job_dir.replace("_", "-"),
+        "workdir": str(JOBS / job_dir),
+        "script": script,
+        **keys,
+    }
+    path = tmp_path / f"{job_dir}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def job_processes(cluster: Cluster, host: int) -> list[tuple[int, str]]:
+    """Every process on a host but its sshd (PID 1) and transient sshd session children."""
+    return [
+        (pid, cmd)
+        for pid, cmd in cluster.host_pids(host)
+        if pid != 1 and not cmd.startswith("sshd")
+    ]
+
+
+def assert_no_job_left(cluster: Cluster, hosts: range | list[int]) -> None:
+    """No job process on any of these hosts (read from each host's own process table)."""
+    for i in hosts:
+        assert job_processes(cluster, i) == [], f"processes left on node{i}"
+
+
+def assert_nothing_started(cluster: Cluster, hosts: list[int]) -> None:
+    """No job directory and no job process on any of these hosts."""
+    for i in hosts:
+        jobs = cluster.home(i) / ".orch" / "jobs"
+        started = (
+            [p.name for p in jobs.iterdir() if p.name.startswith("allreduce-")]
+            if jobs.exists()
+            else []
+        )
+        assert started == [], f"job files created on node{i}"
+    assert_no_job_left(cluster, hosts)
+
+
+def clear_jobs(cluster: Cluster) -> None:
+    """Remove every job directory on node1..node3.
+
+    Then ``assert_nothing_started`` sees only what the calling test made.
+    """
+    for i in (1, 2, 3):
+        jobs = cluster.home(i) / ".orch" / "jobs"
+        if jobs.exists():
+            subprocess.run(["rm", "-rf", str(jobs)], check=True)
+
+
+def job_id_of(stdout: str) -> str:
+    """The job id from ``orch submit``'s first line of output, ``job <id>``."""
+    first = stdout.splitlines()[0]
+    assert first.startswith("job "), first
+    return first.split()[1]
+
+
+def status_json(orch: OrchRunner, job_id: str) -> dict[str, Any]:
+    """The job's record as ``orch status <id> --json`` prints it (which must succeed)."""
+    result = orch("status", job_id, "--json", timeout=60)
+    assert result.returncode == 0, result.stderr
+    data: list[dict[str, Any]] = json.loads(result.stdout)
+    return data[0]
+
+
+def wait_for(
+    condition: Callable[[], object],
+    timeout: float = 5,
+    what: str = "the condition",
+    *,
+    poll: float = 0.1,
+) -> None:
+    """Poll ``condition`` until it is true; it is always asked at least once.
+
+    Args:
+        condition: what to wait for; called again every ``poll`` seconds.
+        timeout: seconds to wait before giving up.
+        what: what is awaited, for the failure message ("every rank to be ready").
+        poll: seconds between two calls.
+
+    Raises:
+        AssertionError: ``condition`` still false after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(poll)
