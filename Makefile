@@ -47,6 +47,7 @@ bench: setup test-deps
 	$(PY) bench/logs.py
 	$(PY) bench/failure.py
 	$(PY) bench/preflight.py
+	$(PY) bench/agent_start.py
 	@command -v rsync >/dev/null || { echo "installing rsync (the baseline of bench/sync.py)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rsync >/dev/null; }
 	$(PY) bench/sync.py
