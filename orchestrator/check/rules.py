@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from orchestrator.jobs.plan import IFNAME_VARS
 from orchestrator.models.errors import InfraError, OrchError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
+from orchestrator.plan import IFNAME_VARS
 
 LOW_DISK_BYTES = 1 << 30
 CLOCK_WARN_S = 1.0

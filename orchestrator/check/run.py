@@ -25,13 +25,13 @@ from orchestrator.check.rules import (
     reach_problems,
     unusable,
 )
-from orchestrator.jobs.plan import select_hosts, static_master_addr
 from orchestrator.models.errors import HostError, OrchError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
 from orchestrator.nodes.group import HostGroup
 from orchestrator.nodes.probe import probe, probe_host, torch_missing
+from orchestrator.plan import select_hosts, static_master_addr
 from orchestrator.transport import ConnectOptions, Transport
 
 log = logging.getLogger(__name__)

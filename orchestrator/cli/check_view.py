@@ -14,8 +14,8 @@ from rich.text import Text
 from orchestrator.check.net import BANDWIDTH_S
 from orchestrator.check.rules import Problem, Severity, human_bytes
 from orchestrator.check.run import CheckReport, HostStatus, describe_port
-from orchestrator.jobs.plan import IFNAME_VARS
 from orchestrator.models.errors import RemoteCommandError
+from orchestrator.plan import IFNAME_VARS
 
 COLUMNS = (
     ("host", "host"),

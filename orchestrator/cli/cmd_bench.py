@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.check.allreduce import (
+from orchestrator.bench.allreduce import (
     BENCH_HEADER,
     DEFAULT_SIZES,
     BenchSpec,

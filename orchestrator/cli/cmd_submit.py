@@ -10,7 +10,7 @@ import typer
 from orchestrator.cli.app import InventoryOpt, app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.jobs import submit as submitting
-from orchestrator.jobs.plan import describe
+from orchestrator.plan import describe
 
 
 @app.command()

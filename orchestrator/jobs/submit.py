@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.check.run import preflight
-from orchestrator.jobs.plan import LaunchPlan, build_plan, select_hosts, static_master_addr
 from orchestrator.jobs.reporter import ProgressReporter, Reporter
 from orchestrator.jobs.teardown import teardown
 from orchestrator.jobs.watch import watch_job
@@ -26,6 +25,7 @@ from orchestrator.models.job import JobSpec, load_job
 from orchestrator.models.states import JobState
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
+from orchestrator.plan import LaunchPlan, build_plan, select_hosts, static_master_addr
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror
 from orchestrator.sync.manifest import Tree, scan_workdir

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.check.allreduce import (
+from orchestrator.bench.allreduce import (
     BENCH_HEADER,
     SizeResult,
     choose_backend,

@@ -8,9 +8,9 @@ from typing import Protocol
 
 import pytest
 
-from orchestrator.jobs.plan import HostFacts, build_plan, describe, select_hosts, static_master_addr
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec, load_job
+from orchestrator.plan import HostFacts, build_plan, describe, select_hosts, static_master_addr
 from tests.unit.conftest import WriteFile, expect_input_error
 
 

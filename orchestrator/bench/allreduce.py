@@ -1,6 +1,6 @@
 """`orch bench allreduce`: an all_reduce sweep across hosts, reported as nccl-tests does.
 
-The sweep is an orch job like any other (check/allreduce_rank.py, started through submit):
+The sweep is an orch job like any other (bench/allreduce_rank.py, started through submit):
 it gets the same preflight, interface choice and teardown as a training job, so what
 it measures is what a job would get. nccl on hosts with GPUs, gloo on CPUs.
 
@@ -21,11 +21,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator.jobs.plan import select_hosts
 from orchestrator.jobs.submit import Submission, new_job_id, submit
 from orchestrator.models.errors import InputError
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
+from orchestrator.plan import select_hosts
 
 MARK = "@orch-allreduce "
 SCRIPT = "allreduce.py"
@@ -156,7 +156,7 @@ def run_allreduce(
     """
     workdir = Path(tempfile.mkdtemp(prefix="orch-bench-"))
     try:
-        source = resources.files("orchestrator.check").joinpath("allreduce_rank.py").read_bytes()
+        source = resources.files("orchestrator.bench").joinpath("allreduce_rank.py").read_bytes()
         (workdir / SCRIPT).write_bytes(source)
         job = bench_job([h.name for h in hosts], spec, workdir)
         selected = select_hosts(job, inventory)

@@ -1,0 +1,1 @@
+"""`orch bench`: measuring the cluster as a job sees it, by running jobs."""
