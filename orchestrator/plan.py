@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.agent import protocol
+from orchestrator.models.errors import InputError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
@@ -64,39 +65,13 @@ def select_hosts(job: JobSpec, inventory: Inventory) -> list[Host]:
     """The hosts a job runs on, in node-rank order (the first is the master).
 
     Raises:
-        SpecError: an unknown host or label, or more nodes than hosts.
+        SpecError: an unknown host or label, or more nodes than hosts; names the job
+            file's key.
     """
-    if job.hosts:
-        chosen = []
-        for name in job.hosts:
-            host = inventory.by_name(name)
-            if host is None:
-                raise job.error(
-                    "hosts",
-                    f"host '{name}' is not in inventory {inventory.path}",
-                    "known hosts: " + ", ".join(inventory.names()),
-                )
-            chosen.append(host)
-        candidates = chosen
-    else:
-        candidates = list(inventory.hosts)
-    if job.labels:
-        candidates = [h for h in candidates if set(job.labels) <= set(h.labels)]
-        if not candidates:
-            raise job.error(
-                "labels",
-                f"no host in {inventory.path} has labels {list(job.labels)}",
-                "fix the labels, or add them to hosts in the inventory",
-            )
-    wanted = job.nodes if job.nodes is not None else len(candidates)
-    if wanted > len(candidates):
-        with_labels = f" with labels {list(job.labels)}" if job.labels else ""
-        raise job.error(
-            "nodes",
-            f"nodes={wanted} but inventory has {len(candidates)} hosts{with_labels}",
-            f"lower nodes, or add hosts to {inventory.path}",
-        )
-    selected = candidates[:wanted]
+    try:
+        selected = pick_hosts(inventory, job.hosts, job.labels, job.nodes)
+    except HostChoiceError as exc:
+        raise job.error(exc.key, exc.message, exc.hint) from None
     local = [h.is_local for h in selected]
     if any(local) and not all(local):
         raise job.error(
@@ -105,6 +80,55 @@ def select_hosts(job: JobSpec, inventory: Inventory) -> list[Host]:
             "give the local machine its network address in the inventory",
         )
     return selected
+
+
+class HostChoiceError(InputError):
+    """Hosts asked for by name, label or count that the inventory does not have;
+    `key` is the job key that asked (hosts, labels, nodes)."""
+
+    def __init__(self, key: str, message: str, hint: str) -> None:
+        super().__init__(message, hint)
+        self.key = key
+
+
+def pick_hosts(
+    inventory: Inventory,
+    names: Sequence[str] = (),
+    labels: Sequence[str] = (),
+    count: int | None = None,
+) -> list[Host]:
+    """The hosts named (in that order, each once), else all; those with every label;
+    the first `count` of them (all when None). The one rule of `hosts:`, `labels:` and
+    `nodes:` in a job, and of `--hosts` and `--labels` on the command line.
+
+    Raises:
+        HostChoiceError: an unknown host name, no host with the labels, or fewer hosts
+            than `count`.
+    """
+    unknown = [n for n in names if inventory.by_name(n) is None]
+    if unknown:
+        raise HostChoiceError(
+            "hosts",
+            f"host '{unknown[0]}' is not in inventory {inventory.path}",
+            "known hosts: " + ", ".join(inventory.names()),
+        )
+    hosts = [inventory.by_name(n) for n in dict.fromkeys(names)] if names else inventory.hosts
+    candidates = [h for h in hosts if h is not None and set(labels) <= set(h.labels)]
+    if labels and not candidates:
+        raise HostChoiceError(
+            "labels",
+            f"no host in {inventory.path} has labels {list(labels)}",
+            "fix the labels, or add them to hosts in the inventory (orch check lists them)",
+        )
+    wanted = count if count is not None else len(candidates)
+    if wanted > len(candidates):
+        with_labels = f" with labels {list(labels)}" if labels else ""
+        raise HostChoiceError(
+            "nodes",
+            f"nodes={wanted} but inventory has {len(candidates)} hosts{with_labels}",
+            f"lower nodes, or add hosts to {inventory.path}",
+        )
+    return candidates[:wanted]
 
 
 def static_master_addr(master: Host) -> str | None:

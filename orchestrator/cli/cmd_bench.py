@@ -22,7 +22,7 @@ from orchestrator.cli.app import HostsOpt, InventoryOpt, LabelsOpt, _names, app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.models.errors import InputError
 from orchestrator.models.inventory import resolve_inventory
-from orchestrator.nodes.execute import pick_hosts
+from orchestrator.plan import pick_hosts
 
 bench_app = typer.Typer(
     name="bench", help="Measure the cluster as a job sees it.", no_args_is_help=True

@@ -21,7 +21,7 @@ from orchestrator.models.errors import (
     Interrupted,
     OrchError,
 )
-from orchestrator.models.inventory import Host, Inventory
+from orchestrator.models.inventory import Host
 from orchestrator.nodes.group import HostGroup
 from orchestrator.transport import ConnectOptions, Transport
 
@@ -65,31 +65,6 @@ class ExecFailed(OrchError):
         super().__init__(message, hints[0] if hints else "each host's output is above")
         self.runs = list(runs)
         self.exit_code = worst_exit(runs)
-
-
-def pick_hosts(inventory: Inventory, names: Sequence[str], labels: Sequence[str]) -> list[Host]:
-    """The hosts named (in that order), else all, keeping those with every label.
-
-    Raises:
-        InputError: an unknown host name, or no host with those labels.
-    """
-    hosts = list(inventory.hosts)
-    if names:
-        unknown = [n for n in names if inventory.by_name(n) is None]
-        if unknown:
-            raise InputError(
-                f"host '{unknown[0]}' is not in inventory {inventory.path}",
-                "known hosts: " + ", ".join(inventory.names()),
-            )
-        hosts = [h for n in dict.fromkeys(names) if (h := inventory.by_name(n)) is not None]
-    if labels:
-        hosts = [h for h in hosts if set(labels) <= set(h.labels)]
-        if not hosts:
-            raise InputError(
-                f"no host in {inventory.path} has labels {list(labels)}",
-                "check the labels: orch check lists the inventory's hosts",
-            )
-    return hosts
 
 
 def remote_command(argv: Sequence[str]) -> str:

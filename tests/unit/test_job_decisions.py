@@ -175,3 +175,15 @@ def test_attached_watch_stops_the_job_when_a_node_fails_and_names_the_rank(
         "killed",
         "failed",
     ]
+
+
+def test_replies_tolerate_a_newer_agents_fields_and_name_the_host_when_one_is_missing(
+    tmp_path: Path,
+) -> None:
+    host = local_host(tmp_path, "n7")
+    newer = {"started": True, "running": False, "ended": {"returncode": 0, "gpu_s": 9}, "x": 1}
+    status = agent.parse(host, protocol.NodeStatus, newer)
+    assert status.ended == protocol.ExitRecord(returncode=0)
+    with pytest.raises(HostError) as missing:
+        agent.parse(host, protocol.Started, {"pid": 4, "pgid": 4, "started": 1.0})
+    assert missing.value.host == "n7" and "lacks 'supervisor'" in missing.value.message
