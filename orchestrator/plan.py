@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.agent import protocol
-from orchestrator.models.errors import InputError
+from orchestrator.models.errors import HostChoiceError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
@@ -80,15 +80,6 @@ def select_hosts(job: JobSpec, inventory: Inventory) -> list[Host]:
             "give the local machine its network address in the inventory",
         )
     return selected
-
-
-class HostChoiceError(InputError):
-    """Hosts asked for by name, label or count that the inventory does not have;
-    `key` is the job key that asked (hosts, labels, nodes)."""
-
-    def __init__(self, key: str, message: str, hint: str) -> None:
-        super().__init__(message, hint)
-        self.key = key
 
 
 def pick_hosts(

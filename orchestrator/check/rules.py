@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from orchestrator.models.errors import InfraError, OrchError
+from orchestrator.models.errors import OrchError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
 from orchestrator.plan import IFNAME_VARS
@@ -71,19 +71,6 @@ def merge_hosts(problems: Sequence[Problem]) -> list[Problem]:
         seen = merged.get(key)
         merged[key] = p if seen is None else replace(seen, hosts=seen.hosts + p.hosts)
     return list(merged.values())
-
-
-class PreflightError(InfraError):
-    """Submit refuses to start: the blocking problems, each as check prints it (exit 3)."""
-
-    def __init__(self, problems: Sequence[Problem]) -> None:
-        self.problems = list(problems)
-        # The CLI prints `error: <message>` and `hint: <hint>`: the first problems ride
-        # in the message so that every one shows as its own error/hint pair.
-        lines = [line for p in self.problems[:-1] for line in p.lines()]
-        last = self.problems[-1]
-        message = "\n".join([*lines, f"{last.severity}: {last.message}"])
-        super().__init__(message.removeprefix("error: "), last.hint)
 
 
 def _error(host: str | None, topic: str, what: str, hint: str) -> Problem:

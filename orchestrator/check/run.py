@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 
 from orchestrator.check.net import Throughput, bandwidth, reachability
 from orchestrator.check.rules import (
-    PreflightError,
     Problem,
     bandwidth_problems,
     cluster_problems,
@@ -25,7 +24,7 @@ from orchestrator.check.rules import (
     reach_problems,
     unusable,
 )
-from orchestrator.models.errors import HostError, OrchError
+from orchestrator.models.errors import HostError, OrchError, PreflightError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec

@@ -8,8 +8,9 @@ import typer
 
 from orchestrator.cli.app import HostsOpt, InventoryOpt, LabelsOpt, _names, app
 from orchestrator.cli.console import ConsoleReporter
+from orchestrator.models.errors import ExecFailed
 from orchestrator.models.inventory import resolve_inventory
-from orchestrator.nodes.execute import ExecFailed, run_everywhere
+from orchestrator.nodes.execute import run_everywhere
 from orchestrator.plan import pick_hosts
 from orchestrator.transport.base import ConnectOptions
 

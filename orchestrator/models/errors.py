@@ -8,6 +8,7 @@ one of these, and `cli.main` turns it into `error: ...` / `hint: ...` lines.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1
@@ -110,3 +111,73 @@ class Interrupted(OrchError):
     """The user pressed Ctrl-C (exit 130)."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+class HostChoiceError(InputError):
+    """Hosts asked for by name, label or count that the inventory does not have;
+    `key` is the job key that asked (hosts, labels, nodes)."""
+
+    def __init__(self, key: str, message: str, hint: str) -> None:
+        super().__init__(message, hint)
+        self.key = key
+
+
+class Finding(Protocol):
+    """A problem as check reports it (check/rules.py Problem)."""
+
+    @property
+    def severity(self) -> str: ...
+
+    @property
+    def message(self) -> str: ...
+
+    @property
+    def hint(self) -> str: ...
+
+    def lines(self) -> list[str]: ...
+
+
+class PreflightError(InfraError):
+    """Submit refuses to start: the blocking problems, each as check prints it (exit 3)."""
+
+    def __init__(self, problems: Sequence[Finding]) -> None:
+        self.problems = list(problems)
+        # The CLI prints `error: <message>` and `hint: <hint>`: the first problems ride
+        # in the message so that every one shows as its own error/hint pair.
+        lines = [line for p in self.problems[:-1] for line in p.lines()]
+        last = self.problems[-1]
+        message = "\n".join([*lines, f"{last.severity}: {last.message}"])
+        super().__init__(message.removeprefix("error: "), last.hint)
+
+
+class HostOutcome(Protocol):
+    """How a command ended on one host (nodes/execute.py HostRun)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def exit_code(self) -> int: ...
+
+    @property
+    def error(self) -> OrchError | None: ...
+
+    @property
+    def ok(self) -> bool: ...
+
+    def describe(self) -> str: ...
+
+
+class ExecFailed(OrchError):
+    """The command failed on some hosts; exits with the worst host's exit code."""
+
+    def __init__(self, runs: Sequence[HostOutcome]) -> None:
+        failed = [r for r in runs if not r.ok]
+        worked = [r.host for r in runs if r.ok]
+        message = "command failed on " + ", ".join(r.describe() for r in failed)
+        if worked:
+            message += f"; succeeded on {', '.join(worked)}"
+        hints = [r.error.hint for r in failed if r.error is not None and r.error.hint]
+        super().__init__(message, hints[0] if hints else "each host's output is above")
+        self.runs = list(runs)
+        self.exit_code = max(r.exit_code for r in runs)

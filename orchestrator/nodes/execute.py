@@ -52,21 +52,6 @@ class HostRun:
         return f"{self.host} (exit {self.exit_code})"
 
 
-class ExecFailed(OrchError):
-    """The command failed on some hosts; exits with the worst host's exit code."""
-
-    def __init__(self, runs: Sequence[HostRun]) -> None:
-        failed = [r for r in runs if not r.ok]
-        worked = [r.host for r in runs if r.ok]
-        message = "command failed on " + ", ".join(r.describe() for r in failed)
-        if worked:
-            message += f"; succeeded on {', '.join(worked)}"
-        hints = [r.error.hint for r in failed if r.error is not None and r.error.hint]
-        super().__init__(message, hints[0] if hints else "each host's output is above")
-        self.runs = list(runs)
-        self.exit_code = worst_exit(runs)
-
-
 def remote_command(argv: Sequence[str]) -> str:
     """The shell line that runs `argv` in its own session and reports its process group.
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from orchestrator.check.rules import (
-    PreflightError,
     Problem,
     Severity,
     bandwidth_problems,
@@ -21,7 +20,7 @@ from orchestrator.check.rules import (
     port_problems,
     reach_problems,
 )
-from orchestrator.models.errors import EXIT_INFRA
+from orchestrator.models.errors import EXIT_INFRA, PreflightError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
 from orchestrator.nodes.probe import facts_from_probe
