@@ -77,7 +77,7 @@ def collect_garbage(
         due = not os.path.exists(stamp) or time.time() - os.path.getmtime(stamp) > SWEEP_EVERY_S
         if sweep or finished[keep:] or due:
             report.update(sweep_store(store, kept, time.time() - grace_s))
-            write_bytes(stamp, b"")
+            write_bytes(stamp, b"", 0o644)
         return report
 
 

@@ -130,12 +130,19 @@ def read_frame(stream: Any) -> tuple[bytes, bytes]:
 # ---------------------------------------------------------------- files
 
 
-def write_bytes(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Write atomically, so that a reader never sees half a file."""
-    tmp = f"{path}.tmp{os.getpid()}"
+def write_bytes(path: str, data: bytes, mode: int | None = None) -> None:
+    """Write atomically, so that a reader never sees half a file.
+
+    Without `mode` the file gets the user's umask, as open() gives it: node.json
+    holds the job's env, and a user whose umask is 077 keeps it to themselves. The
+    temporary name carries the host's name too: hosts that share a home (NFS) may
+    write the same file with the same pid.
+    """
+    tmp = f"{path}.tmp-{os.uname().nodename}-{os.getpid()}"
     with open(tmp, "wb") as f:
         f.write(data)
-    os.chmod(tmp, mode)
+    if mode is not None:
+        os.chmod(tmp, mode)
     os.replace(tmp, path)
 
 

@@ -95,7 +95,7 @@ class ContentStore:
     def add_manifest(self, body: bytes) -> str:
         parse_manifest(body)
         digest = hashlib.sha256(body).hexdigest()
-        write_bytes(os.path.join(self.made(self.path("manifests")), digest), body)
+        write_bytes(os.path.join(self.made(self.path("manifests")), digest), body, 0o644)
         return digest
 
     def manifest(self, digest: str) -> list[list[Any]] | None:

@@ -208,5 +208,5 @@ def gc_due(store: ContentStore) -> bool:
     except OSError:
         pass
     with contextlib.suppress(OSError):
-        write_bytes(stamp, b"")
+        write_bytes(stamp, b"", 0o644)
     return True

@@ -225,3 +225,13 @@ def test_widen_pipe_grows_a_pipe_and_leaves_other_files_alone(tmp_path: Path) ->
         os.close(write)
     with open(tmp_path / "file", "wb") as f:
         protocol.widen_pipe(f.fileno())  # not a pipe: no error
+
+
+def test_job_files_keep_the_users_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        protocol.write_json(str(tmp_path / "node.json"), {"env": {"HF_TOKEN": "x"}})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "node.json").stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["node.json"]  # no temporary left
