@@ -30,16 +30,31 @@ class NodeLaunch:
     nproc: int
     first_rank: int
     job_dir: str  # on the host; may start with ~
-    argv: tuple[str, ...]  # run from job_dir/code, no shell involved
+    argv: tuple[str, ...]  # run from job_dir (each rank in its code/), no shell involved
     env: dict[str, str] = field(hash=False)
+    # The nodes whose hosts share this one's workdir filesystem, in node order, this
+    # one included: they share one snapshot, which the first one's push builds. Empty
+    # when the host shares it with no other node of the job.
+    shares: tuple[str, ...] = ()
 
     @property
     def ranks(self) -> range:
         return range(self.first_rank, self.first_rank + self.nproc)
 
     @property
+    def snapshot_dir(self) -> str:
+        """Where the node's code/ is built: its own job directory, or the job's when
+        its filesystem is shared (the node's directory then links to it)."""
+        return self.job_dir.rpartition("/")[0] if self.shares else self.job_dir
+
+    @property
+    def snapshot_host(self) -> str:
+        """The node whose push builds this node's snapshot: itself unless shared."""
+        return self.shares[0] if self.shares else self.host.name
+
+    @property
     def code_dir(self) -> str:
-        return f"{self.job_dir}/code"
+        return f"{self.snapshot_dir}/{protocol.CODE}"
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,13 @@ class LaunchPlan:
     @property
     def master(self) -> NodeLaunch:
         return self.nodes[0]
+
+    def snapshots(self) -> dict[str, tuple[NodeLaunch, ...]]:
+        """The nodes by the node whose push builds their snapshot, in node order."""
+        groups: dict[str, list[NodeLaunch]] = {}
+        for node in self.nodes:
+            groups.setdefault(node.snapshot_host, []).append(node)
+        return {name: tuple(nodes) for name, nodes in groups.items()}
 
 
 def select_hosts(job: JobSpec, inventory: Inventory) -> list[Host]:
@@ -128,6 +150,38 @@ def static_master_addr(master: Host) -> str | None:
     return _static_addr(master)
 
 
+def fs_groups(hosts: Sequence[Host], facts: Mapping[str, HostFacts]) -> list[tuple[str, ...]]:
+    """The hosts whose workdirs are on one shared filesystem, two or more a group, in
+    host order: as the inventory's `shared_fs:` says where it does, else as the
+    probes' marks show (a host that found another's mark shares its filesystem).
+    """
+    parent = {h.name: h.name for h in hosts}
+
+    def root(name: str) -> str:
+        while parent[name] != name:
+            name = parent[name]
+        return name
+
+    def join(a: str, b: str) -> None:
+        parent[root(b)] = root(a)
+
+    detecting = [h for h in hosts if h.shared_fs is None]
+    marks = {f.fs_mark: h.name for h in detecting if (f := facts.get(h.name)) and f.fs_mark}
+    named: dict[str, str] = {}
+    for host in hosts:
+        if host.shared_fs is None:
+            for mark in getattr(facts.get(host.name), "fs_seen", None) or ():
+                if marks.get(mark, host.name) != host.name:
+                    join(marks[mark], host.name)
+        elif host.shared_fs is not False:
+            key = "" if host.shared_fs is True else host.shared_fs
+            join(named.setdefault(key, host.name), host.name)
+    groups: dict[str, list[str]] = {}
+    for host in hosts:
+        groups.setdefault(root(host.name), []).append(host.name)
+    return [tuple(names) for names in groups.values() if len(names) > 1]
+
+
 def node_count(job: JobSpec, host: Host) -> int:
     """Processes to start on a host: the job's nproc_per_node, or the host's slots."""
     nproc = job.nproc_per_node if job.nproc_per_node is not None else host.slots
@@ -147,6 +201,7 @@ def build_plan(
     master_addr: str,
     master_port: int | None,
     facts: Mapping[str, HostFacts] | None = None,
+    shared: Sequence[Sequence[str]] = (),
 ) -> LaunchPlan:
     """Compute node ranks, global ranks and each host's torchrun command and env.
 
@@ -157,6 +212,7 @@ def build_plan(
         master_addr: the address every node reaches the master at.
         master_port: the rendezvous port, None when not known yet (dry run).
         facts: probe results by host name; missing facts leave defaults out.
+        shared: groups of hosts that share their workdir's filesystem (`fs_groups`).
 
     Returns:
         The LaunchPlan.
@@ -174,7 +230,20 @@ def build_plan(
             job, host, len(hosts), node_rank, nproc, master_addr, master_port, local_addr
         )
         env = _node_env(job, host, hf, job_id, node_rank, len(hosts), names)
-        nodes.append(NodeLaunch(host, node_rank, nproc, first_rank, job_dir, argv, env))
+        group = next((g for g in shared if host.name in g), ())
+        shares = tuple(h.name for h in hosts if h.name in group)
+        nodes.append(
+            NodeLaunch(
+                host,
+                node_rank,
+                nproc,
+                first_rank,
+                job_dir,
+                argv,
+                env,
+                shares if len(shares) > 1 else (),
+            )
+        )
         first_rank += nproc
     return LaunchPlan(job_id, job, master_addr, master_port, tuple(nodes))
 
@@ -220,9 +289,10 @@ def _torchrun_argv(
         # Without it torchrun hands workers its FQDN, which peers may not resolve.
         argv += ["--local-addr", local_addr]
     # Each rank starts through the agent's `rank` entry (the version the job pinned),
-    # which sends the rank's stdout and stderr to its own log file before it execs the
-    # user's code.
-    argv += [f"../{protocol.AGENT}/{protocol.RUN_SCRIPT}", "rank", f"../{protocol.LOGS}"]
+    # which sends the rank's stdout and stderr to its own log file and moves into the
+    # code snapshot (shared by the nodes of a shared filesystem) before it execs the
+    # user's code. Paths are the node directory's, where torchrun runs.
+    argv += [f"{protocol.AGENT}/{protocol.RUN_SCRIPT}", "rank", protocol.LOGS, protocol.CODE]
     argv += ["script", job.script] if job.script else ["module", str(job.module)]
     argv += ["--", *job.args]
     return tuple(argv)
@@ -271,7 +341,10 @@ def describe(plan: LaunchPlan) -> list[str]:
         lines.append(
             f"[{node.host.name}] node rank {node.node_rank}, {node.nproc} processes ({ranks})"
         )
-        lines.append(f"  cd {node.code_dir}")
+        lines.append(f"  cd {node.job_dir}")
+        others = [name for name in node.shares if name != node.host.name]
+        shared = f", shared with {', '.join(others)}" if others else ""
+        lines.append(f"  # each rank runs in {node.code_dir}{shared}")
         for key in sorted(node.env):
             lines.append(f"  {key}={shlex.quote(node.env[key])}")
         if not any(v in node.env for v in IFNAME_VARS):

@@ -13,24 +13,77 @@ import time
 from typing import Any
 
 from . import proc
-from .protocol import CODE, EXIT, PIDS, SNAPSHOT, describe_error, read_frame, read_json, write_bytes
+from .protocol import (
+    CODE,
+    EXIT,
+    HEARTBEAT_S,
+    PIDS,
+    RESERVED_NAMES,
+    SNAPSHOT,
+    describe_error,
+    read_frame,
+    read_json,
+    write_bytes,
+)
 from .store import ContentStore, remove_tree
 
 GC_GRACE_S = 600.0  # younger store files may belong to a push in flight
 ABANDONED_S = 86400.0  # a snapshot never started (setup failed, say) this long is finished
 SWEEP_EVERY_S = 86400.0
+STALE_S = 10 * HEARTBEAT_S  # another host's node whose pid file is older has ended
 
 
-def snapshot_end(job_dir: str, created: float) -> float | None:
-    """When the job that uses this snapshot ended; None while it runs (or may still)."""
+def node_end(node_dir: str, created: float) -> float | None:
+    """When a node that uses a snapshot ended; None while it runs (or may still).
+
+    Its pids mean something only on the host that recorded them: a node of another
+    host sharing this filesystem runs while its supervisor keeps touching its pid file.
+    """
     with contextlib.suppress(OSError):
-        return os.path.getmtime(os.path.join(job_dir, EXIT))
-    started = read_json(os.path.join(job_dir, PIDS))
+        return os.path.getmtime(os.path.join(node_dir, EXIT))
+    pids = os.path.join(node_dir, PIDS)
+    started = read_json(pids)
     if started is not None:
-        if proc.alive(int(started.get("supervisor", 0))):
-            return None
-        return float(started.get("started", created))
+        if started.get("host", proc.host_id()) == proc.host_id():
+            if proc.alive(int(started.get("supervisor", 0))):
+                return None
+            return float(started.get("started", created))
+        with contextlib.suppress(OSError):
+            touched = os.path.getmtime(pids)
+            return None if time.time() - touched < STALE_S else touched
+    return abandoned(created)
+
+
+def abandoned(created: float) -> float | None:
+    """A snapshot no node ever started from is finished once it is a day old."""
     return created if time.time() - created > ABANDONED_S else None
+
+
+def snapshots(workdir: str) -> list[tuple[str, list[str]]]:
+    """The code snapshots under WORKDIR/jobs, each with the node directories that use
+    it: a job's shared one (WORKDIR/jobs/<id>/code) or a node's own."""
+    import glob
+
+    found = []
+    for job in glob.glob(os.path.join(glob.escape(workdir), "jobs", "*")):
+        nodes = [
+            d
+            for d in glob.glob(os.path.join(glob.escape(job), "*"))
+            if os.path.basename(d) not in RESERVED_NAMES and not os.path.islink(d)
+        ]
+        for holder in (job, *nodes):
+            code = os.path.join(holder, CODE)
+            if os.path.isfile(os.path.join(holder, SNAPSHOT)) and not os.path.islink(code):
+                found.append((holder, nodes if holder == job else [holder]))
+    return found
+
+
+def snapshot_end(nodes: list[str], created: float) -> float | None:
+    """When the last node that uses a snapshot ended; None while any may still run."""
+    if not nodes:
+        return abandoned(created)
+    ends = [node_end(node, created) for node in nodes]
+    return None if None in ends else max(e for e in ends if e is not None)
 
 
 def collect_garbage(
@@ -41,8 +94,6 @@ def collect_garbage(
 
     Without `sweep`, the store is swept only when a snapshot went, or once a day.
     """
-    import glob
-
     store = ContentStore(os.path.join(workdir, "store"))
     os.makedirs(store.root, exist_ok=True)
     with open(store.path("gc.lock"), "a") as lock:
@@ -51,21 +102,21 @@ def collect_garbage(
         except OSError:
             return {"busy": True}  # another gc is at it
         finished, kept, running = [], set(), 0
-        for job_dir in glob.glob(os.path.join(glob.escape(workdir), "jobs", "*", "*")):
-            meta = read_json(os.path.join(job_dir, SNAPSHOT))
-            if meta is None or not os.path.isdir(os.path.join(job_dir, CODE)):
+        for holder, nodes in snapshots(workdir):
+            meta = read_json(os.path.join(holder, SNAPSHOT))
+            if meta is None or not os.path.isdir(os.path.join(holder, CODE)):
                 continue
-            ended = snapshot_end(job_dir, float(meta.get("created", 0)))
+            ended = snapshot_end(nodes, float(meta.get("created", 0)))
             if ended is None:
                 running += 1
                 kept.add(str(meta.get("manifest")))
             else:
-                finished.append((ended, job_dir, str(meta.get("manifest"))))
+                finished.append((ended, holder, str(meta.get("manifest"))))
         finished.sort(reverse=True)
         kept.update(digest for _, _, digest in finished[:keep])
-        for _, job_dir, _ in finished[keep:]:
-            remove_tree(os.path.join(job_dir, CODE))
-            os.unlink(os.path.join(job_dir, SNAPSHOT))
+        for _, holder, _ in finished[keep:]:
+            remove_tree(os.path.join(holder, CODE))
+            os.unlink(os.path.join(holder, SNAPSHOT))
         report: dict[str, Any] = {
             "snapshots_removed": len(finished[keep:]),
             "snapshots_kept": min(len(finished), keep),

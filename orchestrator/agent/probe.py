@@ -11,10 +11,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import proc
+from .protocol import FS_MARKS, TOKEN_RE
 
 if TYPE_CHECKING:
     import subprocess
 
+MARK_TTL_S = 600.0  # marks of earlier probes go after this long
 # Queried with nounits so memory is a plain MiB number; one CSV line per GPU.
 GPU_QUERY = (
     "nvidia-smi",
@@ -29,7 +31,8 @@ def main(args: list[str]) -> int:
 
     args: `MASTER`, or one JSON object with any of master (address to route to),
     port (tell whether it is free and who holds it), workdir (free disk there),
-    gpus (false skips nvidia-smi) and modules (top-level names to find).
+    gpus (false skips nvidia-smi), modules (top-level names to find), and mark and
+    look (which hosts share the workdir's filesystem: `fs_marks`).
     """
     import socket
 
@@ -59,6 +62,10 @@ def main(args: list[str]) -> int:
         facts["port"] = port_status(int(opts["port"]))
     if opts.get("workdir"):
         facts["disk_free"] = disk_free(str(opts["workdir"]))
+    if opts.get("mark"):
+        workdir = str(opts.get("workdir") or "~/.orch")
+        facts["fs_seen"] = fs_marks(workdir, str(opts["mark"]), list(opts.get("look") or ()))
+        facts["fs_mark"] = opts["mark"] if facts["fs_seen"] is not None else None
     if opts.get("modules"):
         facts["modules"] = {name: module_found(name) for name in opts["modules"]}
     if gpu_query is not None:
@@ -77,6 +84,39 @@ def probe_options(args: list[str]) -> dict[str, Any]:
         opts = json.loads(args[0])
         return opts if isinstance(opts, dict) else {}
     return {"master": args[0]}
+
+
+def fs_marks(workdir: str, mine: str, look: list[str]) -> list[str] | None:
+    """Which marks of `look` this host finds in WORKDIR/fsmarks, once it wrote `mine`
+    there: hosts that find each other's marks share the filesystem of their workdir.
+
+    Every host writes before it looks, so of two hosts probed at once at least one
+    finds the other's mark. The names are fresh: an NFS client asks the server for
+    them, where a listing might come from its cache. None: the workdir is not
+    writable here, and nothing can be told.
+    """
+    marks = os.path.join(os.path.expanduser(workdir), FS_MARKS)
+    if not TOKEN_RE.fullmatch(mine):
+        return None
+    try:
+        os.makedirs(marks, exist_ok=True)
+        os.close(os.open(os.path.join(marks, mine), os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError:
+        return None
+    seen = [m for m in look if TOKEN_RE.fullmatch(m) and os.path.exists(os.path.join(marks, m))]
+    stale = time.time() - MARK_TTL_S
+    try:
+        names = os.listdir(marks)
+    except OSError:
+        names = []
+    for name in names:  # the marks of earlier probes, written by this host or another
+        path = os.path.join(marks, name)
+        try:
+            if os.lstat(path).st_mtime < stale:
+                os.unlink(path)
+        except OSError:
+            pass
+    return seen
 
 
 def ssh_server_addr() -> str | None:

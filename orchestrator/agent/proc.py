@@ -20,6 +20,18 @@ def stat(pid: int) -> list[str] | None:
         return None
 
 
+def host_id() -> str:
+    """Names this host among those that share a filesystem: pids mean something only
+    where they were recorded. The hostname, and the kernel's boot id (a rebooted host
+    is another host: its old pids are gone)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{os.uname().nodename}/{boot}"
+
+
 def alive(pid: int) -> bool:
     """Whether `pid` runs and is not a zombie."""
     fields = stat(pid)

@@ -16,7 +16,7 @@ the payload.
     H  {"store": DIR, "push": TOKEN}                       always first
     P  {"k": KEY, "off": N, "size": N, "z": 0|1}  then B  a piece of an object
     M  zlib(canonical manifest)                            a manifest the host lacks
-    S  {"digest", "job_dir", "setup", "keep"}              build the job's snapshot
+    S  {"digest", "job_dir", "setup", "keep"[, "nodes"]}   build the job's snapshot
     Z  (empty)                                             the end
 
 **Follow records** (`follow`): a JSON header line per record; a `data` record is
@@ -28,7 +28,9 @@ followed by its N raw bytes (Z bytes when zlib-compressed):
     {"k": "end", NODE STATUS}                                   --once: all sent for now
 
 **The job directory** `WORKDIR/jobs/<job id>/<host>` (`job_dir`) holds the files named
-below; **the content store** `WORKDIR/store` holds objects/<sha256>[.x] (read-only;
+below. Where hosts share a filesystem, their nodes share one snapshot: code/, agent
+and snapshot.json sit one level up, in `WORKDIR/jobs/<job id>` (`job_root`), and each
+node's directory links to them. **The content store** `WORKDIR/store` holds objects/<sha256>[.x] (read-only;
 `.x` executable), manifests/<digest> and setup/<key> (done markers); **the agent**
 is unpacked once per version under `WORKDIR/agent/<version>`.
 """
@@ -56,11 +58,20 @@ CODE = "code"  # the job's snapshot of the pushed tree
 SNAPSHOT = "snapshot.json"  # which manifest code/ was built from
 AGENT = "agent"  # link to the agent version that built the snapshot: the job's own
 RUN_SCRIPT = "run.py"  # the agent's entry as a script, in each version's directory
+# Names a node's directory may not have: a shared snapshot's entries beside it.
+RESERVED_NAMES = frozenset({CODE, AGENT, SNAPSHOT, ".", ".."})
+FS_MARKS = "fsmarks"  # WORKDIR/fsmarks/<nonce>: which hosts see one filesystem (probe)
+HEARTBEAT_S = 60.0  # a supervisor touches its PIDS file this often while torchrun runs
+
+
+def job_root(workdir: str, job_id: str) -> str:
+    """A job's directory on a host: its nodes' directories, and a shared snapshot."""
+    return f"{workdir.rstrip('/')}/jobs/{job_id}"
 
 
 def job_dir(workdir: str, job_id: str, host: str) -> str:
     """A node's job directory on its host (may start with ~)."""
-    return f"{workdir.rstrip('/')}/jobs/{job_id}/{host}"
+    return f"{job_root(workdir, job_id)}/{host}"
 
 
 def store_dir(workdir: str) -> str:

@@ -1,6 +1,8 @@
-"""`rank LOG_DIR KIND TARGET -- ARGS`: torchrun's entry for each rank. Sends the rank's
-stdout and stderr to its own log file, records its process group, then execs the
-user's script (KIND script) or module (KIND module) with torchrun's interpreter."""
+"""`rank LOG_DIR CODE_DIR KIND TARGET -- ARGS`: torchrun's entry for each rank. Sends
+the rank's stdout and stderr to its own log file, records its process group, moves
+into the code snapshot (torchrun runs in the node's directory: where hosts share a
+filesystem, their nodes' ranks share one snapshot), then execs the user's script
+(KIND script) or module (KIND module) with torchrun's interpreter."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import sys
 
 
 def main(args: list[str]) -> int:
-    log_dir, kind, target, sep, *user_args = args
+    log_dir, code_dir, kind, target, sep, *user_args = args
     if sep != "--":
         raise SystemExit("orch supervisor: malformed rank arguments")
     rank = os.environ.get("RANK", "0")
@@ -23,6 +25,7 @@ def main(args: list[str]) -> int:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    os.chdir(code_dir)
     entry = [target] if kind == "script" else ["-m", target]
     os.execv(sys.executable, [sys.executable, "-u", *entry, *user_args])
     return 127  # not reached

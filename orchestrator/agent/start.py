@@ -4,16 +4,18 @@ records how it ended. Prints a Started reply once torchrun runs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
 from typing import Any
 
-from .proc import signal_group
+from .proc import host_id, signal_group
 from .protocol import (
     CODE,
     EXIT,
+    HEARTBEAT_S,
     LOGS,
     NODE_SPEC,
     PIDS,
@@ -31,6 +33,10 @@ def main(args: list[str]) -> int:
     spec = read_json(NODE_SPEC)
     if spec is None:
         print(json.dumps({"error": "node.json missing or unreadable"}))
+        return 2
+    if not os.path.isdir(CODE):
+        where = os.path.join(os.getcwd(), CODE)
+        print(json.dumps({"error": f"the job's code is not on this host: {where} is missing"}))
         return 2
     os.makedirs(LOGS, exist_ok=True)
     ready_r, ready_w = os.pipe()
@@ -64,9 +70,8 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
     argv[0] = os.path.expanduser(argv[0])
     try:
         with open(TORCHRUN_LOG, "ab") as out:
-            proc = subprocess.Popen(
+            proc = subprocess.Popen(  # in the node's directory: each rank moves into code/
                 argv,
-                cwd=CODE,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -79,11 +84,25 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
         return 1
     # torchrun leads its own process group; the supervisor stays out of it so that it
     # survives a kill of the group and can record how torchrun ended.
-    started = {"pid": proc.pid, "pgid": proc.pid, "supervisor": os.getpid(), "started": time.time()}
+    started = {
+        "pid": proc.pid,
+        "pgid": proc.pid,
+        "supervisor": os.getpid(),
+        "started": time.time(),
+        "host": host_id(),
+    }
     write_json(PIDS, started)
     signal.signal(signal.SIGTERM, lambda *_: signal_group(proc.pid, signal.SIGTERM))
     os.write(ready_fd, json.dumps(started).encode())
     os.close(ready_fd)
-    returncode = proc.wait()
+    while True:
+        try:
+            returncode = proc.wait(HEARTBEAT_S)
+            break
+        except subprocess.TimeoutExpired:
+            # Hosts sharing this directory cannot see this process: the fresh time
+            # tells their gc that the node still runs (gc.snapshot_end).
+            with contextlib.suppress(OSError):
+                os.utime(PIDS)
     write_json(EXIT, {"returncode": returncode, "ended": time.time()})
     return 0

@@ -89,7 +89,7 @@ class ContentStore:
             os.close(fd)
         if end < size:
             return False
-        os.replace(tmp, final)
+        publish(tmp, final)
         return True
 
     def add_manifest(self, body: bytes) -> str:
@@ -110,6 +110,23 @@ class ContentStore:
 
     def setup_marker(self, key: str) -> str:
         return setup_marker(self.root, key)
+
+
+def publish(tmp: str, final: str) -> None:
+    """Give a verified object its final name, never replacing one already there: two
+    writers of one object (hosts sharing the store, two pushes at once) wrote the same
+    bytes, and snapshots may link to the first. A hard link is atomic on NFS too;
+    a retransmitted one may say EEXIST although it made the link, which is as good."""
+    try:
+        os.link(tmp, final)
+    except FileExistsError:
+        if os.stat(final).st_size != os.stat(tmp).st_size:  # not an object: replace it
+            os.replace(tmp, final)
+            return
+    except OSError:  # a filesystem without hard links
+        os.replace(tmp, final)
+        return
+    os.unlink(tmp)
 
 
 def file_hash(path: str) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 from .protocol import (
     AGENT,
     CODE,
+    RESERVED_NAMES,
     SNAPSHOT,
     TOKEN_RE,
     describe_error,
@@ -114,6 +115,7 @@ def make_snapshot(store: ContentStore, request: dict[str, Any]) -> dict[str, Any
         os.path.join(job_dir, SNAPSHOT),
         {"manifest": digest, "created": time.time(), "agent": version},
     )
+    link_nodes(job_dir, request.get("nodes") or [])
     setup = request.get("setup")
     done = isinstance(setup, str) and os.path.exists(store.setup_marker(setup))
     return {"snapshot": True, "setup_done": done}
@@ -122,13 +124,32 @@ def make_snapshot(store: ContentStore, request: dict[str, Any]) -> dict[str, Any
 def pin_agent(job_dir: str) -> str:
     """Link the job directory to the agent version that runs this command: the job's
     later commands (start, follow, setup, each rank's entry) run that version, whatever
-    a newer controller sends meanwhile. Returns the version."""
+    a newer controller sends meanwhile. Returns the version.
+
+    The link is relative: hosts that share the workdir may mount it at other paths.
+    """
     version_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    link = os.path.join(job_dir, AGENT)
+    relink(os.path.relpath(version_dir, os.path.abspath(job_dir)), os.path.join(job_dir, AGENT))
+    return os.path.basename(version_dir)
+
+
+def link_nodes(job_dir: str, names: list[str]) -> None:
+    """Give each node of a shared snapshot its own directory, linking to the snapshot
+    and the job's agent: hosts sharing this filesystem then find them as on a host of
+    their own. The names come from the controller: host names, one path component."""
+    for name in names:
+        if not isinstance(name, str) or "/" in name or "\0" in name or name in RESERVED_NAMES:
+            raise ValueError(f"bad node name {name!r}")
+        node = os.path.join(job_dir, name)
+        os.makedirs(node, exist_ok=True)
+        for entry in (CODE, AGENT):
+            relink(os.path.join(os.pardir, entry), os.path.join(node, entry))
+
+
+def relink(target: str, link: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(link)
-    os.symlink(version_dir, link)
-    return os.path.basename(version_dir)
+    os.symlink(target, link)
 
 
 def build_tree(store: ContentStore, entries: list[list[Any]], code: str) -> None:

@@ -29,8 +29,8 @@ from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
 from orchestrator.nodes.group import HostGroup
-from orchestrator.nodes.probe import probe, probe_host, torch_missing
-from orchestrator.plan import select_hosts, static_master_addr
+from orchestrator.nodes.probe import Marks, probe, probe_host, torch_missing
+from orchestrator.plan import fs_groups, select_hosts, static_master_addr
 from orchestrator.transport import ConnectOptions, Transport
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ class CheckReport:
     rendezvous: Rendezvous | None
     throughput: dict[str, Throughput] | None
     problems: tuple[Problem, ...]
+    shared: tuple[tuple[str, ...], ...] = ()  # hosts whose workdirs share a filesystem
 
     @property
     def errors(self) -> list[Problem]:
@@ -88,6 +89,7 @@ class Preflight:
     port: int
     facts: dict[str, HostFacts]
     warnings: tuple[Problem, ...]
+    shared: tuple[tuple[str, ...], ...]  # hosts whose workdirs share a filesystem
 
 
 def run_check(
@@ -108,11 +110,12 @@ def run_check(
         master_addr = _master_addr_or_none(group, master)
         wanted = (job.rendezvous_port or DEFAULT_PORT) if job else None
         modules = _modules_to_find(job)
+        marks = _marks(hosts)
 
         def inspect(host: Host, transport: Transport) -> HostStatus:
             port = wanted if host.name == master.name else None
             try:
-                found = probe_host(host, transport, master_addr, port, True, modules)
+                found = probe_host(host, transport, master_addr, port, True, modules, marks)
             except OrchError as exc:
                 return HostStatus(host, error=exc, error_topic="python")
             return HostStatus(host, found.facts, ssh_ms=_round_trip_ms(host, transport))
@@ -134,7 +137,9 @@ def run_check(
             others = [h for h in usable if h.name != master.name]
             throughput = bandwidth(group, master, master_addr, others)
     problems = merge_hosts(_judge(hosts, statuses, job, rendezvous, throughput))
-    return CheckReport(statuses, master_addr, rendezvous, throughput, tuple(problems))
+    facts = {s.host.name: s.facts for s in statuses if s.facts is not None}
+    shared = tuple(fs_groups(hosts, facts))
+    return CheckReport(statuses, master_addr, rendezvous, throughput, tuple(problems), shared)
 
 
 def preflight(job: JobSpec, hosts: Sequence[Host], group: HostGroup) -> Preflight:
@@ -148,6 +153,7 @@ def preflight(job: JobSpec, hosts: Sequence[Host], group: HostGroup) -> Prefligh
     master_addr = _master_addr(group, master)
     wanted = job.rendezvous_port or DEFAULT_PORT
     modules = _modules_to_find(job)
+    marks = _marks(hosts)
     probes = group.each(
         lambda h, t: probe(
             h,
@@ -156,6 +162,7 @@ def preflight(job: JobSpec, hosts: Sequence[Host], group: HostGroup) -> Prefligh
             port=wanted if h.name == master.name else None,
             gpus=bool(h.gpus),  # nvidia-smi can take a second: only where GPUs are declared
             modules=modules,
+            marks=marks,
         )
     )
     facts = {name: p.facts for name, p in probes.items()}
@@ -168,7 +175,14 @@ def preflight(job: JobSpec, hosts: Sequence[Host], group: HostGroup) -> Prefligh
     if errors:
         raise PreflightError(errors)
     warnings = tuple(p for p in problems if not p.is_error)
-    return Preflight(master_addr, rendezvous.port, facts, warnings)
+    shared = tuple(fs_groups(hosts, facts))
+    return Preflight(master_addr, rendezvous.port, facts, warnings, shared)
+
+
+def _marks(hosts: Sequence[Host]) -> Marks | None:
+    """Marks for the hosts whose shared filesystems orch finds out (plan.fs_groups)."""
+    detecting = [h for h in hosts if h.shared_fs is None]
+    return Marks.fresh(detecting) if len(detecting) > 1 else None
 
 
 def _test_rendezvous(

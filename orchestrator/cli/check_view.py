@@ -139,6 +139,10 @@ def summary_lines(report: CheckReport) -> list[Text]:
     lines = []
     if report.rendezvous is not None:
         lines.append(Text(describe_port(report.rendezvous)))
+    for group in report.shared:
+        lines.append(
+            Text(f"shared filesystem: {', '.join(group)} (one copy of the code, one setup)")
+        )
     for problem in report.problems:
         head, *hint = problem.lines()
         label, _, rest = head.partition(": ")

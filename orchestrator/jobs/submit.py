@@ -16,7 +16,7 @@ from orchestrator.check.run import preflight
 from orchestrator.jobs.reporter import ProgressReporter, Reporter
 from orchestrator.jobs.teardown import teardown
 from orchestrator.jobs.watch import watch_job
-from orchestrator.models.errors import Interrupted, OrchError
+from orchestrator.models.errors import HostError, Interrupted, OrchError, RemoteCommandError
 from orchestrator.models.inventory import (
     Host,
     resolve_inventory,
@@ -25,11 +25,18 @@ from orchestrator.models.job import JobSpec, load_job
 from orchestrator.models.states import JobState
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
-from orchestrator.plan import LaunchPlan, build_plan, select_hosts, static_master_addr
+from orchestrator.plan import (
+    LaunchPlan,
+    NodeLaunch,
+    build_plan,
+    fs_groups,
+    select_hosts,
+    static_master_addr,
+)
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror
 from orchestrator.sync.manifest import Tree, scan_workdir
-from orchestrator.sync.push import push
+from orchestrator.sync.push import PushResult, push
 from orchestrator.sync.store import setup_key
 from orchestrator.transport import ConnectOptions, Transport
 
@@ -60,7 +67,10 @@ def dry_run(sub: Submission) -> LaunchPlan:
     """The plan as far as it is known without touching any host."""
     master = sub.hosts[0]
     master_addr = static_master_addr(master) or f"<address of {master.address}>"
-    return build_plan(sub.job, sub.hosts, sub.job_id, master_addr, sub.job.rendezvous_port)
+    port = sub.job.rendezvous_port
+    # Only what the inventory says of shared filesystems: finding out takes a probe.
+    shared = fs_groups(sub.hosts, {})
+    return build_plan(sub.job, sub.hosts, sub.job_id, master_addr, port, shared=shared)
 
 
 def submit(
@@ -98,7 +108,7 @@ def submit(
         )
 
         def start(host: Host, transport: Transport) -> None:
-            ops.start(nodes[host.name], transport)
+            _start(nodes[host.name], transport)
             store.update_node(plan.job_id, host.name, JobState.RUNNING)
 
         try:
@@ -151,8 +161,31 @@ def _plan_with_facts(sub: Submission, group: HostGroup) -> LaunchPlan:
     for warning in checked.warnings:
         group.options.notice(f"warning: {warning.message}")
     return build_plan(
-        sub.job, sub.hosts, sub.job_id, checked.master_addr, checked.port, checked.facts
+        sub.job,
+        sub.hosts,
+        sub.job_id,
+        checked.master_addr,
+        checked.port,
+        checked.facts,
+        checked.shared,
     )
+
+
+def _start(node: NodeLaunch, transport: Transport) -> None:
+    """Start a node; where it was to share another's snapshot and that is not there,
+    say that the inventory's `shared_fs:` is wrong."""
+    try:
+        ops.start(node, transport)
+    except RemoteCommandError as exc:
+        if node.snapshot_host == node.host.name or node.host.shared_fs is None:
+            raise
+        raise HostError(
+            node.host.name,
+            f"the job's code is not on {node.host.name}: the inventory says its workdir "
+            f"{node.host.workdir} is on the filesystem of {node.snapshot_host} "
+            f"(shared_fs: {node.host.shared_fs}), where it was pushed",
+            f"correct shared_fs: for {node.host.name}, or leave it out for orch to find out",
+        ) from exc
 
 
 # ---------------------------------------------------------------- code push
@@ -162,39 +195,84 @@ def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter
     """Build the job's code snapshot on every node, then run its `setup:` where it has
     not yet run for this setup text and code version. Nothing is started here.
 
+    Nodes whose hosts share a filesystem share one snapshot: the code goes to the
+    first of them, and setup runs there once (once per interpreter).
+
     Raises:
         HostError / MultiHostError: a push or a setup failed, naming each such host.
         InfraError: a file changed while it was being pushed.
     """
-    nodes = {n.host.name: n for n in plan.nodes}
+    snapshots = plan.snapshots()
     script = plan.job.setup
     keys = {
-        name: setup_key(script, tree.digest, node.host.python)
-        for name, node in nodes.items()
-        if script
+        n.host.name: setup_key(script, tree.digest, n.host.python) for n in plan.nodes if script
     }
     progress = reporter.progress if isinstance(reporter, ProgressReporter) else None
-    results = push(group, tree, {name: n.job_dir for name, n in nodes.items()}, keys, progress)
+    results = push(
+        group,
+        tree,
+        {name: nodes[0].snapshot_dir for name, nodes in snapshots.items()},
+        keys,
+        progress,
+        shares={name: nodes[0].shares for name, nodes in snapshots.items() if nodes[0].shares},
+    )
     log.info(
         "pushed %s",
         ", ".join(
             f"{r.files_sent} files ({r.wire_bytes // 1024} kB) to {h}" for h, r in results.items()
         ),
     )
-    if not script:
-        return
-    cached = [name for name, result in results.items() if result.setup_done]
-    todo = [name for name in results if name not in cached]
+    for name, nodes in snapshots.items():
+        if len(nodes) > 1:
+            others = ", ".join(n.host.name for n in nodes[1:])
+            reporter.notice(f"code: {others} share the filesystem of {name}: one copy for all")
+    if script:
+        _run_setup(plan, group, snapshots, keys, results, tree.digest, reporter)
+
+
+def _run_setup(
+    plan: LaunchPlan,
+    group: HostGroup,
+    snapshots: dict[str, tuple[NodeLaunch, ...]],
+    keys: dict[str, str],
+    results: dict[str, PushResult],
+    digest: str,
+    reporter: Reporter,
+) -> None:
+    """Run `setup:` once per snapshot and interpreter (in turn where a snapshot needs
+    several: never twice at once in one directory), where it has not run yet."""
+    cached, reused = [], []
+    todo: dict[str, list[NodeLaunch]] = {}
+    for name, nodes in snapshots.items():
+        runs: dict[str, str] = {}  # setup key -> the node that runs it
+        for node in nodes:
+            key = keys[node.host.name]
+            if key in runs:
+                reused.append(f"{node.host.name} uses {runs[key]}'s")
+            elif node is nodes[0] and results[name].setup_done:
+                cached.append(name)
+            else:
+                todo.setdefault(name, []).append(node)
+            runs.setdefault(key, node.host.name)
     if cached:
         reporter.notice(f"setup: cached on {', '.join(cached)} (same setup and code ran there)")
+    if reused:
+        reporter.notice(f"setup: {'; '.join(reused)} (one filesystem)")
     if not todo:
         return
-    reporter.notice(f"setup: running on {', '.join(todo)}")
+    reporter.notice(
+        f"setup: running on {', '.join(n.host.name for ns in todo.values() for n in ns)}"
+    )
+    script = plan.job.setup
+    assert script is not None
 
-    def run_setup(host: Host, transport: Transport) -> None:
-        def line(text: str) -> None:
-            reporter.output(f"{host.name} setup", None, (text + "\n").encode())
+    def run_setup(host: Host, _transport: Transport) -> None:
+        for node in todo[host.name]:
 
-        ops.setup(nodes[host.name], transport, script, keys[host.name], tree.digest, line)
+            def line(text: str, name: str = node.host.name) -> None:
+                reporter.output(f"{name} setup", None, (text + "\n").encode())
+
+            transport = group.transports[node.host.name]
+            ops.setup(node, transport, script, keys[node.host.name], digest, line)
 
     group.each(run_setup, only=todo)

@@ -31,3 +31,7 @@ class HostFacts:
     disk_free: int | None = None  # bytes free in the workdir
     clock_offset_s: float | None = None  # host clock minus controller clock
     modules_missing: tuple[str, ...] = ()  # top-level modules the job needs, not found
+    # Which hosts share the workdir's filesystem: the mark this host wrote there, and
+    # the other hosts' marks it found (None: not asked, or the workdir is not writable).
+    fs_mark: str | None = None
+    fs_seen: tuple[str, ...] | None = None

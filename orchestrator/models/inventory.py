@@ -23,6 +23,9 @@ from orchestrator.models.schema import (
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
 DEFAULT_WORKDIR = "~/.orch"
 DEFAULT_REMOTE_PYTHON = "python3"
+# A node's directory is named after its host, beside a shared snapshot's entries:
+# agent/protocol.py's RESERVED_NAMES (models import nothing of orch; a test checks).
+RESERVED_NAMES = frozenset({"code", "agent", "snapshot.json", ".", ".."})
 
 _HOST_KEYS = {
     "name": "unique name, used in prefixes and --node",
@@ -36,6 +39,8 @@ _HOST_KEYS = {
     "slots": "processes a job may start here",
     "labels": "labels for job selection",
     "env": "environment for every job on the host",
+    "shared_fs": "whether the workdir is on a filesystem other hosts share: true, false, "
+    "or a group name (default: found out)",
 }
 _DEFAULT_KEYS = {k: v for k, v in _HOST_KEYS.items() if k not in ("name", "address")}
 
@@ -55,6 +60,9 @@ class Host:
     slots: int = 1
     labels: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict, hash=False)
+    # Shares the workdir's filesystem with: None, find out; False, no host; True or a
+    # name, the hosts that say the same.
+    shared_fs: bool | str | None = None
 
     @property
     def is_local(self) -> bool:
@@ -142,6 +150,12 @@ def _load_host(where: Where, defaults: Where, local_python: str) -> Host:
         raise where.error(
             "name", f"invalid host name {name!r}", "use letters, digits, '-', '_' and '.'"
         )
+    if name in RESERVED_NAMES:
+        raise where.error(
+            "name",
+            f"host name {name!r} is reserved: it names a file in orch's job directories",
+            "give the host another name",
+        )
     if not address:
         raise where.error("address", "empty address")
     is_local = address in LOCAL_ADDRESSES
@@ -163,6 +177,18 @@ def _load_host(where: Where, defaults: Where, local_python: str) -> Host:
         slots=slots if slots is not None else (len(gpus) or 1),
         labels=labels,
         env=env,
+        shared_fs=_load_shared_fs(_pick(where, defaults, "shared_fs")),
+    )
+
+
+def _load_shared_fs(where: Where) -> bool | str | None:
+    value = where.mapping.get("shared_fs")
+    if value is None or isinstance(value, bool) or (isinstance(value, str) and value):
+        return value
+    raise where.error(
+        "shared_fs",
+        f"expected true, false or a group name, got {value!r}",
+        "leave it out to let orch find out which hosts share a filesystem",
     )
 
 

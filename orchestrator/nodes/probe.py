@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,6 +17,18 @@ from orchestrator.nodes import agent
 from orchestrator.transport.base import Transport
 
 PROBE_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Marks:
+    """One fresh mark per host, for hosts probed at once: each writes its own in its
+    workdir and looks for the others' (HostFacts.fs_mark, fs_seen; plan.fs_groups)."""
+
+    of: dict[str, str]
+
+    @staticmethod
+    def fresh(hosts: Sequence[Host]) -> Marks:
+        return Marks({h.name: secrets.token_hex(8) for h in hosts})
 
 
 @dataclass(frozen=True)
@@ -33,6 +46,7 @@ def probe(
     port: int | None = None,
     gpus: bool = False,
     modules: Sequence[str] = (),
+    marks: Marks | None = None,
 ) -> ProbeResult:
     """Learn a host's facts without importing torch (that costs seconds).
 
@@ -41,11 +55,12 @@ def probe(
         port: also report whether this port is free there, and who holds it.
         gpus: also count GPUs (nvidia-smi, which can take a second on a big box).
         modules: top-level modules to look for with the host's python.
+        marks: find out which hosts share the workdir's filesystem (`Marks`).
 
     Raises:
         HostError: python is missing on the host, or torch is not installed for it.
     """
-    found = probe_host(host, transport, master, port, gpus, modules)
+    found = probe_host(host, transport, master, port, gpus, modules, marks)
     if not found.facts.torch_version:
         raise torch_missing(host)
     return found
@@ -58,6 +73,7 @@ def probe_host(
     port: int | None = None,
     gpus: bool = True,
     modules: Sequence[str] = (),
+    marks: Marks | None = None,
 ) -> ProbeResult:
     """The probe without a verdict: facts even where torch is missing (`orch check`).
 
@@ -72,6 +88,8 @@ def probe_host(
         "gpus": gpus,
         "modules": list(modules),
     }
+    if marks is not None and host.name in marks.of:
+        options.update(mark=marks.of[host.name], look=list(marks.of.values()))
     # Not isolated: torch may come from site-packages, the user's site or PYTHONPATH.
     command = agent.command(host, "probe", json.dumps(options), isolated=False)
     result = transport.run(command, stdin=agent.packed(), timeout=PROBE_TIMEOUT_S)
@@ -132,6 +150,8 @@ def facts_from_probe(data: dict[str, Any], received_at: float) -> HostFacts:
         disk_free=data.get("disk_free"),
         clock_offset_s=remote_time - received_at if isinstance(remote_time, float) else None,
         modules_missing=tuple(m for m, found in (data.get("modules") or {}).items() if not found),
+        fs_mark=data.get("fs_mark"),
+        fs_seen=tuple(map(str, data["fs_seen"])) if isinstance(data.get("fs_seen"), list) else None,
     )
 
 

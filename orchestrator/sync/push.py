@@ -22,7 +22,6 @@ import logging
 import secrets
 import time
 import zlib
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -94,18 +93,22 @@ def push(
     progress: Progress | None = None,
     keep: int | None = None,
     memory: HostMemory | None = None,
+    shares: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, PushResult]:
     """Push `tree` to every host named in `job_dirs`, in parallel, and build each one's
-    snapshot at `<job dir>/code` (with the supervisor beside it).
+    snapshot at `<job dir>/code` (with the agent beside it).
 
     Args:
         group: connected hosts.
         tree: the manifest to push (`scan_workdir`).
-        job_dirs: host name -> the job's directory there.
+        job_dirs: host name -> where its snapshot goes.
         setup_keys: host name -> `setup_key(...)`, to learn whether setup ran there.
         progress: called from the hosts' threads as each host's push moves on.
         keep: finished snapshots to keep per host (default: `snapshot_retention()`).
         memory: what was pushed to which host before (default: under $ORCH_HOME).
+        shares: host name -> the nodes (host names) whose hosts share its filesystem
+            and so its snapshot: each gets a directory beside it, linked to it, and
+            the content pushed counts as theirs too.
 
     Returns:
         Each host's PushResult.
@@ -128,25 +131,24 @@ def push(
         progress or (lambda _: None),
     )
 
-    # One token for the whole push, names its temporary files on every host; hosts
-    # that share a store (and so its temporary files) get a numbered one each.
+    # Names the temporary files of each host's push: one per writer, whatever shares
+    # a store (hosts on one filesystem found out or not, pushes from two laptops).
     token = secrets.token_hex(8)
-    tokens: dict[str, str] = {}
-    stores: Counter[str] = Counter()
-    for host in hosts:
-        earlier = stores[host_key(host)]
-        stores[host_key(host)] += 1
-        tokens[host.name] = f"{token}-{earlier}" if earlier else token
+    shares = shares or {}
 
     def one(host: Host, transport: Transport) -> PushResult:
         key = (setup_keys or {}).get(host.name)
-        job = _HostPush(shared, host, transport, job_dirs[host.name], key, tokens[host.name])
+        nodes = list(shares.get(host.name, ()))
+        writer = f"{token}-{hosts.index(host)}"
+        job = _HostPush(shared, host, transport, job_dirs[host.name], key, nodes, writer)
         return job.run(plans[host.name])
 
     results, failures = group.try_each(one, only=job_dirs)
+    by_name = {h.name: h for h in group.hosts}
     for host in hosts:  # in this thread: two names of one store share a memory file
         if host.name in results:
-            memory.remember(host_key(host), tree.digest, tree.objects)
+            for name in dict.fromkeys([host.name, *shares.get(host.name, ())]):
+                memory.remember(host_key(by_name[name]), tree.digest, tree.objects)
     if failures:
         raise failures[0] if len(failures) == 1 else MultiHostError(failures, list(results))
     return results
@@ -200,6 +202,7 @@ class _HostPush:
         transport: Transport,
         job_dir: str,
         setup: str | None,
+        nodes: list[str],
         token: str,
     ) -> None:
         self.shared = shared
@@ -210,7 +213,8 @@ class _HostPush:
         self.files = self.bytes = self.wire_bytes = self.round_trips = 0
         self.files_total = self.bytes_total = 0
         self.command = agent.command(host, "sync")
-        self.token = token
+        self.nodes = nodes
+        self.token = token  # names the temporary files of this push on this host
 
     def run(self, plan: HostPlan) -> PushResult:
         tree = self.shared.tree
@@ -320,12 +324,13 @@ class _HostPush:
             ) from None
 
     def _snapshot_request(self) -> dict[str, Any]:
-        return {
+        request = {
             "digest": self.shared.tree.digest,
             "job_dir": self.job_dir,
             "setup": self.setup,
             "keep": self.shared.keep,
         }
+        return {**request, "nodes": self.nodes} if self.nodes else request
 
     def _round_trip(self, frames: list[bytes], batch: Sequence[wire.Piece]) -> SyncReply:
         """Send one stream and read the host's answer. The frames go as they are, never

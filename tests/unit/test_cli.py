@@ -81,7 +81,8 @@ def test_dry_run_prints_the_job_id_first_and_each_hosts_command(
     assert "--node-rank 1 --nproc-per-node 2" in commands[1]
     assert all("--master-addr 10.77.0.11" in c for c in commands)
     assert all(c.endswith("-- --epochs 3 'a b'") for c in commands)
-    assert f"cd ~/.orch/jobs/{job_id}/node3/code" in result.stdout
+    assert f"cd ~/.orch/jobs/{job_id}/node3\n" in result.stdout
+    assert f"each rank runs in ~/.orch/jobs/{job_id}/node3/code\n" in result.stdout
     assert result.stderr == ""
 
 

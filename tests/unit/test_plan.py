@@ -172,7 +172,7 @@ def test_torchrun_argv_is_exact_for_every_node(make_job: MakeJob) -> None:
     ]
     facts = {"node2": HostFacts(iface="eth1", local_addr="10.77.0.12")}
     plan = build_plan(job, hosts, "j-1", "10.77.0.11", 29511, facts)
-    tail = ("../agent/run.py", "rank", "../logs", "script", "train.py", "--")
+    tail = ("agent/run.py", "rank", "logs", "code", "script", "train.py", "--")
     user = ("--epochs", "3", "a b", "--", "$HOME")
     common = ("--nnodes", "2")
     assert plan.nodes[0].argv == (
@@ -209,7 +209,7 @@ def test_local_addr_is_left_out_for_an_unprobed_dns_name(make_job: MakeJob) -> N
 def test_module_job_runs_the_module_through_the_supervisor(write: WriteFile) -> None:
     job = load_job(write("mod.yaml", "module: pkg.train\nargs: [-x]\n"))
     plan = build_plan(job, [host("node1")], "j-1", "10.77.0.1", 29500)
-    assert plan.nodes[0].argv[-6:] == ("rank", "../logs", "module", "pkg.train", "--", "-x")
+    assert plan.nodes[0].argv[-7:] == ("rank", "logs", "code", "module", "pkg.train", "--", "-x")
 
 
 def test_unknown_port_shows_a_placeholder(make_job: MakeJob) -> None:
@@ -326,7 +326,8 @@ def test_describe_shows_each_hosts_ranks_env_and_exact_command(make_job: MakeJob
     assert "[node2] node rank 1, 2 processes (r1-r2)" in text
     for node in plan.nodes:
         assert "  " + shlex.join(node.argv) in text.splitlines()
-        assert f"  cd {node.code_dir}" in text.splitlines()
+        assert f"  cd {node.job_dir}" in text.splitlines()
+        assert f"  # each rank runs in {node.code_dir}" in text.splitlines()
     assert "  MSG='it'\"'\"'s'" in text.splitlines()
     # node1 has no probed interface: the plan says what still has to be found out
     assert "  GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME=<interface routing to 10.77.0.1>" in text
