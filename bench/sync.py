@@ -11,9 +11,15 @@ the hosts; the time to open them is measured and shown apart. For rsync: the who
 `rsync` command per host, all hosts in parallel, each opening its own SSH connection
 (that is how it is used), into the same directory each time.
 
+With `--shared N`, the shared-home case instead: N hosts that mount one home (NFS
+style). orch finds that out in its probe (not timed, as the connections) and pushes
+to one of them; against orch's push to 1 host, and `rsync -az` into the shared
+directory from every host at once (what a by-hand launch per host does) and once.
+
 Needs root (it starts the namespace test cluster) and rsync. Usage:
 
     .venv/bin/python bench/sync.py [--hosts 2 4 8] [--repeat 3]
+    .venv/bin/python bench/sync.py --shared 8 [--repeat 3]
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import ssh_client
 from bench.report import machine, median, write_section
 from orchestrator.models.inventory import load_inventory
+from orchestrator.nodes.probe import Marks, probe_host
+from orchestrator.plan import fs_groups
 from orchestrator.transport import ConnectOptions
 from tests.cluster import Cluster, Controller
 
@@ -94,10 +102,18 @@ def rsync_all(cluster: Cluster, controller: Controller, n: int, src: Path, dest:
 
 
 class OrchPusher:
-    """orch's push to n hosts over connections opened once, as `orch submit` has them."""
+    """orch's push to n hosts over connections opened once, as `orch submit` has them.
+    With `shared`, the hosts' probes find which share a filesystem first (as submit's
+    preflight does), and each group gets one push."""
 
     def __init__(
-        self, cluster: Cluster, controller: Controller, n: int, src: Path, tag: str
+        self,
+        cluster: Cluster,
+        controller: Controller,
+        n: int,
+        src: Path,
+        tag: str,
+        shared: bool = False,
     ) -> None:
         self.src = src
         self.tag = tag
@@ -113,14 +129,27 @@ class OrchPusher:
         started = time.monotonic()
         self.group.connect()
         self.connect_s = time.monotonic() - started
+        self.groups: list[tuple[str, ...]] = []
+        if shared:
+            marks = Marks.fresh(self.hosts)
+            found = self.group.each(lambda h, t: probe_host(h, t, gpus=False, marks=marks))
+            self.groups = fs_groups(self.hosts, {name: p.facts for name, p in found.items()})
 
     def push(self) -> float:
-        """Seconds to scan the tree and push it as a new job (a new snapshot per host)."""
+        """Seconds to scan the tree and push it as a new job (a new snapshot per host,
+        or per group of hosts sharing a filesystem)."""
         self.jobs += 1
-        job_dirs = {h.name: f"{h.workdir}/jobs/bench-{self.jobs}/{h.name}" for h in self.hosts}
+        shares = {g[0]: g for g in self.groups}
+        followers = {name for g in self.groups for name in g[1:]}
+        job_dirs = {
+            h.name: f"{h.workdir}/jobs/bench-{self.jobs}"
+            + ("" if h.name in shares else f"/{h.name}")
+            for h in self.hosts
+            if h.name not in followers
+        }
         started = time.monotonic()
         tree = scan_workdir(self.src)
-        push(self.group, tree, job_dirs, memory=self.memory, keep=100)
+        push(self.group, tree, job_dirs, memory=self.memory, keep=100, shares=shares)
         return time.monotonic() - started
 
     def check(self, cluster: Cluster) -> None:
@@ -128,7 +157,7 @@ class OrchPusher:
         for host in cluster.hosts[: len(self.hosts)]:
             code = (
                 cluster.home(host.name)
-                / f"bench-{self.tag}/orch/jobs/bench-{self.jobs}/{host.name}/code"
+                / f"bench-{self.tag}/orch/jobs/bench-{self.jobs}/{host.name}/code/"
             )
             found = sum(1 for p in code.rglob("*") if p.is_file())
             if found != FILES:
@@ -154,13 +183,88 @@ def alternate(
     return o, r
 
 
+def shared_home(n: int, repeat: int) -> None:
+    """The first push to n hosts sharing one home: orch against orch to 1 host, and
+    rsync into the shared directory from every host at once, and once."""
+    rows: dict[str, list[float]] = {"shared": [], "one": [], "rsync_all": [], "rsync_one": []}
+    with (
+        tempfile.TemporaryDirectory(prefix="orch-bench-sync-") as tmp,
+        Cluster(n) as cluster,
+        cluster.shared_home(range(1, n + 1)),
+    ):
+        src = Path(tmp) / "tree"
+        make_tree(src)
+        controller = cluster.new_controller()
+        os.environ["ORCH_HOME"] = str(controller.state_dir)
+        for r in range(repeat):
+            for p in (controller.state_dir / "sync").glob("trees/*"):
+                p.unlink()  # each first push hashes the whole tree
+            shared = OrchPusher(cluster, controller, n, src, f"shared-{r}", shared=True)
+            if len(shared.groups) != 1 or len(shared.groups[0]) != n:
+                raise RuntimeError(f"the probe found {shared.groups}, not one group of {n}")
+            one = OrchPusher(cluster, controller, 1, src, f"one-{r}")
+            cases: list[tuple[str, Callable[[], float]]] = [
+                ("shared", shared.push),
+                ("one", one.push),
+                (
+                    "rsync_all",
+                    lambda r=r: rsync_all(cluster, controller, n, src, f"~/bench-{r}/all"),
+                ),
+                (
+                    "rsync_one",
+                    lambda r=r: rsync_all(cluster, controller, 1, src, f"~/bench-{r}/one"),
+                ),
+            ]
+            for name, run in cases[r % 2 :] + cases[: r % 2]:  # rotate who goes first
+                rows[name].append(run())
+            shared.check(cluster)
+            shared.close()
+            one.close()
+            print({k: [round(t, 2) for t in v] for k, v in rows.items()}, flush=True)
+    med = {k: median(v) for k, v in rows.items()}
+    table = [
+        "| case | first push (s) | against orch to 1 host |",
+        "|---|---:|---:|",
+        f"| orch, {n} hosts sharing one home | {med['shared']:.2f} | {med['shared'] / med['one']:.2f}x |",
+        f"| orch, 1 host | {med['one']:.2f} | 1.00x |",
+        f"| rsync -az to each of the {n} hosts at once, all into the shared home | {med['rsync_all']:.2f} "
+        f"| {med['rsync_all'] / med['one']:.2f}x |",
+        f"| rsync -az once into the shared home | {med['rsync_one']:.2f} | {med['rsync_one'] / med['one']:.2f}x |",
+    ]
+    body = "\n".join(
+        [
+            "## Code push to hosts that share a home (NFS style)",
+            "",
+            f"The same tree ({FILES:,} files, {TOTAL_BYTES // 2**20} MB of random data), first push, "
+            f"to {n} hosts of the test cluster that mount one directory as their home. orch's probe finds "
+            "that out (each host writes a mark into its workdir and looks for the others'; not timed, like "
+            "opening the connections), so the code goes to one host and every node's snapshot is that one. "
+            "Baselines: orch's push to 1 host, and `rsync -az -e ssh` into the shared directory, from "
+            f"all {n} hosts at once (a by-hand launch that syncs per host) and once.",
+            "",
+            f"Median of {repeat} runs, rotating which goes first; {machine()}. Target: the {n}-host "
+            "shared push within 1.2x of the 1-host push.",
+            "",
+            *table,
+            "",
+            f"Reproduce: `sudo .venv/bin/python bench/sync.py --shared {n} --repeat {repeat}`",
+        ]
+    )
+    write_section("sync-shared", body)
+    print("\n".join(table))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--shared", type=int, metavar="N", help="the shared-home case, N hosts")
     args = parser.parse_args()
+    if args.shared:
+        shared_home(args.shared, args.repeat)
+        return
 
     rows = []
     firsts: list[str] = []

@@ -19,14 +19,18 @@ is how the harness builds the hosts, and may change without notice.
 
 - ``Cluster``: ``start``/``stop`` (or ``with``); its ``hosts`` (``Host``) and
   ``client_key``; faults (``crash``, ``restart``, ``partition``, ``heal``,
-  ``ensure_healthy``); looking inside a host (``host``, ``home``, ``exec_on``,
+  ``ensure_healthy``); other shapes, each a ``with`` block that undoes itself on exit
+  (``shared_home(hosts)``: one ``/root`` for several hosts, NFS-style;
+  ``extra_hosts(n)``: node4.. beside the session's hosts, which a ``new_controller()``
+  made inside the block trusts); looking inside a host (``host``, ``home``, ``exec_on``,
   ``host_pids``, ``ssh``); the controller side (``write_inventory``, ``new_controller``,
   ``env``); a second cable between two hosts (``add_link``, ``route_via_link``,
   ``remove_link``), firewalls (``block_port``, ``unblock_port``) and leftover
   listeners (``hold_port``, ``release_port``).
 - ``Host``: read ``index``, ``name``, ``address``, ``home`` (its ``/root``, as seen
-  from this machine) and ``known_hosts_line()``; its other fields are the harness's
-  bookkeeping, which only the harness's own tests look at.
+  from this machine: the shared one inside ``shared_home``) and ``known_hosts_line()``;
+  its other fields are the harness's bookkeeping, which only the harness's own tests
+  look at.
 - ``Controller``: a machine running ``orch``: ``home``, ``known_hosts``, ``state_dir``
   and ``env()``. ``OrchRunner`` runs the real CLI as one.
 - ``orch_command()``, ``repo_python()``, ``REPO_ROOT``: the CLI, the hosts' interpreter
@@ -54,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -317,6 +321,7 @@ class Host:
     init_pid: int | None = None  # root-namespace pid of the host's PID 1 (its sshd)
     init_pidfd: int | None = None  # kills that very process even if its pid is reused
     partitioned: bool = False
+    shared_home: Path | None = None  # mounted as /root instead of the private home
 
     @property
     def name(self) -> str:
@@ -335,9 +340,19 @@ class Host:
         return f"{VETH_PREFIX}{self.index}"
 
     @property
-    def home(self) -> Path:
-        """The private home, as seen from the machine (``/root`` on the host)."""
+    def mac(self) -> str:
+        """The MAC address of the host's ``eth0``: the same for every host at this index."""
+        return _mac_for(self.address)
+
+    @property
+    def private_home(self) -> Path:
+        """The home this host has alone, as seen from the machine."""
         return self.workdir / "home"
+
+    @property
+    def home(self) -> Path:
+        """The directory this host mounts as ``/root``: a shared home if any, else its own."""
+        return self.shared_home or self.private_home
 
     @property
     def host_key(self) -> Path:
@@ -423,6 +438,19 @@ class OrchRunner:
             check=False,
         )
 
+    def popen(self, *args: str | os.PathLike[str]) -> subprocess.Popen[str]:
+        """Start ``orch *args`` in a session of its own (``os.killpg`` reaches it and
+        nothing else); ``communicate`` reads its output (text)."""
+        return subprocess.Popen(
+            [*orch_command(), *map(str, args)],
+            cwd=self.cwd,
+            env=self.controller.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+
 
 class Cluster:
     """Real SSH hosts ``node1..nodeN`` at 10.77.0.11.. on this machine (needs root).
@@ -438,6 +466,7 @@ class Cluster:
         self.client_key: Path | None = None
         self._controller: Controller | None = None
         self._controllers_made = 0
+        self._shared_homes_made = 0
         self._lock: socket.socket | None = None
 
     # -- lifecycle --------------------------------------------------------------
@@ -482,8 +511,7 @@ class Cluster:
         for host in self.hosts:
             self._kill(host)
         for host in self.hosts:
-            _run(["ip", "link", "del", host.veth], check=False)
-            _run(["ip", "netns", "del", host.netns], check=False)
+            self._unplug(host)
         if self.hosts:
             _run(["ip", "link", "del", BRIDGE], check=False)
         if self.workdir is not None:
@@ -543,6 +571,144 @@ class Cluster:
                 self.heal(host.index)
             if not host.running:
                 self._boot(host)
+
+    # -- other shapes: shared homes, more hosts -----------------------------------
+    # Both are context managers: the session shares one cluster, so a test borrows a
+    # shape and hands the cluster back as it found it.
+
+    @contextlib.contextmanager
+    def shared_home(self, hosts: Sequence[int | str]) -> Iterator[Path]:
+        """Have ``hosts`` mount one fresh directory as their ``/root``, as with NFS homes.
+
+        Those hosts reboot (as ``restart``: same address and host key, their processes
+        die) into the shared home; on exit they reboot into their private homes and the
+        directory is removed. Other hosts are left alone, so one ``with`` per group
+        makes a mixed layout::
+
+            with cluster.shared_home([1, 2]) as home:  # node3 keeps its own
+                cluster.exec_on(1, ["touch", "/root/x"])
+                assert (home / "x").exists() and cluster.home(2) == home
+
+        Meanwhile ``home(i)`` and ``Host.home`` name the shared directory for those
+        hosts. Each still has its own mount namespace: binds made inside one stay its
+        own. A host partitioned at exit is left down, for ``ensure_healthy`` to boot.
+
+        Args:
+            hosts: indices or names of the hosts that share; none may share already.
+
+        Yields:
+            The shared directory, as a path on this machine.
+
+        Raises:
+            ValueError: no hosts, or one listed twice.
+            ClusterError: a host shares a home already, or did not come back up.
+        """
+        selected = [self.host(i) for i in hosts]
+        if not selected or len({host.index for host in selected}) != len(selected):
+            raise ValueError(f"shared_home needs distinct hosts, not {list(hosts)}")
+        busy = [host.name for host in selected if host.shared_home is not None]
+        if busy:
+            raise ClusterError(f"{', '.join(busy)} already share a home")
+        assert self.workdir is not None
+        self._shared_homes_made += 1
+        home = self.workdir / "shared-homes" / str(self._shared_homes_made)
+        _prepare_home(home)
+        try:
+            for host in selected:
+                host.shared_home = home
+                self.restart(host.index)
+            yield home
+        finally:
+            # A stop() inside the block already removed these hosts (and the directory).
+            moved = [host for host in selected if host.shared_home == home and self._has(host)]
+            try:
+                self._reboot_into_private_homes(moved)
+            finally:
+                shutil.rmtree(home, ignore_errors=True)
+
+    def _reboot_into_private_homes(self, hosts: Sequence[Host]) -> None:
+        """Kill ``hosts``, then boot each with its private home (partitioned ones stay down).
+
+        Raises:
+            ClusterError: naming every host that did not come up, after trying them all.
+        """
+        for host in hosts:
+            self._kill(host)
+            host.shared_home = None
+        failures = []
+        for host in hosts:
+            if host.partitioned:
+                continue
+            try:
+                self._boot(host)
+            except ClusterError as exc:
+                failures.append(f"{host.name}: {exc}")
+        if failures:
+            raise ClusterError("hosts did not boot into their own homes: " + "; ".join(failures))
+
+    @contextlib.contextmanager
+    def extra_hosts(self, n: int = 1) -> Iterator[list[Host]]:
+        """Plug in and boot ``n`` more hosts after the last one, for a test that needs more.
+
+        ``with cluster.extra_hosts(1) as (node4,):`` adds node4 (10.77.0.14) to ``hosts``,
+        built as the others (fresh host key, private home); ``write_inventory`` lists it
+        from then on. This cluster's own controller (``ssh``, ``env``) trusts the added
+        hosts until exit, but controllers made before do not: make one that does with
+        ``new_controller()`` inside the block. On exit the added hosts are killed, their
+        veth pairs and namespaces deleted, and ``hosts`` is as before; ``stop`` inside the
+        block removes them too.
+
+        Args:
+            n: how many hosts to add.
+
+        Yields:
+            The added hosts, by index.
+
+        Raises:
+            ValueError: ``n`` below 1, or more than ``MAX_HOSTS`` hosts in all.
+            ClusterError: the cluster is not started, or a host did not come up.
+        """
+        if not self.hosts or self.workdir is None or self._controller is None:
+            raise ClusterError("cluster not started")
+        first = max(host.index for host in self.hosts) + 1
+        if n < 1 or first + n - 1 > MAX_HOSTS:
+            raise ValueError(f"n must be within 1..{MAX_HOSTS - first + 1}, not {n}")
+        added: list[Host] = []
+        try:
+            for index in range(first, first + n):
+                host = Host(index, self.workdir / f"node{index}")
+                self.hosts.append(host)  # from here on, stop() removes it too
+                added.append(host)
+                self._write_host_files(host)
+                self._plug_in(host)
+                self._boot(host)
+            with self._controller.known_hosts.open("a") as known_hosts:
+                known_hosts.writelines(host.known_hosts_line() for host in added)
+            yield list(added)
+        finally:
+            self._remove_hosts([host for host in added if self._has(host)])
+
+    def _remove_hosts(self, hosts: Sequence[Host]) -> None:
+        """Kill ``hosts``, delete their links, namespaces and files, and forget them.
+
+        The default controller forgets their keys, as a later host of the same address
+        will have another.
+        """
+        for host in hosts:
+            self._kill(host)
+        for host in hosts:
+            self._unplug(host)
+            shutil.rmtree(host.workdir, ignore_errors=True)
+        self.hosts = [host for host in self.hosts if not any(host is gone for gone in hosts)]
+        if self._controller is not None and self._controller.known_hosts.exists():
+            addresses = {host.address for host in hosts}
+            lines = self._controller.known_hosts.read_text().splitlines(keepends=True)
+            kept = [line for line in lines if line.split(" ", 1)[0] not in addresses]
+            self._controller.known_hosts.write_text("".join(kept))
+
+    def _has(self, host: Host) -> bool:
+        """Whether ``host`` is this very cluster's (not one a ``stop`` has since removed)."""
+        return any(host is mine for mine in self.hosts)
 
     # -- looking inside hosts ---------------------------------------------------
 
@@ -683,39 +849,57 @@ class Cluster:
     # -- building -----------------------------------------------------------------
 
     def _write_keys_and_configs(self) -> None:
-        """Fresh client key and host keys, an sshd config per host, mount points in homes."""
+        """Fresh client key, then each host's files (``_write_host_files``)."""
         assert self.workdir is not None
         self.client_key = self.workdir / "client" / "id_ed25519"
         self.client_key.parent.mkdir(mode=0o700)
         _generate_key(self.client_key, "orch-test-client")
-        client_pub = self.client_key.with_suffix(".pub").read_text()
         for host in self.hosts:
-            host.home.mkdir(parents=True, mode=0o700)
-            for path in paths_hidden_by_private_home():
-                (host.home / path.relative_to(ROOT_HOME)).mkdir(parents=True, exist_ok=True)
-            _generate_key(host.host_key, host.name)
-            host.authorized_keys.write_text(client_pub)
-            host.sshd_config.write_text(_sshd_config(host))
+            self._write_host_files(host)
+
+    def _write_host_files(self, host: Host) -> None:
+        """The host's private home, fresh host key, authorized client key and sshd config."""
+        assert self.client_key is not None
+        _prepare_home(host.private_home)
+        _generate_key(host.host_key, host.name)
+        host.authorized_keys.write_text(self.client_key.with_suffix(".pub").read_text())
+        host.sshd_config.write_text(_sshd_config(host))
 
     def _create_network(self) -> None:
-        """Bridge on the machine, and per host a namespace plugged in by a veth pair.
-
-        The hosts get no default route: they can reach the bridge subnet and nothing else.
-        """
+        """Bridge on the machine, and per host a namespace plugged in by a veth pair."""
         _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+        # Else the bridge takes the lowest MAC of its ports, which changes as extra hosts
+        # come and go and leaves the hosts' ARP entries for it pointing nowhere.
+        _run(["ip", "link", "set", BRIDGE, "address", _mac_for(BRIDGE_ADDRESS)])
         _run(["ip", "addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", BRIDGE])
         _run(["ip", "link", "set", BRIDGE, "up"])
         for host in self.hosts:
-            peer = f"orchi{host.index}"
-            _run(["ip", "netns", "add", host.netns])
-            _run(["ip", "link", "add", host.veth, "type", "veth", "peer", "name", peer])
-            _run(["ip", "link", "set", host.veth, "master", BRIDGE, "up"])
-            _run(["ip", "link", "set", peer, "netns", host.netns])
-            inside = ["ip", "-n", host.netns]
-            _run([*inside, "link", "set", peer, "name", "eth0"])
-            _run([*inside, "addr", "add", f"{host.address}/24", "dev", "eth0"])
-            _run([*inside, "link", "set", "eth0", "up"])
-            _run([*inside, "link", "set", "lo", "up"])
+            self._plug_in(host)
+
+    def _plug_in(self, host: Host) -> None:
+        """The host's network namespace, joined to the bridge by the veth pair ``orchv{i}``.
+
+        The host gets no default route: it can reach the bridge subnet and nothing else.
+        """
+        peer = f"orchi{host.index}"
+        _run(["ip", "netns", "add", host.netns])
+        _run(["ip", "link", "add", host.veth, "type", "veth", "peer", "name", peer])
+        _run(["ip", "link", "set", host.veth, "master", BRIDGE, "up"])
+        _run(["ip", "link", "set", peer, "netns", host.netns])
+        inside = ["ip", "-n", host.netns]
+        _run([*inside, "link", "set", peer, "name", "eth0"])
+        # A random MAC would make a host plugged in again at this index (extra_hosts)
+        # unreachable for a while: the machine's and the hosts' ARP caches keep the old one.
+        _run([*inside, "link", "set", "eth0", "address", host.mac])
+        _run([*inside, "addr", "add", f"{host.address}/24", "dev", "eth0"])
+        _run([*inside, "link", "set", "eth0", "up"])
+        _run([*inside, "link", "set", "lo", "up"])
+
+    @staticmethod
+    def _unplug(host: Host) -> None:
+        """Remove the host's veth pair and network namespace, whichever of them exists."""
+        _run(["ip", "link", "del", host.veth], check=False)
+        _run(["ip", "netns", "del", host.netns], check=False)
 
     def _boot(self, host: Host) -> None:
         """Start the host's sshd as PID 1 of fresh pid/mount/uts namespaces and wait for it."""
@@ -925,6 +1109,18 @@ def _kill_children_first(pids: Sequence[int]) -> None:
     kill(children)
     time.sleep(0.2)
     kill([pid for pid in pids if pid not in children])
+
+
+def _mac_for(address: str) -> str:
+    """A locally administered unicast MAC that spells the IPv4 ``address`` in its last bytes."""
+    return "02:00:" + ":".join(f"{int(octet):02x}" for octet in address.split("."))
+
+
+def _prepare_home(path: Path) -> None:
+    """Create an empty home at ``path`` with the mount points ``_init_script`` binds onto."""
+    path.mkdir(parents=True, mode=0o700)
+    for hidden in paths_hidden_by_private_home():
+        (path / hidden.relative_to(ROOT_HOME)).mkdir(parents=True, exist_ok=True)
 
 
 def _merged(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -191,6 +192,102 @@ def test_inventory_and_env_point_orch_at_the_cluster(cluster: Cluster, tmp_path:
     assert env["ORCH_INVENTORY"] == str(path)
     assert Path(env["HOME"]).is_dir() and Path(env["ORCH_HOME"]).is_dir()
     assert "10.77.0.11 ssh-ed25519 " in Path(env["ORCH_KNOWN_HOSTS"]).read_text()
+
+
+def root_has(cluster: Cluster, i: int, name: str) -> str | None:
+    """The text of ``name`` in ``/root`` as host ``i`` itself sees it, or None if absent."""
+    result = cluster.exec_on(i, ["cat", str(ROOT_HOME / name)])
+    return result.stdout if result.returncode == 0 else None
+
+
+@pytest.mark.cluster
+def test_hosts_sharing_a_home_see_each_others_files_while_a_third_keeps_its_own(
+    cluster: Cluster,
+) -> None:
+    (cluster.home(1) / "own-marker").write_text("node1's own\n")
+    private = {i: cluster.home(i) for i in (1, 2, 3)}
+
+    with cluster.shared_home([1, 2]) as home:
+        written = cluster.exec_on(1, ["sh", "-c", f"echo from-node1 > {ROOT_HOME}/shared-marker"])
+        assert written.returncode == 0, written.stderr
+        assert root_has(cluster, 2, "shared-marker") == "from-node1\n"
+        assert cluster.ssh(2, "cat ~/shared-marker").stdout == "from-node1\n"
+        assert root_has(cluster, 3, "shared-marker") is None
+        assert root_has(cluster, 1, "own-marker") is None
+        assert cluster.home(1) == cluster.home(2) == home
+        assert cluster.home(3) == private[3]
+        assert (home / "shared-marker").read_text() == "from-node1\n"
+        # What hides under a home (the venv, the repository) is bound back into this one too.
+        python = cluster.ssh(2, f"{shlex.quote(str(repo_python()))} -c 'import yaml'")
+        assert python.returncode == 0, python.stderr
+        with pytest.raises(ClusterError, match="node2 already share"), cluster.shared_home([2, 3]):
+            pass
+
+    assert not home.exists()
+    assert {i: cluster.home(i) for i in (1, 2, 3)} == private
+    assert root_has(cluster, 1, "shared-marker") is None
+    assert root_has(cluster, 2, "shared-marker") is None
+    assert root_has(cluster, 1, "own-marker") == "node1's own\n"
+    (cluster.home(1) / "own-marker").unlink()
+
+
+@pytest.mark.cluster
+def test_extra_host_answers_ssh_and_is_gone_after_the_block(cluster: Cluster) -> None:
+    hosts_before = list(cluster.hosts)
+    controller_before = cluster.new_controller()
+
+    with cluster.extra_hosts(1) as (node4,):
+        assert (node4.name, node4.address) == ("node4", "10.77.0.14")
+        assert cluster.ssh(4, "hostname").stdout.strip() == "node4"
+        reach = "import socket; socket.create_connection(('10.77.0.11', 22), timeout=3).close()"
+        reached = cluster.exec_on(4, [sys.executable, "-I", "-S", "-c", reach])
+        assert reached.returncode == 0, reached.stderr  # through the bridge, like the others
+        start_background(cluster, 4, "sleep 4545")
+        wait_for(lambda: machine_pids_running("sleep 4545") != [], what="sleep 4545 to start")
+        trusted = cluster.new_controller().known_hosts.read_text()
+        assert node4.known_hosts_line() in trusted
+        assert "10.77.0.14 " not in controller_before.known_hosts.read_text()
+        assert node4.process is not None and node4.init_pid is not None
+        pids = [node4.process.pid, node4.init_pid]
+
+    assert cluster.hosts == hosts_before
+    assert "orch-node4" not in orch_namespaces()
+    assert not {"orchv4", "orchi4"} & set(orch_links())
+    assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == []
+    assert machine_pids_running("sleep 4545") == []
+    assert not sshd_accepts("10.77.0.14", timeout=1)
+    assert not node4.workdir.exists()
+    assert "10.77.0.14 " not in Path(cluster.env()["ORCH_KNOWN_HOSTS"]).read_text()
+
+
+@pytest.mark.cluster
+def test_extra_host_plugged_in_again_answers_at_once(cluster: Cluster) -> None:
+    # The machine's ARP cache still holds the first node4 when the second one comes up.
+    for _ in range(2):
+        with cluster.extra_hosts(1):
+            assert cluster.ssh(4, "hostname").stdout.strip() == "node4"
+            assert cluster.ssh(1, "hostname").stdout.strip() == "node1"
+
+
+@pytest.mark.cluster
+def test_stop_inside_shared_home_and_extra_hosts_still_removes_everything(
+    cluster: Cluster,
+) -> None:
+    with cluster.extra_hosts(1), cluster.shared_home([3, 4]) as home:
+        pids = [host.init_pid for host in cluster.hosts if host.init_pid is not None]
+        assert len(pids) == 4
+
+        cluster.stop()
+
+        assert orch_namespaces() == []
+        assert orch_links() == []
+        assert not home.exists()
+        assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == []
+        cluster.start()  # the rest of the session still needs its cluster
+
+    assert sorted(orch_namespaces()) == ["orch-node1", "orch-node2", "orch-node3"]
+    assert cluster.home(3) == cluster.host(3).private_home
+    assert cluster.ssh(3, "hostname").stdout.strip() == "node3"
 
 
 @pytest.mark.parametrize(

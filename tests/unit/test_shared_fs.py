@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.agent import gc as agent_gc
 from orchestrator.agent import probe as agent_probe
-from orchestrator.agent import protocol, proc
+from orchestrator.agent import proc, protocol
 from orchestrator.agent.store import ContentStore
 from orchestrator.agent.sync import link_nodes
 from orchestrator.models import inventory as inventory_model
