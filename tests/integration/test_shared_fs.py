@@ -125,7 +125,7 @@ def test_four_sharing_hosts_get_one_push_and_a_resubmit_sends_nothing(
         job = write_job(tmp_path, work, "shared.py")
         first = orch("-v", "submit", job, "-i", inventory, timeout=180)
         assert first.returncode == 0, first.stdout + first.stderr
-        assert pushed_files(first.stderr) == {"node1": 22}
+        assert pushed_files(first.stderr) == {"node1": 21}
         job_id = job_id_of(first.stdout)
         ranks = rank_lines(first.stdout)
         assert [ranks[r][:2] for r in range(4)] == [(f"node{r + 1}", job_id) for r in range(4)]
