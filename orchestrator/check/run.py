@@ -137,8 +137,8 @@ def run_check(
             others = [h for h in usable if h.name != master.name]
             throughput = bandwidth(group, master, master_addr, others)
     problems = merge_hosts(_judge(hosts, statuses, job, rendezvous, throughput))
-    facts = {s.host.name: s.facts for s in statuses if s.facts is not None}
-    shared = tuple(fs_groups(hosts, facts))
+    found = {s.host.name: s.facts for s in statuses if s.facts is not None}
+    shared = tuple(fs_groups(hosts, found))
     return CheckReport(statuses, master_addr, rendezvous, throughput, tuple(problems), shared)
 
 
