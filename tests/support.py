@@ -9,6 +9,7 @@ shows its values as it would inside a test.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -43,6 +44,22 @@ def write_job(tmp_path: Path, job_dir: str, script: str, **keys: Any) -> Path:
     path = tmp_path / f"{job_dir}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def write_workdir_job(
+    tmp_path: Path, workdir: Path, script: str, name: str = "work", **keys: Any
+) -> Path:
+    """A job file in tmp_path, with a fresh name, whose workdir is ``workdir``."""
+    spec = {"name": name, "workdir": str(workdir), "script": script, **keys}
+    path = tmp_path / f"job-{time.monotonic_ns()}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def pushed_files(stderr: str) -> dict[str, int]:
+    """Files sent per host, from the ``-v`` log line of the push."""
+    line = next(line for line in stderr.splitlines() if "orchestrator.jobs.submit: pushed " in line)
+    return {h: int(n) for n, h in re.findall(r"(\d+) files \(\d+ kB\) to (\S+?)(?:,|$)", line)}
 
 
 def job_processes(cluster: Cluster, host: int) -> list[tuple[int, str]]:

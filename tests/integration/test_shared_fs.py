@@ -7,15 +7,18 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.cluster import Cluster, OrchRunner
-from tests.support import assert_no_job_left, job_id_of, wait_for
+from tests.support import assert_no_job_left, job_id_of, pushed_files, wait_for, write_workdir_job
+
+
+def write_job(tmp_path: Path, workdir: Path, script: str, **keys: Any) -> Path:
+    return write_workdir_job(tmp_path, workdir, script, name="shared", **keys)
+
 
 pytestmark = pytest.mark.cluster
 
@@ -36,19 +39,6 @@ dist.barrier()
 dist.destroy_process_group()
 """
 SLEEP_SCRIPT = "import time, sys\nprint('up', flush=True)\ntime.sleep(float(sys.argv[1]))\n"
-
-
-def write_job(tmp_path: Path, workdir: Path, script: str, **keys: Any) -> Path:
-    spec = {"name": "shared", "workdir": str(workdir), "script": script, **keys}
-    path = tmp_path / f"job-{time.monotonic_ns()}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
-def pushed_files(stderr: str) -> dict[str, int]:
-    """Files sent per host, from the `-v` log line of the push."""
-    line = next(line for line in stderr.splitlines() if "orchestrator.jobs.submit: pushed " in line)
-    return {h: int(n) for n, h in re.findall(r"(\d+) files \(\d+ kB\) to (\S+?)(?:,|$)", line)}
 
 
 def rank_lines(stdout: str) -> dict[int, tuple[str, str, str]]:

@@ -11,10 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.cluster import Cluster, OrchRunner
 from tests.hostile_names import HOSTILE_NAMES
+from tests.support import pushed_files, write_workdir_job
+
+
+def write_job(tmp_path: Path, workdir: Path, script: str, **keys: Any) -> Path:
+    return write_workdir_job(tmp_path, workdir, script, name="sync", **keys)
+
 
 pytestmark = pytest.mark.cluster
 
@@ -51,13 +56,6 @@ def local_listing(root: Path) -> dict[str, list[str]]:
     return result
 
 
-def write_job(tmp_path: Path, workdir: Path, script: str, **keys: Any) -> Path:
-    spec = {"name": "sync", "workdir": str(workdir), "script": script, **keys}
-    path = tmp_path / f"job-{time.monotonic_ns()}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
 def listings(stdout: str) -> dict[str, dict[str, list[str]]]:
     """Each host's LISTING line, by the hostname the job saw."""
     found = {}
@@ -76,16 +74,6 @@ def job_id(stdout: str) -> str:
 
 def job_dir(cluster: Cluster, host: str, job: str) -> Path:
     return cluster.home(host) / ".orch" / "jobs" / job / host
-
-
-def pushed_files(stderr: str) -> dict[str, int]:
-    """Files sent per host, from the `-v` log line of the push."""
-    line = next(
-        line for line in stderr.splitlines() if "INFO orchestrator.jobs.submit: pushed " in line
-    )
-    return {
-        host: int(n) for n, host in re.findall(r"(\d+) files \(\d+ kB\) to (\S+?)(?:,|$)", line)
-    }
 
 
 def test_hostile_tree_arrives_byte_exact_on_three_hosts(
