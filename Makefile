@@ -51,6 +51,7 @@ bench: setup test-deps
 	@command -v rsync >/dev/null || { echo "installing rsync (the baseline of bench/sync.py)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rsync >/dev/null; }
 	$(PY) bench/sync.py
+	$(PY) bench/sync.py --shared 8
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
