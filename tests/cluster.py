@@ -18,7 +18,8 @@ below. Every other name here (constants, module functions, ``Host`` fields not l
 is how the harness builds the hosts, and may change without notice.
 
 - ``Cluster``: ``start``/``stop`` (or ``with``); its ``hosts`` (``Host``) and
-  ``client_key``; faults (``crash``, ``restart``, ``partition``, ``heal``,
+  ``client_key``; faults (``crash``, ``restart``, ``partition``, ``heal``, ``cut_controller``,
+  ``reconnect_controller``,
   ``ensure_healthy``); other shapes, each a ``with`` block that undoes itself on exit
   (``shared_home(hosts)``: one ``/root`` for several hosts, NFS-style;
   ``extra_hosts(n)``: node4.. beside the session's hosts, which a ``new_controller()``
@@ -468,6 +469,7 @@ class Cluster:
         self._controllers_made = 0
         self._shared_homes_made = 0
         self._lock: socket.socket | None = None
+        self.controller_cut = False  # cut_controller: this machine is off the cluster
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -561,11 +563,26 @@ class Cluster:
         _run(["ip", "link", "set", host.veth, "up"])
         host.partitioned = False
 
+    def cut_controller(self) -> None:
+        """Take this machine off the cluster, as a laptop's Wi-Fi drops: the bridge's
+        side here goes down (new connections: network unreachable; open ones go
+        silent). Undo with ``reconnect_controller``."""
+        _run(["ip", "link", "set", BRIDGE, "down"])
+        self.controller_cut = True
+
+    def reconnect_controller(self) -> None:
+        """Bring this machine back onto the cluster after ``cut_controller``."""
+        _run(["ip", "link", "set", BRIDGE, "up"])
+        self.controller_cut = False
+
     def ensure_healthy(self) -> None:
-        """Undo every fault: start if stopped, heal partitions, boot crashed hosts."""
+        """Undo every fault: start if stopped, reconnect this machine, heal partitions,
+        boot crashed hosts."""
         if not self.hosts:
             self.start()
             return
+        if self.controller_cut:
+            self.reconnect_controller()
         for host in self.hosts:
             if host.partitioned:
                 self.heal(host.index)

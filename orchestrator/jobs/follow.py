@@ -5,8 +5,12 @@ connection: framed chunks of complete lines, each at its byte offset in the host
 file. Chunks go to the local log mirror first, then to the queue, so what the user
 saw is always on disk too. Lines of one rank arrive in the rank's own order.
 
-A node whose stream stays silent past the idle timeout (the supervisor sends a
-heartbeat every 2 s) or breaks is reported as lost: its host stopped answering.
+A stream that breaks or stays silent (the supervisor sends a heartbeat every 2 s)
+does not end anything by itself: the node's thread opens a fresh connection, again
+and again, and follows on from the byte offsets it holds, so no line is lost or
+doubled. Whether a silent host is lost, or the controller itself was away (asleep,
+paused, off the network), is `contact.judge`'s call, made in `events()`. With
+`once` (`orch logs`), a silent host is simply reported lost.
 """
 
 from __future__ import annotations
@@ -15,20 +19,27 @@ import json
 import logging
 import queue
 import threading
+import time
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
 from orchestrator.agent.protocol import ExitRecord, NodeStatus
-from orchestrator.models.errors import OrchError
+from orchestrator.jobs.contact import Contact, StallClock, judge
+from orchestrator.models.errors import OrchError, Refused
+from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
 from orchestrator.nodes.ops import NodeRef, follow_command
 from orchestrator.records.logmirror import LogMirror, rank_of
 from orchestrator.transport import RemoteProcess, Transport
 
 log = logging.getLogger(__name__)
-IDLE_TIMEOUT_S = 12.0  # six missed heartbeats: the host is gone
+IDLE_TIMEOUT_S = 12.0  # `once`: six missed heartbeats, the host is gone
+QUIET_AFTER_S = 5.0  # following: silent this long, a fresh connection is tried
+RETRY_MAX_S = 1.0  # between fresh connection attempts, at most
+EMPTY_STREAMS = 3  # streams in a row that ended with no record: the host cannot follow
+Reconnect = Callable[[Host], Transport]
 
 
 @dataclass(frozen=True)
@@ -45,8 +56,8 @@ class NodeExit:
     """How a node's stream ended.
 
     `ended` is how the node ended, as its host recorded it. None means the host could
-    not say: either it was lost (the stream broke or went silent: `lost`, and `error`
-    says how), or, with --once, the node has not ended yet (`drained`).
+    not say: either it was lost (`lost`, and `error` says how), or, with --once, the
+    node has not ended yet (`drained`).
     """
 
     host: str
@@ -77,19 +88,35 @@ class NodeExit:
         return self.returncode == 0 and not self.killed
 
 
-Event = Output | NodeExit
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should know about the following itself (stderr)."""
+
+    message: str
+
+
+Event = Output | NodeExit | Notice
 
 
 class Watcher:
-    """Streams the output of nodes until each has ended (or, `once`, is drained)."""
+    """Streams the output of nodes until each has ended (or, `once`, is drained).
+
+    Args:
+        transports: the hosts' connections; a fresh one replaces a silent one here.
+        reconnect: opens a fresh connection to a host (None: never; a silent host is
+            then lost, as with `once`).
+        lost_after: per host, seconds of confirmed silence before it is lost.
+    """
 
     def __init__(
         self,
         nodes: Sequence[NodeRef],
-        transports: Mapping[str, Transport],
+        transports: MutableMapping[str, Transport],
         mirror: LogMirror | None = None,
         once: bool = False,
         idle_timeout: float = IDLE_TIMEOUT_S,
+        reconnect: Reconnect | None = None,
+        lost_after: Mapping[str, float] | None = None,
     ) -> None:
         self._queue: queue.Queue[Event] = queue.Queue(maxsize=256)
         self._procs: list[RemoteProcess] = []
@@ -97,41 +124,100 @@ class Watcher:
         self._closed = threading.Event()
         self._nodes = list(nodes)
         self._mirror = mirror
+        self._transports = transports
+        self._reconnect = None if once else reconnect
+        self._once = once
+        self._idle = idle_timeout if self._reconnect is None else min(idle_timeout, QUIET_AFTER_S)
+        self._lost_after = dict(lost_after or {})
+        self._clock = StallClock().start()
+        now = time.monotonic()
+        self.contacts = {n.host.name: Contact(heard=now) for n in self._nodes}
+        self._given_up: set[str] = set()
+        self._offsets = {
+            n.host.name: (mirror.offsets(n.host.name) if mirror else {}) for n in self._nodes
+        }
         for node in self._nodes:
-            transport = transports[node.host.name]
-            args = (node, transport, once, idle_timeout)
             threading.Thread(
-                target=self._follow, args=args, name=f"follow-{node.host.name}", daemon=True
+                target=self._follow, args=(node,), name=f"follow-{node.host.name}", daemon=True
             ).start()
 
-    def _follow(self, node: NodeRef, transport: Transport, once: bool, idle_timeout: float) -> None:
+    def _follow(self, node: NodeRef) -> None:
+        """Follow one node until it ends, through fresh connections when need be."""
         name = node.host.name
-        offsets = self._mirror.offsets(name) if self._mirror else {}
+        contact = self.contacts[name]
+        ended_early = 0  # streams in a row that the host ended without a record
+        retried = False
+        while not self._closed.is_set() and name not in self._given_up:
+            heard = contact.heard
+            ended, error, timed_out = self._stream(node, contact)
+            if ended is not None:
+                self._put(ended)
+                return
+            if contact.heard > heard:
+                ended_early, retried = 0, False
+            elif not timed_out:
+                ended_early += 1
+            if self._reconnect is None or ended_early >= EMPTY_STREAMS:
+                self._put(NodeExit(name, node.node_rank, None, error=error))
+                return
+            if self._clock.stalled_until >= contact.heard and not retried:
+                retried = True  # this process was paused, not the host: same connection
+                continue
+            contact.quiet()
+            self._connect_again(node.host, contact)
+
+    def _stream(self, node: NodeRef, contact: Contact) -> tuple[NodeExit | None, str | None, bool]:
+        """One follow stream from the offsets held: how the node ended; else why the
+        stream stopped first (None: closed here), and whether it went silent."""
+        name = node.host.name
         try:
-            proc = transport.stream(follow_command(node, offsets, once), idle_timeout=idle_timeout)
+            proc = self._transports[name].stream(
+                follow_command(node, self._offsets[name], self._once), idle_timeout=self._idle
+            )
         except OrchError as exc:
-            self._put(NodeExit(name, node.node_rank, None, error=exc.message))
-            return
+            return None, exc.message, False
         with self._lock:
             self._procs.append(proc)
         if self._closed.is_set():
             proc.close()
         try:
-            self._put(self._read(node, proc.stdout))
+            return self._read(node, proc.stdout, contact), self._lost_connection(name), False
         except TimeoutError:
-            self._put(
-                NodeExit(
-                    name,
-                    node.node_rank,
-                    None,
-                    error=f"no answer from {name} for {idle_timeout:.0f} s",
-                )
-            )
+            return None, f"no answer from {name} for {self._idle:.0f} s", True
+        finally:
+            proc.close()
 
-    def _read(self, node: NodeRef, stdout: IO[bytes]) -> NodeExit:
-        """Read records until the stream's last one; returns how the node ended."""
+    def _lost_connection(self, name: str) -> str | None:
+        return None if self._closed.is_set() else f"lost the connection to {name}"
+
+    def _connect_again(self, host: Host, contact: Contact) -> None:
+        """Try fresh connections until one works (it replaces the old one), the node is
+        given up, or following stops."""
+        assert self._reconnect is not None
+        delay = 0.25
+        while not self._closed.is_set() and host.name not in self._given_up:
+            started = time.monotonic()
+            try:
+                fresh = self._reconnect(host)
+            except OrchError as exc:
+                log.debug("[host=%s] fresh connection failed: %s", host.name, exc.message)
+                contact.attempt_failed(started, exc.what, isinstance(exc, Refused))
+                self._closed.wait(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            old = self._transports.get(host.name)
+            self._transports[host.name] = fresh
+            if old is not None:
+                old.close()
+            contact.back(time.monotonic())
+            return
+
+    def _read(self, node: NodeRef, stdout: IO[bytes], contact: Contact) -> NodeExit | None:
+        """Read records until the stream's last one: how the node ended, or None when
+        the stream broke first."""
         name = node.host.name
         while header := stdout.readline():
+            contact.hear(time.monotonic())
             try:
                 record = json.loads(header)
             except ValueError:
@@ -146,8 +232,7 @@ class Watcher:
             if kind == "end":
                 status = agent.parse(node.host, NodeStatus, record)
                 return NodeExit(name, node.node_rank, status.ended, drained=True)
-        error = None if self._closed.is_set() else f"lost the connection to {name}"
-        return NodeExit(name, node.node_rank, None, error=error)
+        return None
 
     def _data(self, name: str, record: dict[str, Any], stdout: IO[bytes]) -> bool:
         """Take a data record's bytes into the mirror and the queue; False when the
@@ -162,9 +247,13 @@ class Watcher:
         if len(data) != size:
             log.warning("[host=%s] corrupt log chunk: %d bytes, expected %d", name, len(data), size)
             return False
+        stream, offset = str(record["s"]), int(record["o"])
+        if offset + size <= self._offsets[name].get(stream, 0):
+            return True  # had it already (a stream cut short, followed again)
         if self._mirror is not None:
-            self._mirror.write(name, record["s"], int(record["o"]), data)
-        self._put(Output(name, rank_of(str(record["s"])), data))
+            self._mirror.write(name, stream, offset, data)
+        self._offsets[name][stream] = offset + size
+        self._put(Output(name, rank_of(stream), data))
         return True
 
     def _put(self, event: Event) -> None:
@@ -176,20 +265,51 @@ class Watcher:
                 continue
 
     def events(self) -> Iterator[Event]:
-        """Every event, until all nodes ended. Short waits keep Ctrl-C responsive."""
+        """Every event, until all nodes ended; lost nodes as `contact.judge` finds them.
+        Short waits keep Ctrl-C responsive."""
         remaining = {n.host.name for n in self._nodes}
+        ranks = {n.host.name: n.node_rank for n in self._nodes}
+        outage, stalls = False, 0
         while remaining:
             try:
                 event = self._queue.get(timeout=0.2)
             except queue.Empty:
-                continue
+                event = None
             if isinstance(event, NodeExit):
+                if event.host not in remaining:
+                    continue  # already given up
                 remaining.discard(event.host)
-            yield event
+            if event is not None:
+                yield event
+            if self._reconnect is None:
+                continue
+            if self._clock.stalls > stalls:
+                stalls = self._clock.stalls
+                if self._clock.stalled_for >= 2 * QUIET_AFTER_S:
+                    yield Notice(
+                        f"this process did not run for {self._clock.stalled_for:.0f} s "
+                        "(a closed lid? Ctrl-Z?): the job kept running; following on"
+                    )
+            followed = {n: c for n, c in self.contacts.items() if n in remaining}
+            verdict = judge(time.monotonic(), followed, self._lost_after, self._clock.stalled_until)
+            for name, why in verdict.lost.items():
+                self._given_up.add(name)
+                remaining.discard(name)
+                yield NodeExit(name, ranks[name], None, error=why)
+            if verdict.outage and not outage:
+                outage = True
+                yield Notice(
+                    "lost contact with every host (the network here?): reconnecting; "
+                    "the job keeps running"
+                )
+            elif outage and all(c.following for c in followed.values()):
+                outage = False
+                yield Notice("in contact with every host again: following the job")
 
     def close(self) -> None:
         """Stop following; the job itself goes on."""
         self._closed.set()
+        self._clock.stop()
         with self._lock:
             procs = list(self._procs)
         for proc in procs:

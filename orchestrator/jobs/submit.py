@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.check.run import preflight
@@ -144,7 +144,16 @@ def record_of(plan: LaunchPlan) -> JobRecord:
         "args": list(job.args),
         "workdir": str(job.workdir),
     }
-    nodes = [NodeRecord(n.host, n.node_rank, n.first_rank, n.nproc, n.job_dir) for n in plan.nodes]
+    nodes = [
+        NodeRecord(
+            replace(n.host, lost_after=job.lost_after or n.host.lost_after),
+            n.node_rank,
+            n.first_rank,
+            n.nproc,
+            n.job_dir,
+        )
+        for n in plan.nodes
+    ]
     return JobRecord(
         plan.job_id, job.name, JobState.PENDING, plan.master_addr, plan.master_port, spec, nodes
     )

@@ -5,19 +5,23 @@ from __future__ import annotations
 import re
 import signal
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 
-from orchestrator.jobs.follow import NodeExit, Output, Watcher
+from orchestrator.jobs.contact import LOST_AFTER_S
+from orchestrator.jobs.follow import NodeExit, Notice, Output, Watcher
 from orchestrator.jobs.reporter import Reporter
 from orchestrator.jobs.teardown import teardown
-from orchestrator.models.errors import Interrupted, JobFailed
+from orchestrator.models.errors import Interrupted, JobFailed, OrchError
 from orchestrator.models.states import JobState, job_state, node_state
+from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
-from orchestrator.records.db import JobDB, JobRecord
+from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror
 
 TAIL_LINES = 20
+LOST_RETRY_S = 15.0  # how long an attached submit keeps trying to stop a lost node
 
 
 def watch_job(
@@ -46,12 +50,21 @@ def watch_job(
     live = [
         n for n in record.nodes if not n.state.is_terminal() and n.host.name in group.transports
     ]
-    watcher = Watcher(live, group.transports, mirror)
+    watcher = Watcher(
+        live,
+        group.transports,
+        mirror,
+        reconnect=group.fresh,
+        lost_after={n.host.name: float(n.host.lost_after or LOST_AFTER_S) for n in live},
+    )
     tails: dict[tuple[str, int | None], deque[bytes]] = {}
     failure: NodeExit | None = None
     killer: threading.Thread | None = None
     try:
         for event in watcher.events():
+            if isinstance(event, Notice):
+                reporter.notice(event.message)
+                continue
             if isinstance(event, Output):
                 tail = tails.setdefault((event.host, event.rank), deque(maxlen=TAIL_LINES))
                 tail.extend(event.data.splitlines()[-TAIL_LINES:])
@@ -90,6 +103,9 @@ def watch_job(
         watcher.close()
         if killer is not None:
             killer.join()
+    lost = [n for n in record.nodes if n.state is JobState.LOST]
+    if lost and attached:
+        stop_when_reachable(record, lost, group, reporter, store)
     final = job_state([n.state for n in record.nodes])
     if final.is_terminal():
         store.update_job(record.id, final, 0 if final is JobState.SUCCEEDED else 1)
@@ -98,6 +114,48 @@ def watch_job(
     if failure is None:
         raise JobFailed(f"job {record.id} ended {final.value}", f"see: orch status {record.id}")
     raise JobFailed(failure_summary(record, failure, tails), f"all output: orch logs {record.id}")
+
+
+def stop_when_reachable(
+    record: JobRecord,
+    lost: Sequence[NodeRecord],
+    group: HostGroup,
+    reporter: Reporter,
+    store: JobDB,
+    within_s: float = LOST_RETRY_S,
+) -> None:
+    """Keep trying, for a while, to stop the job on nodes that were lost: their ranks
+    may run on behind a partition. Ctrl-C stops trying."""
+    names = ", ".join(n.host.name for n in lost)
+    reporter.notice(
+        f"{names}: not reachable; stopping the job there once it is "
+        f"(trying for {within_s:.0f} s, Ctrl-C to stop trying)"
+    )
+    pending = {n.host.name: n for n in lost}
+    deadline = time.monotonic() + within_s
+    try:
+        while pending and time.monotonic() < deadline:
+            for name, node in list(pending.items()):
+                try:
+                    transport = group.fresh(node.host)
+                    ops.kill(node, transport, record.id)
+                except OrchError:
+                    continue
+                old, group.transports[name] = group.transports.get(name), transport
+                if old is not None:
+                    old.close()
+                del pending[name]
+                reporter.notice(f"stopped the job on {name}, reachable again")
+                store.update_node(record.id, name, JobState.LOST, error="lost; stopped later")
+            if pending:
+                time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    if pending:
+        reporter.notice(
+            f"the job may still run on {', '.join(pending)}: "
+            f"stop it there with: orch kill {record.id}"
+        )
 
 
 def describe_exit(event: NodeExit) -> str:

@@ -73,6 +73,11 @@ class HostError(InfraError):
         self.what = message
 
 
+class Refused(HostError):
+    """The host's address answered, refusing the connection: its sshd is not there.
+    Evidence from the host's side, where silence may be the controller's own network."""
+
+
 class RemoteCommandError(HostError):
     """A command on a host exited non-zero; shows the command, code and stderr tail."""
 

@@ -39,6 +39,7 @@ _HOST_KEYS = {
     "slots": "processes a job may start here",
     "labels": "labels for job selection",
     "env": "environment for every job on the host",
+    "lost_after": "seconds a host may stay silent, confirmed, before its node is lost",
     "shared_fs": "whether the workdir is on a filesystem other hosts share: true, false, "
     "or a group name (default: found out)",
 }
@@ -63,6 +64,8 @@ class Host:
     # Shares the workdir's filesystem with: None, find out; False, no host; True or a
     # name, the hosts that say the same.
     shared_fs: bool | str | None = None
+    # Seconds of confirmed silence before a node here is lost (None: the default).
+    lost_after: int | None = None
 
     @property
     def is_local(self) -> bool:
@@ -178,6 +181,7 @@ def _load_host(where: Where, defaults: Where, local_python: str) -> Host:
         labels=labels,
         env=env,
         shared_fs=_load_shared_fs(_pick(where, defaults, "shared_fs")),
+        lost_after=get_int(_pick(where, defaults, "lost_after"), "lost_after", minimum=3),
     )
 
 

@@ -34,6 +34,7 @@ _JOB_KEYS = {
     "setup": None,
     "rendezvous": None,
     "max_restarts": None,
+    "lost_after": None,
     "inventory": None,
     "exclude": None,
 }
@@ -58,6 +59,7 @@ class JobSpec:
     setup: str | None = None
     rendezvous_port: int | None = None
     max_restarts: int = 0
+    lost_after: int | None = None  # seconds of confirmed silence before a node is lost
     inventory: Path | None = None
     exclude: tuple[str, ...] = ()
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
@@ -155,6 +157,7 @@ def load_job(path: Path) -> JobSpec:
         setup=get_str(where, "setup"),
         rendezvous_port=port,
         max_restarts=get_int(where, "max_restarts", default=0, minimum=0) or 0,
+        lost_after=get_int(where, "lost_after", minimum=3),
         inventory=(base / inventory).resolve() if inventory else None,
         exclude=get_str_list(where, "exclude"),
         positions=dict(where.mapping.positions),

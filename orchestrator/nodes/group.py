@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TypeVar
 
 from orchestrator.models.errors import HostError, MultiHostError, OrchError
@@ -18,6 +19,7 @@ from orchestrator.transport import ConnectOptions, Transport, open_transport
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+FRESH_TIMEOUT_S = 3.0  # a fresh connection to a host that answered a moment ago
 
 
 class HostGroup:
@@ -97,8 +99,20 @@ class HostGroup:
                     failures.append(HostError(name, f"unexpected error: {exc!r}"))
         return results, failures
 
+    def fresh(self, host: Host) -> Transport:
+        """A new connection to `host`, tried once, quickly; the caller installs it in
+        `transports` (and closes the old one).
+
+        Raises:
+            HostError: it failed (`Refused` when the host's address refused it).
+        """
+        options = replace(self.options, connect_timeout=FRESH_TIMEOUT_S)
+        transport = open_transport(host, options)
+        transport.connect()
+        return transport
+
     def close(self) -> None:
-        for transport in self.transports.values():
+        for transport in list(self.transports.values()):
             transport.close()
 
 

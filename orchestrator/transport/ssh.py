@@ -9,6 +9,7 @@ unknown host is accepted and recorded, with a notice; a changed key is refused.
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import threading
@@ -19,7 +20,7 @@ from typing import IO, Any
 import paramiko
 from fabric import Config, Connection
 
-from orchestrator.models.errors import HostError
+from orchestrator.models.errors import HostError, Refused
 from orchestrator.models.inventory import Host
 from orchestrator.transport.base import (
     CommandResult,
@@ -169,11 +170,18 @@ class SshTransport:
                 f"authentication refused for {self._target}",
                 f"install your public key on the host: ssh-copy-id{ident} {self._target.rsplit(':', 1)[0]}",
             ) from None
-        except paramiko.ssh_exception.NoValidConnectionsError:
+        except paramiko.ssh_exception.NoValidConnectionsError as exc:
+            errors = [e for e in exc.errors.values() if isinstance(e, OSError)]
+            if errors and all(e.errno == errno.ECONNREFUSED for e in errors):
+                raise Refused(
+                    self.name,
+                    f"connection refused by {self._target}",
+                    "is sshd running there, and is the port right?",
+                ) from None
             raise HostError(
                 self.name,
-                f"connection refused by {self._target}",
-                "is sshd running there, and is the port right?",
+                f"cannot connect to {self._target}: {errors[0].strerror if errors else exc}",
+                "check the network here, and the route to the host",
             ) from None
         except TimeoutError:
             raise HostError(

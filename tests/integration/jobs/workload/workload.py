@@ -2,7 +2,7 @@
 
 Every rank joins a gloo process group, then, in order:
 - prints `--lines` numbered lines `r<RANK> <i>` (with `--junk`: also partial writes,
-  binary bytes and one 200 kB line, in between);
+  binary bytes and one 200 kB line, in between; with `--interval S`: one every S s);
 - with `--daemon`, leaves behind a process that escaped via double fork + setsid;
 - with `--on-term cleanup`, answers SIGTERM by printing `cleanup r<RANK> done` after
   1 s of "cleaning up"; with `--on-term ignore`, ignores SIGTERM;
@@ -52,9 +52,12 @@ def on_term(how: str, rank: int) -> None:
         signal.signal(signal.SIGTERM, cleanup)
 
 
-def print_lines(rank: int, count: int, junk: bool) -> None:
+def print_lines(rank: int, count: int, junk: bool, interval: float) -> None:
     out = sys.stdout.buffer
     for i in range(count):
+        if interval:
+            time.sleep(interval)
+            out.flush()
         if junk and i % 100 == 7:
             out.write(f"r{rank} {i} partial".encode())  # a line written in pieces
             out.flush()
@@ -71,6 +74,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lines", type=int, default=0)
     parser.add_argument("--junk", action="store_true")
+    parser.add_argument("--interval", type=float, default=0.0)
     parser.add_argument("--daemon", action="store_true")
     parser.add_argument("--fail-rank", type=int, default=None)
     parser.add_argument("--fail-after", type=float, default=0.0)
@@ -82,7 +86,7 @@ def main() -> None:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    print_lines(rank, args.lines, args.junk)
+    print_lines(rank, args.lines, args.junk, args.interval)
     if args.daemon:
         escape()
     on_term(args.on_term, rank)
