@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -60,6 +61,30 @@ def pushed_files(stderr: str) -> dict[str, int]:
     """Files sent per host, from the ``-v`` log line of the push."""
     line = next(line for line in stderr.splitlines() if "orchestrator.jobs.submit: pushed " in line)
     return {h: int(n) for n, h in re.findall(r"(\d+) files \(\d+ kB\) to (\S+?)(?:,|$)", line)}
+
+
+class Lines:
+    """The lines of a text stream (a process's stderr, say), read in a thread as they
+    come, so that a test can wait for one while the process runs."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def wait_for(self, text: str, timeout: float) -> float:
+        """The monotonic time by which a line holding `text` had come."""
+        wait_for(lambda: any(text in line for line in self.lines), timeout, repr(text), poll=0.05)
+        return time.monotonic()
+
+    def text(self, timeout: float = 30) -> str:
+        """Everything, once the stream ended."""
+        self._thread.join(timeout)
+        return "".join(self.lines)
 
 
 def job_processes(cluster: Cluster, host: int) -> list[tuple[int, str]]:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from orchestrator.cli.app import app
 from orchestrator.cli.console import ConsoleReporter
+from orchestrator.jobs.reconcile import STILL_RUNNING
 from orchestrator.jobs.reconcile import status as job_status
 from orchestrator.models.states import JobState
 from orchestrator.records.db import JobDB, JobRecord
@@ -89,9 +90,10 @@ def _nodes_table(record: JobRecord) -> Table:
     )
     for n in record.nodes:
         ranks = str(n.first_rank) if n.nproc == 1 else f"{n.ranks.start}-{n.ranks.stop - 1}"
-        table.add_row(
-            n.host.name, str(n.node_rank), ranks, _state(n.state), _exit_text(n.exit_code)
-        )
+        state = _state(n.state)
+        if n.error == STILL_RUNNING:
+            state += f" ({STILL_RUNNING})"
+        table.add_row(n.host.name, str(n.node_rank), ranks, state, _exit_text(n.exit_code))
     return table
 
 

@@ -19,6 +19,7 @@ from orchestrator.records.db import JobDB, JobRecord
 
 log = logging.getLogger(__name__)
 SETTLED = (JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED)
+STILL_RUNNING = "still running there"  # a lost node found running after the job ended
 
 
 # ---------------------------------------------------------------- status
@@ -84,9 +85,31 @@ def _exit_code(record: JobRecord) -> int:
 
 
 def status(store: JobDB, job_id: str | None, reporter: Reporter) -> list[JobRecord]:
-    """Every job (or one), reconciled with its hosts where it has not ended."""
-    records = [store.get(job_id)] if job_id else store.jobs()
-    return [reconcile(store, r, reporter) for r in records]
+    """Every job (or one), reconciled with its hosts where it has not ended; for one
+    job that ended, its lost nodes are looked for too (they may run on)."""
+    if job_id:
+        record = reconcile(store, store.get(job_id), reporter)
+        return [look_for_lost(store, record, reporter)]
+    return [reconcile(store, r, reporter) for r in store.jobs()]
+
+
+def look_for_lost(store: JobDB, record: JobRecord, reporter: Reporter) -> JobRecord:
+    """For a job that ended, whether its lost nodes still run where they were lost
+    (behind a partition that healed, say): their error then says STILL_RUNNING."""
+    lost = [n for n in record.nodes if n.state is JobState.LOST]
+    if not record.state.is_terminal() or not lost:
+        return record
+    group, _ = connect_reachable([n.host for n in lost], lambda _: None)
+    with group:
+        by_host = {n.host.name: n for n in lost}
+        statuses, _ = group.try_each(lambda h, t: ops.node_status(by_host[h.name], t))
+    for name, found in statuses.items():
+        node = by_host[name]
+        node.error = STILL_RUNNING if found.running else "lost; ended there since"
+        store.update_node(record.id, name, JobState.LOST, node.exit_code, node.error)
+    if any(n.error == STILL_RUNNING for n in lost):
+        reporter.notice(f"hint: the job still runs there: stop it with: orch kill {record.id}")
+    return record
 
 
 # ---------------------------------------------------------------- logs

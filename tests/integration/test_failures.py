@@ -15,6 +15,7 @@ import pytest
 
 from tests.cluster import Cluster, OrchRunner, orch_command
 from tests.support import (
+    Lines,
     assert_no_job_left,
     job_id_of,
     job_processes,
@@ -90,12 +91,16 @@ def test_crashed_node_is_lost_and_the_rest_is_torn_down(
     job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--hang"])
     proc = start_attached(orch, job, inventory)
     job_id, _ = wait_ready(proc, 3)
+    assert proc.stderr is not None
+    stderr = Lines(proc.stderr)
     crashed = time.monotonic()
     cluster.crash(3)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1, err
-    assert time.monotonic() - crashed < 20, "a silent host is noticed within the keepalive"
-    assert "lost node node3" in err
+    # A refused connection while the others answer: no waiting for a timeout.
+    assert stderr.wait_for("lost node node3", 20) - crashed < 5
+    stderr.wait_for("not reachable; stopping the job there once it is", 20)
+    proc.send_signal(signal.SIGINT)  # stop trying to reach it
+    assert proc.wait(timeout=30) == 1, stderr.text()
+    assert "stop it there with: orch kill" in stderr.text()
     assert_no_job_left(cluster, [1, 2])
     data = status_json(orch, job_id)
     assert data["state"] == "failed" and data["nodes"][2]["state"] == "lost"
@@ -107,16 +112,43 @@ def test_partitioned_node_is_lost_and_orch_kill_cleans_it_after_healing(
     job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--hang"])
     proc = start_attached(orch, job, inventory)
     job_id, _ = wait_ready(proc, 3)
+    assert proc.stderr is not None
+    stderr = Lines(proc.stderr)
+    cut = time.monotonic()
     cluster.partition(2)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1, err
-    assert "lost node node2" in err
+    # Silent for lost_after (12 s), a fresh connection failed, the others answer.
+    lost = stderr.wait_for("lost node node2", 40) - cut
+    assert 12 <= lost < 25, lost
+    stderr.wait_for("not reachable; stopping the job there once it is", 20)
+    proc.send_signal(signal.SIGINT)  # stop trying to reach it
+    assert proc.wait(timeout=30) == 1, stderr.text()
     assert_no_job_left(cluster, [1, 3])
     assert job_processes(cluster, 2), "behind the partition the job still runs"
     cluster.heal(2)
+    status = orch("status", job_id, timeout=60)
+    assert "lost (still running there)" in status.stdout, status.stdout + status.stderr
+    assert f"orch kill {job_id}" in status.stderr
     killed = orch("kill", job_id, timeout=60)
     assert killed.returncode == 0, killed.stderr
     assert "[node2] killed" in killed.stdout
+    assert_no_job_left(cluster, [1, 2, 3])
+
+
+def test_lost_node_is_stopped_once_reachable_while_the_submit_waits(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--hang"], lost_after=5)
+    proc = start_attached(orch, job, inventory)
+    wait_ready(proc, 3)
+    assert proc.stderr is not None
+    stderr = Lines(proc.stderr)
+    cut = time.monotonic()
+    cluster.partition(2)
+    assert stderr.wait_for("lost node node2", 30) - cut < 12  # the job's lost_after: 5 s
+    stderr.wait_for("not reachable; stopping the job there once it is", 20)
+    cluster.heal(2)
+    stderr.wait_for("stopped the job on node2, reachable again", 20)
+    assert proc.wait(timeout=30) == 1, stderr.text()
     assert_no_job_left(cluster, [1, 2, 3])
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import Cluster, OrchRunner, orch_command
-from tests.support import assert_no_job_left, job_processes, wait_for, write_job
+from tests.support import assert_no_job_left, job_processes, status_json, wait_for, write_job
 
 pytestmark = pytest.mark.cluster
 
@@ -96,4 +96,21 @@ def test_network_here_down_then_back_and_the_job_succeeds(
     assert "in contact with every host again" in err
     assert "lost node" not in err
     assert_every_line_once(out, lines)
+    assert_no_job_left(cluster, [1, 2, 3])
+
+
+def test_closing_the_terminal_leaves_the_job_running(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    proc = start_numbered(orch, tmp_path, inventory, 600)
+    assert proc.stdout is not None
+    job_id = proc.stdout.readline().split()[1]
+    wait_running(cluster)
+    proc.send_signal(signal.SIGHUP)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGHUP
+    status = status_json(orch, job_id)
+    assert status["state"] == "running", status
+    assert all(any("workload.py" in c for _, c in job_processes(cluster, i)) for i in (1, 2, 3))
+    assert orch("kill", job_id, timeout=60).returncode == 0
     assert_no_job_left(cluster, [1, 2, 3])
