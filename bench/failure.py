@@ -9,13 +9,18 @@ other rank waits in `time.sleep` loops before a barrier (`workload.py --hang`):
 
 The crash time is printed by the crashing rank; processes are found by their
 environment tag in this machine's /proc, which sees every test host's processes.
-It also measures `orch kill` at 8 hosts against parallel `ssh host pkill -f`.
+It also measures `orch kill` at 8 hosts against parallel `ssh host pkill -f`; a
+partitioned host at 8 hosts (partition to the job stopped on the others); and the
+laptop's network down for 20 s (this machine's side of the bridge), from its coming
+back to every host's output flowing again, for `orch submit` and for plain OpenSSH
+sessions that print a line every 0.5 s, side by side in the same outage.
 Needs root. Usage: .venv/bin/python bench/failure.py [--hosts 2 4 8] [--cap 120]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shlex
 import signal
@@ -24,7 +29,9 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -160,6 +167,147 @@ def kill_latency(
     return orch_s, ssh_s
 
 
+class LineTimes:
+    """When each line of a process's stdout arrived, by the host it names."""
+
+    def __init__(self, proc: subprocess.Popen[str], host_of: Callable[[str], str | None]) -> None:
+        self.times: list[tuple[float, str]] = []
+        assert proc.stdout is not None
+        threading.Thread(target=self._read, args=(proc.stdout, host_of), daemon=True).start()
+
+    def _read(self, stdout: IO[str], host_of: Callable[[str], str | None]) -> None:
+        for line in stdout:
+            host = host_of(line)
+            if host is not None:
+                self.times.append((time.monotonic(), host))
+
+    def hosts_since(self, since: float) -> dict[str, float]:
+        """Each host's first line after `since`: seconds after it."""
+        first: dict[str, float] = {}
+        for at, host in list(self.times):
+            if at > since and host not in first:
+                first[host] = at - since
+        return first
+
+
+def _named(name: str, _line: str) -> str:
+    return name
+
+
+def network_back(
+    cluster: Cluster, controller: Controller, inventory: Path, n: int, outage_s: float = 20
+) -> tuple[float, float | None, float]:
+    """This machine off the cluster for `outage_s`, then back: seconds until every
+    host's output flows again, for orch (attached submit) and for parallel OpenSSH
+    sessions (None if some never came back within 60 s); and orch's own outage notice
+    delay after the cut."""
+    job = controller.home / "lines.yaml"
+    job.write_text(
+        f"name: lines\nworkdir: {WORKLOAD.parent}\nscript: workload.py\nnodes: {n}\n"
+        "args: [--lines, '150', --interval, '0.5']\n"
+    )
+    orch = subprocess.Popen(
+        [*orch_command(), "submit", str(job), "-i", str(inventory)],
+        env=controller.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    orch_lines = LineTimes(orch, lambda line: line[1:].split(" ", 1)[0] if line[0] == "[" else None)
+    loop = "i=0; while [ $i -lt 200 ]; do echo line $i; i=$((i+1)); sleep 0.5; done"
+    ssh = {
+        h.name: subprocess.Popen(
+            ssh_argv(cluster, controller, h.address, loop),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for h in cluster.hosts[:n]
+    }
+    ssh_lines = [LineTimes(p, functools.partial(_named, name)) for name, p in ssh.items()]
+    deadline = time.monotonic() + 120
+    while len(orch_lines.hosts_since(0)) < n or any(not t.times for t in ssh_lines):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the job's output never came from every host")
+        time.sleep(0.2)
+    time.sleep(2)
+    cut = time.monotonic()
+    cluster.cut_controller()
+    try:
+        time.sleep(outage_s)
+    finally:
+        cluster.reconnect_controller()
+    back = time.monotonic()
+    wait_until = back + 60
+    while time.monotonic() < wait_until:
+        ssh_back = {h: t for lines in ssh_lines for h, t in lines.hosts_since(back).items()}
+        if len(orch_lines.hosts_since(back)) == n and len(ssh_back) == n:
+            break
+        time.sleep(0.1)
+    orch_back = orch_lines.hosts_since(back)
+    ssh_back = {h: t for lines in ssh_lines for h, t in lines.hosts_since(back).items()}
+    _, err = orch.communicate(timeout=180)
+    for p in ssh.values():
+        p.kill()
+        p.wait()
+    if orch.returncode != 0 or len(orch_back) != n:
+        raise RuntimeError(f"orch did not follow on: exit {orch.returncode}: {err[-2000:]}")
+    notice = err.find("lost contact with every host")
+    if notice < 0:
+        raise RuntimeError(f"orch never said it lost contact: {err[-2000:]}")
+    return max(orch_back.values()), max(ssh_back.values()) if len(ssh_back) == n else None, cut
+
+
+def partition_teardown(
+    cluster: Cluster, controller: Controller, inventory: Path, n: int
+) -> tuple[float, float]:
+    """The last host partitioned under a running attached job: seconds until orch
+    declares it lost, and until the job is stopped on every other host."""
+    job = controller.home / "hang-part.yaml"
+    job.write_text(
+        f"name: part\nworkdir: {WORKLOAD.parent}\nscript: workload.py\nnodes: {n}\nargs: [--hang]\n"
+    )
+    orch = subprocess.Popen(
+        [*orch_command(), "submit", str(job), "-i", str(inventory)],
+        env=controller.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert orch.stdout is not None and orch.stderr is not None
+    job_id = orch.stdout.readline().split()[1]
+    wait_ranks_ready(cluster, job_id, n)
+    stderr: list[tuple[float, str]] = []
+
+    def read() -> None:
+        assert orch.stderr is not None
+        for line in orch.stderr:
+            stderr.append((time.monotonic(), line))
+
+    threading.Thread(target=read, daemon=True).start()
+    last = cluster.hosts[n - 1]
+    cut = time.monotonic()
+    cluster.partition(last.index)
+    try:
+        deadline = cut + 60
+        lost = stopped = None
+        while (lost is None or stopped is None) and time.monotonic() < deadline:
+            for at, line in list(stderr):
+                if lost is None and f"lost node {last.name}" in line:
+                    lost = at - cut
+                if stopped is None and "not reachable; stopping the job there" in line:
+                    stopped = at - cut  # printed once the others are stopped
+            time.sleep(0.05)
+        orch.send_signal(signal.SIGINT)  # stop trying to reach the partitioned host
+        orch.wait(timeout=60)
+    finally:
+        cluster.heal(last.index)
+    subprocess.run([*orch_command(), "kill", job_id], env=controller.env(), capture_output=True)
+    if lost is None or stopped is None:
+        raise RuntimeError("orch did not find the partitioned host lost")
+    return lost, stopped
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -210,6 +358,13 @@ def main() -> None:
         )
         kill_s, pkill_s = kill_latency(cluster, controller, hang, inventory, n)
         print(f"orch kill at {n} hosts: {kill_s:.2f} s; parallel ssh pkill: {pkill_s:.2f} s")
+        lost_s, stopped_s = partition_teardown(cluster, controller, inventory, n)
+        print(
+            f"partition at {n} hosts: lost after {lost_s:.1f} s, others stopped {stopped_s:.1f} s"
+        )
+        orch_back_s, ssh_back_s, _ = network_back(cluster, controller, inventory, n)
+        ssh_text = "never (60 s)" if ssh_back_s is None else f"{ssh_back_s:.2f} s"
+        print(f"network back at {n} hosts: orch following in {orch_back_s:.2f} s; ssh {ssh_text}")
 
     table = [
         "| hosts | orch: crash to last process gone (s) | bare torchrun over ssh (s) |",
@@ -235,6 +390,19 @@ def main() -> None:
             "wall time for the whole command (start, connect, TERM, give the ranks their grace, KILL torchrun",
             "once its ranks are gone, confirm every process and the port gone); parallel `ssh host pkill -9 -f`",
             f"(kills only the workers, leaves torchrun and confirms nothing): {pkill_s:.2f} s. Target: under 1.5 s.",
+            "",
+            f"A host partitioned (its link down) under a running job at {n} hosts: orch declares it lost "
+            f"after **{lost_s:.1f} s** (`lost_after` 12 s of silence, confirmed by a failed fresh connection "
+            f"while the other hosts answer) and has stopped the job on the others {stopped_s:.1f} s after "
+            "the cut. Bare torchrun over ssh: the survivors hang in the collective until its timeout "
+            "(gloo 30 min, NCCL 10 min).",
+            "",
+            f"This machine's network down for 20 s (its side of the bridge) under a running attached job "
+            f"at {n} hosts, the ranks printing a line every 0.5 s: from the network coming back to every "
+            f"host's output flowing again, orch **{orch_back_s:.2f} s** (fresh connections, following on "
+            f"from the byte offsets; the job succeeds, no line lost or doubled); plain OpenSSH sessions "
+            f"printing the same way, in the same outage: {ssh_text} (their TCP connections wait for "
+            "the next retransmission). Target: under 2 s.",
             "",
             f"Reproduce: `sudo .venv/bin/python bench/failure.py --hosts {' '.join(map(str, args.hosts))} --cap {args.cap:.0f}`",
         ]
