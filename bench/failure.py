@@ -77,14 +77,19 @@ def kill_tagged(tag: bytes) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def orch_teardown(controller: Controller, job: Path, inventory: Path) -> float:
-    proc = subprocess.Popen(
+def submit_attached(controller: Controller, job: Path, inventory: Path) -> subprocess.Popen[str]:
+    """`orch submit` of a job, attached, its output read as it comes (text)."""
+    return subprocess.Popen(
         [*orch_command(), "submit", str(job), "-i", str(inventory)],
         env=controller.env(),
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def orch_teardown(controller: Controller, job: Path, inventory: Path) -> float:
+    proc = submit_attached(controller, job, inventory)
     assert proc.stdout is not None
     job_id = proc.stdout.readline().split()[1]
     crashed = crash_time([proc])
@@ -206,13 +211,7 @@ def network_back(
         f"name: lines\nworkdir: {WORKLOAD.parent}\nscript: workload.py\nnodes: {n}\n"
         "args: [--lines, '150', --interval, '0.5']\n"
     )
-    orch = subprocess.Popen(
-        [*orch_command(), "submit", str(job), "-i", str(inventory)],
-        env=controller.env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    orch = submit_attached(controller, job, inventory)
     orch_lines = LineTimes(orch, lambda line: line[1:].split(" ", 1)[0] if line[0] == "[" else None)
     loop = "i=0; while [ $i -lt 200 ]; do echo line $i; i=$((i+1)); sleep 0.5; done"
     ssh = {
@@ -267,13 +266,7 @@ def partition_teardown(
     job.write_text(
         f"name: part\nworkdir: {WORKLOAD.parent}\nscript: workload.py\nnodes: {n}\nargs: [--hang]\n"
     )
-    orch = subprocess.Popen(
-        [*orch_command(), "submit", str(job), "-i", str(inventory)],
-        env=controller.env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    orch = submit_attached(controller, job, inventory)
     assert orch.stdout is not None and orch.stderr is not None
     job_id = orch.stdout.readline().split()[1]
     wait_ranks_ready(cluster, job_id, n)

@@ -19,7 +19,7 @@ from typing import IO, Any
 
 import yaml
 
-from tests.cluster import REPO_ROOT, Cluster, OrchRunner
+from tests.cluster import REPO_ROOT, Cluster, OrchRunner, orch_command
 
 JOBS = REPO_ROOT / "tests" / "integration" / "jobs"
 
@@ -61,6 +61,17 @@ def pushed_files(stderr: str) -> dict[str, int]:
     """Files sent per host, from the ``-v`` log line of the push."""
     line = next(line for line in stderr.splitlines() if "orchestrator.jobs.submit: pushed " in line)
     return {h: int(n) for n, h in re.findall(r"(\d+) files \(\d+ kB\) to (\S+?)(?:,|$)", line)}
+
+
+def start_attached(orch: OrchRunner, job: Path, inventory: Path) -> subprocess.Popen[str]:
+    """An attached ``orch submit``, its stdout and stderr read as they come (text)."""
+    return subprocess.Popen(
+        [*orch_command(), "submit", str(job), "-i", str(inventory)],
+        env=orch.controller.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 class Lines:

@@ -13,28 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import Cluster, OrchRunner, orch_command
+from tests.cluster import Cluster, OrchRunner
 from tests.support import (
     Lines,
     assert_no_job_left,
     job_id_of,
     job_processes,
+    start_attached,
     status_json,
     wait_for,
     write_job,
 )
 
 pytestmark = pytest.mark.cluster
-
-
-def start_attached(orch: OrchRunner, job: Path, inventory: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*orch_command(), "submit", str(job), "-i", str(inventory)],
-        env=orch.controller.env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def wait_ready(proc: subprocess.Popen[str], ranks: int) -> tuple[str, list[str]]:

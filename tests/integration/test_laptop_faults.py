@@ -14,8 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import Cluster, OrchRunner, orch_command
-from tests.support import assert_no_job_left, job_processes, status_json, wait_for, write_job
+from tests.cluster import Cluster, OrchRunner
+from tests.support import (
+    assert_no_job_left,
+    job_processes,
+    start_attached,
+    status_json,
+    wait_for,
+    write_job,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -33,13 +40,7 @@ def start_numbered(
         nodes=3,
         args=["--lines", str(lines), "--interval", "0.5"],
     )
-    return subprocess.Popen(
-        [*orch_command(), "submit", str(job), "-i", str(inventory)],
-        env=orch.controller.env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_attached(orch, job, inventory)
 
 
 def wait_running(cluster: Cluster) -> None:
