@@ -66,10 +66,12 @@ class ContentStore:
         """Write one piece of an object; True when it completed (and was verified)."""
         key, size, off = str(meta["k"]), int(meta["size"]), int(meta["off"])
         final = self.object_path(key)
-        if meta.get("z"):
-            data = zlib.decompress(data)
+        if off < 0 or off > size:
+            raise ValueError(f"piece of {key} out of bounds")
+        if meta.get("z"):  # never more than the object has room for: no bombs
+            data = inflate(data, size - off, f"piece of {key}")
         end = off + len(data)
-        if off < 0 or end > size:
+        if end > size:
             raise ValueError(f"piece of {key} out of bounds")
         # Beside its final name: the rename then touches one directory only.
         tmp = f"{self.made(self.objects)}/{key}.{push}.part"
@@ -110,6 +112,15 @@ class ContentStore:
 
     def setup_marker(self, key: str) -> str:
         return setup_marker(self.root, key)
+
+
+def inflate(data: bytes, limit: int, what: str) -> bytes:
+    """zlib-decompress `data`, refusing it once it would exceed `limit` bytes."""
+    inflater = zlib.decompressobj()
+    out = inflater.decompress(data, limit + 1)
+    if len(out) > limit or not inflater.eof:
+        raise ValueError(f"{what}: compressed data larger than announced, or cut short")
+    return out
 
 
 def publish(tmp: str, final: str) -> None:

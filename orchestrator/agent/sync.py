@@ -27,9 +27,10 @@ from .protocol import (
     write_bytes,
     write_json,
 )
-from .store import ContentStore, Mismatch, Missing, remove_tree
+from .store import ContentStore, Mismatch, Missing, inflate, remove_tree
 
 GC_EVERY_S = 60.0
+MAX_MANIFEST = 256 << 20  # a manifest's bytes, decompressed
 
 
 def main(args: list[str]) -> int:
@@ -53,7 +54,7 @@ def main(args: list[str]) -> int:
         after = receive(stream, store, str(header["push"]), reply)
     except Mismatch as exc:
         reply.update(error=str(exc), changed=exc.key)
-    except (OSError, ValueError, KeyError, TypeError, EOFError, zlib.error) as exc:
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zlib.error, MemoryError) as exc:
         reply["error"] = describe_error(exc)
     if "error" in reply:
         with contextlib.suppress(OSError):
@@ -83,7 +84,7 @@ def receive(stream: Any, store: ContentStore, push: str, reply: dict[str, Any]) 
             reply["stored"] += store.put_piece(meta, payload, push)
             reply["bytes"] += len(payload)
         elif kind == b"M":
-            store.add_manifest(zlib.decompress(payload))
+            store.add_manifest(inflate(payload, MAX_MANIFEST, "manifest"))
         elif kind == b"S":
             request = json.loads(payload)
             reply.update(make_snapshot(store, request))

@@ -142,6 +142,16 @@ class Watcher:
             ).start()
 
     def _follow(self, node: NodeRef) -> None:
+        """Follow one node until it ends; whatever goes wrong here makes it lost, with
+        the reason, never a thread that dies unheard (and a controller that waits)."""
+        try:
+            self._follow_node(node)
+        except Exception as exc:  # any surprise ends in a report
+            log.debug("[host=%s] following failed", node.host.name, exc_info=True)
+            why = f"following {node.host.name} failed: {describe(exc)}"
+            self._put(NodeExit(node.host.name, node.node_rank, None, error=why))
+
+    def _follow_node(self, node: NodeRef) -> None:
         """Follow one node until it ends, through fresh connections when need be."""
         name = node.host.name
         contact = self.contacts[name]
@@ -221,6 +231,8 @@ class Watcher:
             try:
                 record = json.loads(header)
             except ValueError:
+                record = None
+            if not isinstance(record, dict):  # a shell rc file's chatter, say
                 log.debug("[host=%s] not a follow record: %r", name, header[:200])
                 continue
             kind = record.get("k")
@@ -314,6 +326,14 @@ class Watcher:
             procs = list(self._procs)
         for proc in procs:
             proc.close()
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, OrchError):
+        return exc.message
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}" + (f": {exc.filename}" if exc.filename else "")
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _read_exact(stdout: IO[bytes], size: int) -> bytes:

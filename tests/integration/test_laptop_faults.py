@@ -115,3 +115,29 @@ def test_closing_the_terminal_leaves_the_job_running(
     assert all(any("workload.py" in c for _, c in job_processes(cluster, i)) for i in (1, 2, 3))
     assert orch("kill", job_id, timeout=60).returncode == 0
     assert_no_job_left(cluster, [1, 2, 3])
+
+
+def test_a_follow_stream_fed_garbage_ends_in_a_lost_node_never_a_hang(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    """A shell rc file that prints is harmless; a record the controller cannot read
+    makes the node lost, with the reason, at once."""
+    bashrc = cluster.home(2) / ".bashrc"
+    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--lines", "3"])
+    try:
+        bashrc.write_text("echo '[1, 2]'\necho 'hello from .bashrc'\n")
+        chatty = orch("submit", job, "-i", inventory, timeout=120)
+        assert chatty.returncode == 0, chatty.stderr
+        assert "[node2 r1] r1 2" in chatty.stdout
+        # A data record whose bytes are no zlib stream, before every command's output.
+        bashrc.write_text(
+            """printf '%s\\n' '{"k": "data", "s": "rank-1", "o": 0, "n": 4, "z": 2}'; printf 'zz'\n"""
+        )
+        started = time.monotonic()
+        broken = orch("submit", job, "-i", inventory, timeout=120)
+        assert broken.returncode == 1, broken.stderr
+        assert "lost node node2 (following node2 failed: " in broken.stderr, broken.stderr
+        assert time.monotonic() - started < 60
+    finally:
+        bashrc.unlink(missing_ok=True)
+    assert_no_job_left(cluster, [1, 2, 3])
