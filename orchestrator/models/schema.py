@@ -72,6 +72,59 @@ def _source_text(node: yaml.Node) -> Any:
 _PosLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+MAX_FILE_BYTES = 1 << 20  # a job or inventory file is a few kB
+MAX_NODES = 100_000  # values in a file once its aliases are expanded
+
+
+def _expanded_size(node: yaml.Node) -> int:
+    """How many nodes `node` stands for with every alias expanded, computed without
+    expanding them (a few aliases of aliases stand for billions)."""
+    sizes: dict[int, int] = {}
+    order: list[yaml.Node] = []
+    stack, seen = [node], set()
+    while stack:  # children before parents, without recursion: nesting may be deep
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        order.append(current)
+        if isinstance(current, yaml.SequenceNode):
+            stack.extend(current.value)
+        elif isinstance(current, yaml.MappingNode):
+            stack.extend(n for pair in current.value for n in pair)
+    for current in reversed(order):
+        children: list[yaml.Node] = []
+        if isinstance(current, yaml.SequenceNode):
+            children = current.value
+        elif isinstance(current, yaml.MappingNode):
+            children = [n for pair in current.value for n in pair]
+        sizes[id(current)] = min(1 + sum(sizes.get(id(c), 1) for c in children), MAX_NODES + 1)
+    return sizes[id(node)]
+
+
+def _read_limited(path: Path, kind: str) -> str:
+    shown = str(path)
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise SpecError(
+            shown, f"{kind} file not found", f"check the path of the {kind} file"
+        ) from None
+    except OSError as exc:  # a directory, no permission, a name too long, a symlink loop
+        raise SpecError(shown, f"cannot read {kind} file: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise SpecError(
+            shown,
+            f"{kind} file is larger than {MAX_FILE_BYTES >> 20} MB",
+            f"is it really a {kind} file?",
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(shown, f"cannot read {kind} file: not UTF-8 text ({exc.reason})") from None
+
+
 def load_yaml(path: Path, kind: str) -> PosDict:
     """Read a YAML file whose top level must be a mapping.
 
@@ -86,16 +139,22 @@ def load_yaml(path: Path, kind: str) -> PosDict:
         SpecError: missing file, syntax error (with line:column) or not a mapping.
     """
     shown = str(path)
+    text = _read_limited(path, kind)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(
-            shown, f"{kind} file not found", f"check the path of the {kind} file"
-        ) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise SpecError(shown, f"cannot read {kind} file: {exc}") from None
-    try:
-        data = yaml.load(text, Loader=_PosLoader)
+        loader = _PosLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is not None and _expanded_size(node) > MAX_NODES:
+                raise SpecError(
+                    shown,
+                    f"{kind} file expands to over {MAX_NODES:,} values through its YAML aliases",
+                    "write the values out, or use fewer aliases",
+                )
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
+    except RecursionError:
+        raise SpecError(shown, f"{kind} file is nested too deeply", "flatten it") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "invalid YAML"
