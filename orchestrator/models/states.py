@@ -9,7 +9,8 @@ class JobState(StrEnum):
     """A job's (or one node's) state.
 
     pending -> running -> succeeded | failed | killed | lost. `lost` means a host stopped
-    answering and the outcome is unknown.
+    answering and the outcome is unknown. `unknown` is a record this orch cannot read
+    (damaged, or written by a newer orch): shown, never acted on.
     """
 
     PENDING = "pending"
@@ -18,6 +19,15 @@ class JobState(StrEnum):
     FAILED = "failed"
     KILLED = "killed"
     LOST = "lost"
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def parse(cls, value: object) -> JobState:
+        """The state named `value`, or UNKNOWN."""
+        try:
+            return cls(str(value))
+        except ValueError:
+            return cls.UNKNOWN
 
     def is_terminal(self) -> bool:
         return self not in (JobState.PENDING, JobState.RUNNING)
@@ -40,6 +50,8 @@ def job_state(nodes: list[JobState]) -> JobState:
     host alone leaves the outcome unknown (lost); killed nodes alone mean the user
     killed it; and a job succeeds only when every node did.
     """
+    if JobState.UNKNOWN in nodes:
+        return JobState.UNKNOWN
     if all(s is JobState.PENDING for s in nodes):
         return JobState.PENDING
     if any(not s.is_terminal() for s in nodes):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -53,6 +54,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     PRIMARY KEY (job_id, host)
 );
 """
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -104,7 +107,10 @@ def _host_to_json(host: Host) -> str:
 
 
 def _host_from_json(text: str) -> Host:
+    """The host of a node record; fields a newer orch added are left out."""
     data = json.loads(text)
+    known = {f.name for f in dataclasses.fields(Host)}
+    data = {k: v for k, v in data.items() if k in known}
     data["gpus"] = tuple(data.get("gpus", ()))
     data["labels"] = tuple(data.get("labels", ()))
     return Host(**data)
@@ -227,10 +233,10 @@ class JobDB:
         with self._db() as db:
             rows = db.execute("SELECT * FROM jobs ORDER BY created DESC").fetchall()
             nodes = db.execute("SELECT * FROM nodes ORDER BY job_id, node_rank").fetchall()
-        by_job: dict[str, list[NodeRecord]] = {}
+        by_job: dict[str, list[sqlite3.Row]] = {}
         for n in nodes:
-            by_job.setdefault(n["job_id"], []).append(_node_from_row(n))
-        return [_job_from_row(r, by_job.get(r["id"], [])) for r in rows]
+            by_job.setdefault(n["job_id"], []).append(n)
+        return [_readable(r, by_job.get(r["id"], [])) for r in rows]
 
     def get(self, job_id: str) -> JobRecord:
         """One job, by its id or a unique prefix of it.
@@ -255,7 +261,26 @@ class JobDB:
             nodes = db.execute(
                 "SELECT * FROM nodes WHERE job_id=? ORDER BY node_rank", (found,)
             ).fetchall()
+        return _readable(row, nodes)
+
+
+def _readable(row: sqlite3.Row, nodes: list[sqlite3.Row]) -> JobRecord:
+    """The record of a job row and its node rows; one that cannot be read (damaged,
+    or written by a newer orch) comes back `unknown` with what could be read, so
+    that the other jobs still show."""
+    try:
         return _job_from_row(row, [_node_from_row(n) for n in nodes])
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        log.debug("unreadable job record %r: %s", row["id"], exc)
+        return JobRecord(
+            id=str(row["id"]),
+            name=str(row["name"]) if isinstance(row["name"], str) else "?",
+            state=JobState.UNKNOWN,
+            master_addr="?",
+            master_port=None,
+            spec={},
+            created=row["created"] if isinstance(row["created"], (int, float)) else 0.0,
+        )
 
 
 def _node_from_row(row: sqlite3.Row) -> NodeRecord:
@@ -265,7 +290,7 @@ def _node_from_row(row: sqlite3.Row) -> NodeRecord:
         first_rank=row["first_rank"],
         nproc=row["nproc"],
         job_dir=row["job_dir"],
-        state=JobState(row["state"]),
+        state=JobState.parse(row["state"]),
         exit_code=row["exit_code"],
         error=row["error"],
     )
@@ -275,7 +300,7 @@ def _job_from_row(row: sqlite3.Row, nodes: list[NodeRecord]) -> JobRecord:
     return JobRecord(
         id=row["id"],
         name=row["name"],
-        state=JobState(row["state"]),
+        state=JobState.parse(row["state"]),
         master_addr=row["master_addr"],
         master_port=row["master_port"],
         spec=json.loads(row["spec"]),

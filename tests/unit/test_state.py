@@ -144,3 +144,22 @@ Root Cause (first observed failure):
 ============================================================""".splitlines()
     assert root_cause(report) == (3, -9)
     assert root_cause([b"nothing useful"]) == (None, None)
+
+
+def test_a_bad_row_shows_as_unknown_and_the_others_as_usual(tmp_path: Path) -> None:
+    store = JobDB(tmp_path)
+    for job_id in ("a-1", "b-2", "c-3"):
+        store.add(record(job_id))
+    with sqlite3.connect(store.path) as db:
+        db.execute("UPDATE jobs SET state='paused-by-orch-9' WHERE id='a-1'")
+        # A newer orch's host record, with a field this one does not know.
+        db.execute(
+            "UPDATE nodes SET host_spec=json_set(host_spec, '$.future', 1) WHERE job_id='b-2'"
+        )
+        db.execute("UPDATE nodes SET host_spec='{not json' WHERE job_id='c-3' AND node_rank=1")
+    jobs = {j.id: j for j in store.jobs()}
+    assert jobs["a-1"].state is JobState.UNKNOWN and len(jobs["a-1"].nodes) == 2
+    assert jobs["b-2"].state is P and jobs["b-2"].nodes[0].host.name == "node1"
+    assert jobs["c-3"].state is JobState.UNKNOWN and jobs["c-3"].name == "train"
+    assert store.get("c-3").state is JobState.UNKNOWN
+    assert job_state([S, JobState.UNKNOWN]) is JobState.UNKNOWN
