@@ -128,7 +128,7 @@ def collect_garbage(
         due = not os.path.exists(stamp) or time.time() - os.path.getmtime(stamp) > SWEEP_EVERY_S
         if sweep or finished[keep:] or due:
             report.update(sweep_store(store, kept, time.time() - grace_s))
-            write_bytes(stamp, b"", 0o644)
+            write_bytes(stamp, b"", 0o600)
         return report
 
 
@@ -143,6 +143,8 @@ def sweep_store(store: ContentStore, kept: set[str], before: float) -> dict[str,
             if st.st_nlink == 1 and st.st_mtime < before:  # also parts of pushes cut short
                 os.unlink(path)
                 removed, freed = removed + 1, freed + st.st_size
+            elif st.st_mode & 0o077:  # stored by an orch that let others read it
+                os.chmod(path, st.st_mode & 0o700)
     for path in glob.glob(store.path("manifests", "*")):
         with contextlib.suppress(OSError):
             if os.path.basename(path) not in kept and os.path.getmtime(path) < before:

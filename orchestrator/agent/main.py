@@ -4,6 +4,7 @@ when it runs (a host command's start is on every path of orch)."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # command -> module; each module's main(args) returns the exit code
@@ -21,14 +22,15 @@ COMMANDS = {
 }
 USAGE = """usage: orch agent COMMAND ARGS...
   probe [MASTER|OPTIONS]              this host's facts as JSON (no torch import)
-  start JOB_DIR [SPEC]                detach, start torchrun under a supervisor
+  start JOB_DIR                       (stdin: the node spec) start torchrun under a supervisor
   status JOB_DIR                      whether the node started, runs, ended how
   follow JOB_DIR [OFFSETS] [--once]   stream the node's logs until it ends
   kill JOB_DIR [GRACE [JOB_ID [PORT]]]
                                       stop every process of the job on this host
-  rank LOG_DIR KIND TARGET -- ARGS    torchrun's entry for each rank
+  rank LOG_DIR CODE KIND TARGET -- ARGS
+                                      torchrun's entry for each rank
   sync                                (stdin: frames) store content, build a snapshot
-  setup JOB_DIR SPEC                  run the job's setup: command, mark it done
+  setup JOB_DIR                       (stdin: its spec) run the job's setup:, mark it done
   gc                                  (stdin: a frame) drop old snapshots and content
   nettest TEST ARGS...                listen, connect, bwserve, bwclient
 """
@@ -38,6 +40,9 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in COMMANDS:
         sys.stderr.write(USAGE)
         return 2
+    # Owner-only, whatever the login's umask: node.json holds the job's env, logs
+    # what the ranks print; the ranks inherit it too (a multi-user host is the norm).
+    os.umask(0o077)
     command = importlib.import_module(f".{COMMANDS[argv[0]]}", __package__)
     try:
         code: int = command.main(argv[1:])

@@ -20,7 +20,7 @@ def main(args: list[str]) -> int:
     with open(os.path.join(log_dir, f"rank-{rank}.pid"), "w") as f:
         f.write(str(os.getpid()))
     fd = os.open(
-        os.path.join(log_dir, f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+        os.path.join(log_dir, f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
     )
     os.dup2(fd, 1)
     os.dup2(fd, 2)

@@ -1,4 +1,4 @@
-"""`setup JOB_DIR SPEC`: run the job's setup command with /bin/sh in its code dir,
+"""`setup JOB_DIR` (stdin: its spec): run the job's setup command with /bin/sh in its code dir,
 streaming its output, and mark it done in the store for this code version."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from .protocol import CODE, SETUP_LOG, setup_marker, write_json
 
 
 def main(args: list[str]) -> int:
-    """`setup JOB_DIR SPEC`: run the job's setup command in its code dir, streaming its
-    output, and mark it done for this code version when it succeeds."""
+    """`setup JOB_DIR`, its spec on stdin (the script and env may hold secrets: never
+    in an argv): run the job's setup command in its code dir, streaming its output,
+    and mark it done for this code version when it succeeds."""
     import subprocess
 
     os.chdir(os.path.expanduser(args[0]))
-    spec = json.loads(args[1])
+    spec = json.loads(sys.stdin.read())
     env = dict(os.environ)
     env.update(spec.get("env", {}))
     # `pip install ...` should mean the pip of the interpreter that runs the job.

@@ -1,4 +1,4 @@
-"""`start JOB_DIR [SPEC]`: detach a supervisor from the SSH channel, start torchrun in
+"""`start JOB_DIR` (stdin: the node spec): detach a supervisor from the SSH channel, start torchrun in
 its own session under it, record the pids; the supervisor waits for torchrun and
 records how it ended. Prints a Started reply once torchrun runs."""
 
@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -27,9 +28,12 @@ from .protocol import (
 
 
 def main(args: list[str]) -> int:
+    """`start JOB_DIR`, the node spec (argv and env) on stdin: never in an argv, where
+    every user of the host could read the job's secrets."""
     os.chdir(os.path.expanduser(args[0]))
-    if len(args) > 1:
-        write_json(NODE_SPEC, json.loads(args[1]))
+    given = sys.stdin.read()
+    if given.strip():
+        write_json(NODE_SPEC, json.loads(given))
     spec = read_json(NODE_SPEC)
     if spec is None:
         print(json.dumps({"error": "node.json missing or unreadable"}))
@@ -44,7 +48,7 @@ def main(args: list[str]) -> int:
         os.close(ready_r)
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDWR)
-        log = os.open(SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        log = os.open(SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(devnull, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)

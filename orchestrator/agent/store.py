@@ -14,6 +14,8 @@ from typing import Any
 
 from .protocol import DIGEST_RE, KEY_RE, setup_marker, write_bytes
 
+OBJECT_MODE, OBJECT_MODE_X = 0o400, 0o500
+
 
 class Mismatch(ValueError):
     """Received bytes whose hash is not their key: the file changed during the push."""
@@ -85,8 +87,9 @@ class ContentStore:
                 if digest.hexdigest() != key[:64]:
                     os.unlink(tmp)
                     raise Mismatch(key)
-                # Read-only: the object is shared by every snapshot that links to it.
-                os.fchmod(fd, 0o555 if key.endswith(".x") else 0o444)
+                # Read-only: the object is shared by every snapshot that links to it;
+                # and the owner's only: what was pushed is nobody else's business.
+                os.fchmod(fd, OBJECT_MODE_X if key.endswith(".x") else OBJECT_MODE)
         finally:
             os.close(fd)
         if end < size:
@@ -97,7 +100,7 @@ class ContentStore:
     def add_manifest(self, body: bytes) -> str:
         parse_manifest(body)
         digest = hashlib.sha256(body).hexdigest()
-        write_bytes(os.path.join(self.made(self.path("manifests")), digest), body, 0o644)
+        write_bytes(os.path.join(self.made(self.path("manifests")), digest), body, 0o600)
         return digest
 
     def manifest(self, digest: str) -> list[list[Any]] | None:

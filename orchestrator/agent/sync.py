@@ -230,5 +230,5 @@ def gc_due(store: ContentStore) -> bool:
     except OSError:
         pass
     with contextlib.suppress(OSError):
-        write_bytes(stamp, b"", 0o644)
+        write_bytes(stamp, b"", 0o600)
     return True

@@ -11,6 +11,7 @@ Each verb is its own `cmd_*` module; `app` holds the options they share and
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import NoReturn
 
@@ -40,6 +41,9 @@ def main() -> NoReturn:
 
     typer itself turns usage errors into exit 2 and Ctrl-C into exit 130.
     """
+    # Whatever orch writes (job records with the inventory's env, the log mirror,
+    # what it pushed where) is the user's alone.
+    os.umask(0o077)
     try:
         app()
     except OrchError as exc:

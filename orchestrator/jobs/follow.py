@@ -282,6 +282,8 @@ class Watcher:
         remaining = {n.host.name for n in self._nodes}
         ranks = {n.host.name: n.node_rank for n in self._nodes}
         outage, stalls = False, 0
+        outage_ended = 0.0  # silence before this was the network here, no host's
+        back = True  # since the last outage, some host answered again
         while remaining:
             try:
                 event = self._queue.get(timeout=0.2)
@@ -303,13 +305,16 @@ class Watcher:
                         "(a closed lid? Ctrl-Z?): the job kept running; following on"
                     )
             followed = {n: c for n, c in self.contacts.items() if n in remaining}
-            verdict = judge(time.monotonic(), followed, self._lost_after, self._clock.stalled_until)
+            if not back and any(c.following for c in followed.values()):
+                back, outage_ended = True, time.monotonic()  # the network is back: count anew
+            away_until = max(self._clock.stalled_until, outage_ended)
+            verdict = judge(time.monotonic(), followed, self._lost_after, away_until)
             for name, why in verdict.lost.items():
                 self._given_up.add(name)
                 remaining.discard(name)
                 yield NodeExit(name, ranks[name], None, error=why)
             if verdict.outage and not outage:
-                outage = True
+                outage, back = True, False
                 yield Notice(
                     "lost contact with every host (the network here?): reconnecting; "
                     "the job keeps running"

@@ -74,6 +74,20 @@ _PosLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _cons
 
 MAX_FILE_BYTES = 1 << 20  # a job or inventory file is a few kB
 MAX_NODES = 100_000  # values in a file once its aliases are expanded
+MAX_FLOW_DEPTH = 64  # [ and { nested: PyYAML's scanner is quadratic in it
+
+
+def _flow_depth(text: str) -> int:
+    """How deep `[` and `{` nest, counted roughly: brackets inside quotes and comments
+    count too, so the figure may be too high, never too low."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}" and depth:
+            depth -= 1
+    return deepest
 
 
 def _expanded_size(node: yaml.Node) -> int:
@@ -140,6 +154,8 @@ def load_yaml(path: Path, kind: str) -> PosDict:
     """
     shown = str(path)
     text = _read_limited(path, kind)
+    if _flow_depth(text) > MAX_FLOW_DEPTH:
+        raise SpecError(shown, f"{kind} file is nested too deeply", "flatten it")
     try:
         loader = _PosLoader(text)
         try:

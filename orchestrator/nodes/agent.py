@@ -38,6 +38,7 @@ R = TypeVar("R", bound=protocol.Reply)
 # runs from a temporary copy. compileall writes every module's bytecode at once.
 LOADER = """\
 import os,sys
+os.umask(63)
 n,v,r=int(sys.argv[1]),sys.argv[2],os.path.expanduser(sys.argv[3])
 z=sys.stdin.buffer.read(n)
 d=os.path.join(r,v)

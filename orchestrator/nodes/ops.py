@@ -57,8 +57,9 @@ def start(node: NodeStart, transport: Transport) -> Started:
         RemoteCommandError: the supervisor could not start torchrun.
     """
     spec = json.dumps({"argv": list(node.argv), "env": node.env})
-    command = agent.job_command(node.host, node.job_dir, "start", ".", spec)
-    result = transport.run(command, timeout=START_TIMEOUT_S)
+    command = agent.job_command(node.host, node.job_dir, "start", ".")
+    # On stdin: the env may hold secrets, and every user of a host can read an argv.
+    result = transport.run(command, stdin=spec.encode(), timeout=START_TIMEOUT_S)
     reply = protocol.last_json(result.stdout) or {}
     if not result.ok or "pid" not in reply:
         if result.exit_code in agent.SHELL_NOT_FOUND:
@@ -121,7 +122,7 @@ def setup(
     store = protocol.store_dir(node.host.workdir)
     spec = {"script": script, "env": node.env, "store": store, "key": key, "manifest": digest}
     process = transport.stream(
-        agent.job_command(node.host, node.job_dir, "setup", ".", json.dumps(spec))
+        agent.job_command(node.host, node.job_dir, "setup", "."), stdin=json.dumps(spec).encode()
     )
     tail: list[str] = []
     try:

@@ -24,7 +24,7 @@ from typing import Any
 from orchestrator.models.errors import InfraError, InputError
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
-from orchestrator.records.home import orch_home
+from orchestrator.records.home import orch_home, private_dir
 
 DB_NAME = "jobs.db"
 _SCHEMA = """
@@ -126,7 +126,7 @@ class JobDB:
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
         try:
-            self.home.mkdir(parents=True, exist_ok=True)
+            private_dir(self.home)
             conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise InfraError(

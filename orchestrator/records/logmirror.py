@@ -51,8 +51,8 @@ class LogMirror:
             fd = self._fds.get(key)
             if fd is None:
                 path = self._path(host, stream)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
                 self._fds[key] = fd
         os.pwrite(fd, data, offset)
 

@@ -97,7 +97,8 @@ class Transport(Protocol):
        progress as they go), and returns its exit code and output; it never raises
        for a non-zero exit.
     3. `stream()` starts a command and returns a RemoteProcess to follow its stdout;
-       with `idle_timeout`, reads give up after that many silent seconds.
+       with `idle_timeout`, reads give up after that many silent seconds; `stdin`,
+       if given, is sent whole before EOF.
     4. Commands may run concurrently on one transport, from several threads.
     5. `close()` releases the connection; it never raises.
     """
@@ -110,7 +111,9 @@ class Transport(Protocol):
         self, command: str, stdin: Stdin | None = None, timeout: float | None = None
     ) -> CommandResult: ...
 
-    def stream(self, command: str, idle_timeout: float | None = None) -> RemoteProcess: ...
+    def stream(
+        self, command: str, idle_timeout: float | None = None, stdin: bytes | None = None
+    ) -> RemoteProcess: ...
 
     def close(self) -> None: ...
 

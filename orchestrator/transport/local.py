@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import tempfile
 import threading
@@ -57,14 +58,22 @@ class _IdleReader:
 class LocalProcess:
     """A local command followed line by line (RemoteProcess)."""
 
-    def __init__(self, command: str, idle_timeout: float | None = None) -> None:
+    def __init__(
+        self, command: str, idle_timeout: float | None = None, stdin: bytes | None = None
+    ) -> None:
         self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         self._proc = subprocess.Popen(
             ["/bin/sh", "-c", command],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
         )
+        if stdin is not None:
+            assert self._proc.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                self._proc.stdin.write(stdin)
+            with contextlib.suppress(BrokenPipeError):
+                self._proc.stdin.close()
         self._reader = None if idle_timeout is None else _IdleReader(self._proc, idle_timeout)
 
     @property
@@ -119,9 +128,11 @@ class LocalTransport:
             proc.stderr.decode("utf-8", "replace"),
         )
 
-    def stream(self, command: str, idle_timeout: float | None = None) -> LocalProcess:
+    def stream(
+        self, command: str, idle_timeout: float | None = None, stdin: bytes | None = None
+    ) -> LocalProcess:
         # No network can cut a local command off, but it can hang: same rule as SSH.
-        return LocalProcess(command, idle_timeout)
+        return LocalProcess(command, idle_timeout, stdin)
 
     def close(self) -> None:
         pass

@@ -275,11 +275,15 @@ class SshTransport:
                 raise
             log.debug("the command stopped reading its stdin early")
 
-    def stream(self, command: str, idle_timeout: float | None = None) -> SshProcess:
+    def stream(
+        self, command: str, idle_timeout: float | None = None, stdin: bytes | None = None
+    ) -> SshProcess:
         channel = self._channel()
         try:
             channel.settimeout(idle_timeout)
             channel.exec_command(command)
+            if stdin is not None:
+                self._send_stdin(channel, [stdin])
         except (OSError, paramiko.SSHException, EOFError) as exc:
             channel.close()
             raise HostError(
