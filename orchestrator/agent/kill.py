@@ -114,16 +114,21 @@ def wait_until(done: Callable[[], bool], deadline: float) -> None:
 
 
 def process_groups() -> set[int]:
-    """The process groups of the node: torchrun's, and each rank's own session."""
-    groups = set()
+    """The process groups of the node that still are: torchrun's, and each rank's own
+    session, whose leader runs with the start time recorded beside its pid. A group
+    whose leader is gone, or whose pid now names another process (pids are reused:
+    an ended job's may belong to anyone by now), is left out: what is left of it is
+    found by the job's tag."""
+    recorded: list[tuple[int, object]] = []
     started = read_json(PIDS)
     if started:
-        groups.add(int(started["pgid"]))
+        recorded.append((int(started["pgid"]), started.get("start_time")))
     for name in os.listdir(LOGS) if os.path.isdir(LOGS) else []:
         if name.endswith(".pid"):
             with contextlib.suppress(OSError, ValueError), open(os.path.join(LOGS, name)) as f:
-                groups.add(int(f.read()))
-    return groups
+                pid, _, when = f.read().partition(" ")
+                recorded.append((int(pid), int(when) if when.strip().isdigit() else None))
+    return {pgid for pgid, when in recorded if when is not None and proc.start_time(pgid) == when}
 
 
 def tagged(job_id: str | None, table: list[tuple[int, int]]) -> set[int]:

@@ -32,6 +32,16 @@ def host_id() -> str:
     return f"{os.uname().nodename}/{boot}"
 
 
+def start_time(pid: int) -> int | None:
+    """When a process started, in clock ticks since boot: with its pid, it names one
+    process for good (a pid alone may be reused by another)."""
+    fields = stat(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
 def alive(pid: int) -> bool:
     """Whether `pid` runs and is not a zombie."""
     fields = stat(pid)

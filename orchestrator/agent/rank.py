@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
+from . import proc
+
 
 def main(args: list[str]) -> int:
     log_dir, code_dir, kind, target, sep, *user_args = args
@@ -16,9 +18,10 @@ def main(args: list[str]) -> int:
         raise SystemExit("orch supervisor: malformed rank arguments")
     rank = os.environ.get("RANK", "0")
     os.makedirs(log_dir, exist_ok=True)
-    # torchrun gave this process its own session: its pid is the rank's process group.
+    # torchrun gave this process its own session: its pid is the rank's process group;
+    # with its start time, kill can tell it from a later process given the same pid.
     with open(os.path.join(log_dir, f"rank-{rank}.pid"), "w") as f:
-        f.write(str(os.getpid()))
+        f.write(f"{os.getpid()} {proc.start_time(os.getpid())}")
     fd = os.open(
         os.path.join(log_dir, f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
     )

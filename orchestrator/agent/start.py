@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from .proc import host_id, signal_group
+from .proc import host_id, signal_group, start_time
 from .protocol import (
     CODE,
     EXIT,
@@ -91,6 +91,7 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
     started = {
         "pid": proc.pid,
         "pgid": proc.pid,
+        "start_time": start_time(proc.pid),  # kill checks it: a pid may be reused
         "supervisor": os.getpid(),
         "started": time.time(),
         "host": host_id(),

@@ -235,3 +235,40 @@ def test_job_files_keep_the_users_umask(tmp_path: Path) -> None:
         os.umask(old)
     assert (tmp_path / "node.json").stat().st_mode & 0o777 == 0o600
     assert [p.name for p in tmp_path.iterdir()] == ["node.json"]  # no temporary left
+
+
+@pytest.mark.parametrize("reused", [True, False])
+def test_kill_signals_a_recorded_group_only_while_its_leader_is_the_same_process(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    reused: bool,
+) -> None:
+    """An ended job's recorded pgid may name another user's process by now (pids are
+    reused): kill proves a group is the job's by its leader's start time."""
+    import subprocess
+
+    from orchestrator.agent import kill
+
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)  # untagged
+    try:
+        started = proc.start_time(stranger.pid)
+        assert started is not None
+        recorded = started + 1 if reused else started
+        job = tmp_path / "job"
+        (job / "logs").mkdir(parents=True)
+        (job / "pid.json").write_text(
+            json.dumps({"pid": 1 << 22, "pgid": stranger.pid, "start_time": recorded})
+        )
+        (job / "logs" / "rank-0.pid").write_text(f"{stranger.pid} {recorded}")
+        (job / "exit.json").write_text("{}")  # the job ended long ago
+        monkeypatch.chdir(tmp_path)
+        kill.main([str(job), "0.2", "j-ended"])
+        capsys.readouterr()
+        if reused:
+            assert stranger.poll() is None, "a process that only reused the pid was signalled"
+        else:
+            assert stranger.wait(timeout=10) != 0
+    finally:
+        stranger.kill()
+        stranger.wait()
