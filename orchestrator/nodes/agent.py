@@ -36,12 +36,23 @@ R = TypeVar("R", bound=protocol.Reply)
 # final name and renamed into place, so that hosts sharing one home (NFS) and
 # commands racing on one host each see it whole; where the workdir is read-only, it
 # runs from a temporary copy. compileall writes every module's bytecode at once.
+# Files are the user's alone (umask 077), and code is run only from directories that
+# are the user's and nobody else can write (the workdir, its agent/, the version):
+# in a shared place (/tmp/orch) another user could plant one and run as this user.
 LOADER = """\
 import os,sys
 os.umask(63)
 n,v,r=int(sys.argv[1]),sys.argv[2],os.path.expanduser(sys.argv[3])
 z=sys.stdin.buffer.read(n)
 d=os.path.join(r,v)
+def mine(p):
+    s=os.stat(p)
+    if s.st_uid!=os.getuid() or s.st_mode&18:
+        sys.stderr.write("orch agent: refusing to run code from %s: it is not yours alone "
+            "(owner uid %d, mode %o); give this host a workdir only you can write\\n"
+            %(p,s.st_uid,s.st_mode&4095))
+        sys.exit(3)
+if os.path.isdir(r):mine(os.path.dirname(r));mine(r)
 if not os.path.isdir(d):
     import compileall,json,shutil,socket,tempfile,zlib
     def unpack(t):
@@ -59,6 +70,8 @@ if not os.path.isdir(d):
         d=tempfile.mkdtemp(prefix="orch-agent-")
         unpack(d)
         import atexit;atexit.register(shutil.rmtree,d,True)
+if os.path.dirname(d)==r:mine(os.path.dirname(r));mine(r)
+mine(d)
 sys.path.insert(0,d)
 from orch_agent.main import main
 sys.exit(main(sys.argv[4:]))

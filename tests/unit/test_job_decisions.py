@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent import proc, protocol
+from orchestrator.agent.proc import start_time
 from orchestrator.jobs.logs import drain
 from orchestrator.jobs.reconcile import reconcile
 from orchestrator.jobs.watch import watch_job
@@ -89,7 +90,13 @@ def running(node: NodeRecord, sleepers: list[subprocess.Popen[bytes]]) -> int:
     """The node runs: a process in its own group stands in for torchrun and supervisor."""
     proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
     sleepers.append(proc)
-    started = {"pid": proc.pid, "pgid": proc.pid, "supervisor": proc.pid, "started": time.time()}
+    started = {
+        "pid": proc.pid,
+        "pgid": proc.pid,
+        "supervisor": proc.pid,
+        "started": time.time(),
+        "start_time": start_time(proc.pid),  # as the supervisor records it
+    }
     protocol.write_json(os.path.join(node.job_dir, protocol.PIDS), started)
     return proc.pid
 

@@ -8,6 +8,7 @@ import fcntl
 import io
 import json
 import os
+import sys
 import zlib
 from pathlib import Path
 
@@ -272,3 +273,30 @@ def test_kill_signals_a_recorded_group_only_while_its_leader_is_the_same_process
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_the_loader_refuses_to_run_code_from_a_directory_others_can_write(
+    tmp_path: Path,
+) -> None:
+    """A workdir in a shared place (/tmp/orch): another user who can write there could
+    plant the agent's next version, or a module it imports, and run it as you."""
+    import subprocess
+
+    from orchestrator.models.inventory import Host
+    from orchestrator.nodes import agent
+
+    def probe(workdir: Path) -> subprocess.CompletedProcess[bytes]:
+        host = Host(name="local", address="localhost", python=sys.executable, workdir=str(workdir))
+        command = agent.command(host, "status", str(tmp_path / "no-job"))
+        return subprocess.run(["/bin/sh", "-c", command], input=agent.packed(), capture_output=True)
+
+    fine = tmp_path / "mine"
+    assert probe(fine).returncode == 0
+    assert (fine / "agent").stat().st_mode & 0o777 == 0o700  # umask 077
+    shared = tmp_path / "shared"
+    (shared / "agent").mkdir(parents=True)
+    (shared / "agent").chmod(0o777)  # as /tmp/orch/agent made by someone else might be
+    result = probe(shared)
+    assert result.returncode == 3
+    assert b"refusing to run code from " in result.stderr and b"mode 777" in result.stderr
+    assert not any((shared / "agent").iterdir())  # nothing was unpacked there either
