@@ -338,7 +338,9 @@ def describe(exc: BaseException) -> str:
         return exc.message
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}" + (f": {exc.filename}" if exc.filename else "")
-    return f"{type(exc).__name__}: {exc}"
+    kind = type(exc)
+    where = "" if kind.__module__ == "builtins" else f"{kind.__module__} "
+    return f"{where}{kind.__name__}: {exc}"
 
 
 def _read_exact(stdout: IO[bytes], size: int) -> bytes:

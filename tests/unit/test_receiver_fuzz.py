@@ -79,7 +79,7 @@ frames = st.one_of(
 
 
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(body=st.lists(frames, max_size=8))
 def test_any_frames_get_a_reply_and_write_nothing_outside(
