@@ -159,13 +159,13 @@ class Watcher:
         retried = False
         while not self._closed.is_set() and name not in self._given_up:
             heard = contact.heard
-            ended, error, timed_out = self._stream(node, contact)
+            ended, error, host_ended = self._stream(node, contact)
             if ended is not None:
                 self._put(ended)
                 return
             if contact.heard > heard:
                 ended_early, retried = 0, False
-            elif not timed_out:
+            elif host_ended:
                 ended_early += 1
             if self._reconnect is None or ended_early >= EMPTY_STREAMS:
                 self._put(NodeExit(name, node.node_rank, None, error=error))
@@ -178,7 +178,8 @@ class Watcher:
 
     def _stream(self, node: NodeRef, contact: Contact) -> tuple[NodeExit | None, str | None, bool]:
         """One follow stream from the offsets held: how the node ended; else why the
-        stream stopped first (None: closed here), and whether it went silent."""
+        stream stopped first (None: closed here), and whether the host ended it (not
+        silence, nor a connection that failed)."""
         name = node.host.name
         try:
             proc = self._transports[name].stream(
@@ -191,11 +192,14 @@ class Watcher:
         if self._closed.is_set():
             proc.close()
         try:
-            return self._read(node, proc.stdout, contact), self._lost_connection(name), False
+            ended = self._read(node, proc.stdout, contact)
+            return ended, self._lost_connection(name), True
         except TimeoutError:
-            return None, f"no answer from {name} for {self._idle:.0f} s", True
+            return None, f"no answer from {name} for {self._idle:.0f} s", False
         finally:
             proc.close()
+            with self._lock:
+                self._procs.remove(proc)
 
     def _lost_connection(self, name: str) -> str | None:
         return None if self._closed.is_set() else f"lost the connection to {name}"
