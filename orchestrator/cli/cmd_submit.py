@@ -11,6 +11,7 @@ from orchestrator.cli.app import InventoryOpt, app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.jobs import submit as submitting
 from orchestrator.plan import describe
+from orchestrator.sync.ignore import collect_files
 
 
 @app.command()
@@ -29,6 +30,8 @@ def submit(
     if dry_run:
         for line in describe(submitting.dry_run(sub)):
             typer.echo(line)
+        files = collect_files(sub.job.workdir, sub.job.exclude)  # and its ignore files read
+        typer.echo(f"\npushes {len(files)} files from {sub.job.workdir}")
         return
     code = submitting.submit(sub, ConsoleReporter(), detach=detach)
     raise typer.Exit(code)

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pathspec
+
 from orchestrator.models.errors import SpecError
 from orchestrator.models.schema import (
     Where,
@@ -159,9 +161,32 @@ def load_job(path: Path) -> JobSpec:
         max_restarts=get_int(where, "max_restarts", default=0, minimum=0) or 0,
         lost_after=get_int(where, "lost_after", minimum=3),
         inventory=(base / inventory).resolve() if inventory else None,
-        exclude=get_str_list(where, "exclude"),
+        exclude=_load_exclude(where),
         positions=dict(where.mapping.positions),
     )
+
+
+def pattern_error(pattern: str) -> str | None:
+    """Why no gitignore matcher can read `pattern` (`!` alone, a lone backslash,
+    `[z-a]`), or None: the one rule for `exclude:` and the workdir's ignore files."""
+    try:
+        pathspec.GitIgnoreSpec.from_lines([pattern])
+    except (ValueError, re.error) as exc:
+        return str(exc)
+    return None
+
+
+def _load_exclude(where: Where) -> tuple[str, ...]:
+    """The `exclude:` patterns, each one a gitignore pattern that can be read."""
+    patterns = get_str_list(where, "exclude")
+    for pattern in patterns:
+        if (why := pattern_error(pattern)) is not None:
+            raise where.error(
+                "exclude",
+                f"bad pattern {pattern!r}: {why}",
+                "write gitignore patterns, e.g. data/ or *.ckpt",
+            )
+    return patterns
 
 
 def _check_script(where: Where, workdir: Path, script: str) -> str:

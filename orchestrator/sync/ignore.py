@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pathspec
 
+from orchestrator.models.errors import InputError
+from orchestrator.models.job import pattern_error
+
 IGNORE_FILES = (".gitignore", ".orchignore")
 
 
@@ -38,13 +41,29 @@ def _read_rules(directory: Path, base: str) -> _Rules | None:
     lines: list[str] = []
     for name in IGNORE_FILES:
         try:
-            lines += (directory / name).read_text(encoding="utf-8", errors="replace").splitlines()
+            text = (directory / name).read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
+        for number, line in enumerate(text.splitlines(), 1):
+            check_pattern(line, f"{directory / name}:{number}")
+            lines.append(line)
     if not lines:
         return None
     negates = any(line.lstrip().startswith("!") for line in lines)
     return _Rules(base, pathspec.GitIgnoreSpec.from_lines(lines), negates)
+
+
+def check_pattern(pattern: str, where: str) -> None:
+    """Refuse a line no gitignore matcher can read, naming where it is.
+
+    Raises:
+        InputError: the pattern is malformed (`!` alone, a lone backslash, `[z-a]`).
+    """
+    if (why := pattern_error(pattern)) is not None:
+        raise InputError(
+            f"bad ignore pattern {pattern!r} at {where}: {why}",
+            "fix or remove the pattern (gitignore syntax)",
+        )
 
 
 def _ignored(rel: str, rules: Iterable[_Rules]) -> bool:

@@ -78,3 +78,31 @@ def test_any_bytes_give_a_job_or_a_spec_error(tmp_path: Path, text: bytes) -> No
         path.write_bytes(text)
         with contextlib.suppress(SpecError):
             load(path)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("pattern", ["!", "\\", "[z-a]"])
+def test_a_bad_exclude_pattern_is_refused_at_load_at_its_line(tmp_path: Path, pattern: str) -> None:
+    (tmp_path / "train.py").write_text("")
+    path = tmp_path / "job.yaml"
+    path.write_text(f"name: j\nscript: train.py\nexclude:\n  - data/\n  - '{pattern}'\n")
+    with pytest.raises(SpecError, match="bad pattern") as info:
+        load_job(path)
+    assert info.value.line == 4  # where the list starts
+
+
+def test_a_bad_gitignore_line_stops_a_dry_run_naming_the_file_and_line(tmp_path: Path) -> None:
+    from tests.unit.test_cli import orch_process
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text("")
+    (work / "sub").mkdir()
+    (work / "sub" / ".gitignore").write_text("*.pyc\n[z-a]\n")
+    (tmp_path / "job.yaml").write_text(f"name: j\nworkdir: {work}\nscript: train.py\n")
+    result = orch_process("submit", tmp_path / "job.yaml", "--dry-run", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert f"bad ignore pattern '[z-a]' at {work}/sub/.gitignore:2" in result.stderr
+    assert "Traceback" not in result.stderr
+    (work / "sub" / ".gitignore").write_text("*.pyc\n")
+    result = orch_process("submit", tmp_path / "job.yaml", "--dry-run", cwd=tmp_path)
+    assert result.returncode == 0 and "pushes 2 files from " in result.stdout
