@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from orchestrator.nodes.group import HostGroup
@@ -44,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ssh_client
 from bench.report import machine, median, write_section
+from orchestrator.agent import protocol
 from orchestrator.models.inventory import load_inventory
 from orchestrator.nodes.probe import Marks, probe_host
 from orchestrator.plan import fs_groups
@@ -141,9 +143,11 @@ class OrchPusher:
         self.jobs += 1
         shares = {g[0]: g for g in self.groups}
         followers = {name for g in self.groups for name in g[1:]}
-        job_dirs = {
-            h.name: f"{h.workdir}/jobs/bench-{self.jobs}"
-            + ("" if h.name in shares else f"/{h.name}")
+        job = f"bench-{self.jobs}"
+        job_dirs = {  # as plan.NodeLaunch.snapshot_dir: the job's own, or the node's
+            h.name: protocol.job_root(h.workdir, job)
+            if h.name in shares
+            else protocol.job_dir(h.workdir, job, h.name)
             for h in self.hosts
             if h.name not in followers
         }
@@ -206,14 +210,8 @@ def shared_home(n: int, repeat: int) -> None:
             cases: list[tuple[str, Callable[[], float]]] = [
                 ("shared", shared.push),
                 ("one", one.push),
-                (
-                    "rsync_all",
-                    lambda r=r: rsync_all(cluster, controller, n, src, f"~/bench-{r}/all"),
-                ),
-                (
-                    "rsync_one",
-                    lambda r=r: rsync_all(cluster, controller, 1, src, f"~/bench-{r}/one"),
-                ),
+                ("rsync_all", partial(rsync_all, cluster, controller, n, src, f"~/bench-{r}/all")),
+                ("rsync_one", partial(rsync_all, cluster, controller, 1, src, f"~/bench-{r}/one")),
             ]
             for name, run in cases[r % 2 :] + cases[: r % 2]:  # rotate who goes first
                 rows[name].append(run())

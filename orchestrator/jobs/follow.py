@@ -21,11 +21,11 @@ import queue
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from orchestrator.agent.protocol import ExitRecord, NodeStatus
+from orchestrator.agent.protocol import ExitRecord, NodeStatus, describe_error
 from orchestrator.jobs.contact import Contact, StallClock, judge
 from orchestrator.models.errors import OrchError, Refused
 from orchestrator.models.inventory import Host
@@ -103,7 +103,8 @@ class Watcher:
 
     Args:
         transports: the hosts' connections; a fresh one replaces a silent one here.
-        reconnect: opens a fresh connection to a host (None: never; a silent host is
+        reconnect: opens a fresh connection to a host and puts it in `transports` in
+            place of the old one (HostGroup.fresh; None: never, and a silent host is
             then lost, as with `once`).
         lost_after: per host, seconds of confirmed silence before it is lost.
     """
@@ -111,7 +112,7 @@ class Watcher:
     def __init__(
         self,
         nodes: Sequence[NodeRef],
-        transports: MutableMapping[str, Transport],
+        transports: Mapping[str, Transport],
         mirror: LogMirror | None = None,
         once: bool = False,
         idle_timeout: float = IDLE_TIMEOUT_S,
@@ -212,17 +213,13 @@ class Watcher:
         while not self._closed.is_set() and host.name not in self._given_up:
             started = time.monotonic()
             try:
-                fresh = self._reconnect(host)
+                self._reconnect(host)
             except OrchError as exc:
                 log.debug("[host=%s] fresh connection failed: %s", host.name, exc.message)
                 contact.attempt_failed(started, exc.what, isinstance(exc, Refused))
                 self._closed.wait(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue
-            old = self._transports.get(host.name)
-            self._transports[host.name] = fresh
-            if old is not None:
-                old.close()
             contact.back(time.monotonic())
             return
 
@@ -338,10 +335,11 @@ class Watcher:
 
 
 def describe(exc: BaseException) -> str:
+    """An error in words, with the module of a library's own error type (`zlib error`)."""
     if isinstance(exc, OrchError):
         return exc.message
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"{exc.strerror}" + (f": {exc.filename}" if exc.filename else "")
+    if isinstance(exc, OSError):
+        return describe_error(exc)
     kind = type(exc)
     where = "" if kind.__module__ == "builtins" else f"{kind.__module__} "
     return f"{where}{kind.__name__}: {exc}"

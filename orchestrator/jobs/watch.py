@@ -141,9 +141,6 @@ def stop_when_reachable(
                     ops.kill(node, transport, record.id)
                 except OrchError:
                     continue
-                old, group.transports[name] = group.transports.get(name), transport
-                if old is not None:
-                    old.close()
                 del pending[name]
                 reporter.notice(f"stopped the job on {name}, reachable again")
                 store.update_node(record.id, name, JobState.LOST, error="lost; stopped later")

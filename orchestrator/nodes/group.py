@@ -100,15 +100,19 @@ class HostGroup:
         return results, failures
 
     def fresh(self, host: Host) -> Transport:
-        """A new connection to `host`, tried once, quickly; the caller installs it in
-        `transports` (and closes the old one).
+        """A new connection to `host`, tried once, quickly; it replaces the host's
+        connection in `transports` (the old one is closed) and is returned.
 
         Raises:
-            HostError: it failed (`Refused` when the host's address refused it).
+            HostError: it failed (`Refused` when the host's address refused it); the
+                old connection stays.
         """
         options = replace(self.options, connect_timeout=FRESH_TIMEOUT_S)
         transport = open_transport(host, options)
         transport.connect()
+        old, self.transports[host.name] = self.transports.get(host.name), transport
+        if old is not None:
+            old.close()
         return transport
 
     def close(self) -> None:
