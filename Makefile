@@ -29,7 +29,7 @@ test-deps:
 test: setup test-deps
 	$(PY) -m pytest -q tests
 
-unit: setup
+unit: setup test-deps
 	$(PY) -m pytest -q tests/unit
 
 integration: setup test-deps

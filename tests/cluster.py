@@ -17,8 +17,9 @@ Public surface, for ``tests/`` and ``bench/`` alike: the names in ``__all__``, l
 below. Every other name here (constants, module functions, ``Host`` fields not listed)
 is how the harness builds the hosts, and may change without notice.
 
-- ``Cluster``: ``start``/``stop`` (or ``with``); its ``hosts`` (``Host``) and
-  ``client_key``; faults (``crash``, ``restart``, ``partition``, ``heal``, ``cut_controller``,
+- ``Cluster``: ``start``/``stop`` (or ``with``); its ``hosts`` (``Host``),
+  ``client_key`` and ``host_ca`` (the CA that signed every host's certificate, a
+  ``HostCertificate`` its sshd offers to clients that ask for one); faults (``crash``, ``restart``, ``partition``, ``heal``, ``cut_controller``,
   ``reconnect_controller``,
   ``ensure_healthy``); other shapes, each a ``with`` block that undoes itself on exit
   (``shared_home(hosts)``: one ``/root`` for several hosts, NFS-style;
@@ -465,6 +466,7 @@ class Cluster:
         self.hosts: list[Host] = []
         self.workdir: Path | None = None
         self.client_key: Path | None = None
+        self.host_ca: Path | None = None
         self._controller: Controller | None = None
         self._controllers_made = 0
         self._shared_homes_made = 0
@@ -518,7 +520,8 @@ class Cluster:
             _run(["ip", "link", "del", BRIDGE], check=False)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
-        self.hosts, self.workdir, self.client_key, self._controller = [], None, None, None
+        self.hosts, self.workdir, self._controller = [], None, None
+        self.client_key = self.host_ca = None
         if self._lock is not None:
             self._lock.close()
             self._lock = None
@@ -866,19 +869,24 @@ class Cluster:
     # -- building -----------------------------------------------------------------
 
     def _write_keys_and_configs(self) -> None:
-        """Fresh client key, then each host's files (``_write_host_files``)."""
+        """Fresh client key and host CA, then each host's files (``_write_host_files``)."""
         assert self.workdir is not None
         self.client_key = self.workdir / "client" / "id_ed25519"
         self.client_key.parent.mkdir(mode=0o700)
         _generate_key(self.client_key, "orch-test-client")
+        self.host_ca = self.workdir / "client" / "host_ca"
+        _generate_key(self.host_ca, "orch-test-host-ca")
         for host in self.hosts:
             self._write_host_files(host)
 
     def _write_host_files(self, host: Host) -> None:
-        """The host's private home, fresh host key, authorized client key and sshd config."""
-        assert self.client_key is not None
+        """The host's private home, fresh host key and its certificate (for its
+        address, valid for a day), authorized client key and sshd config."""
+        assert self.client_key is not None and self.host_ca is not None
         _prepare_home(host.private_home)
         _generate_key(host.host_key, host.name)
+        sign = ["ssh-keygen", "-q", "-s", str(self.host_ca), "-I", host.name, "-h"]
+        _run([*sign, "-n", host.address, "-V", "-5m:+1d", str(host.host_key.with_suffix(".pub"))])
         host.authorized_keys.write_text(self.client_key.with_suffix(".pub").read_text())
         host.sshd_config.write_text(_sshd_config(host))
 
@@ -1152,6 +1160,7 @@ def _sshd_config(host: Host) -> str:
 Port 22
 ListenAddress 0.0.0.0
 HostKey "{host.host_key}"
+HostCertificate "{host.host_key}-cert.pub"
 AuthorizedKeysFile "{host.authorized_keys}"
 PermitRootLogin prohibit-password
 PubkeyAuthentication yes

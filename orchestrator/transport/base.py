@@ -118,16 +118,18 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def default_known_hosts() -> Path:
-    """known_hosts file orch checks host keys against ($ORCH_KNOWN_HOSTS overrides)."""
-    return Path(os.environ.get("ORCH_KNOWN_HOSTS") or Path.home() / ".ssh" / "known_hosts")
+def default_known_hosts() -> Path | None:
+    """$ORCH_KNOWN_HOSTS: the known_hosts file that replaces the user's files (those
+    that `UserKnownHostsFile` names, by default `~/.ssh/known_hosts`); None: those."""
+    value = os.environ.get("ORCH_KNOWN_HOSTS")
+    return Path(value) if value else None
 
 
 @dataclass(frozen=True)
 class ConnectOptions:
     """How to open SSH connections; `notice` reports first-use host keys."""
 
-    known_hosts: Path = field(default_factory=default_known_hosts)
+    known_hosts: Path | None = field(default_factory=default_known_hosts)
     connect_timeout: float = CONNECT_TIMEOUT_S
     keepalive_s: int = 5
     notice: Callable[[str], None] = lambda message: None

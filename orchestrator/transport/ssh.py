@@ -3,8 +3,8 @@
 The only module of orch that imports fabric or paramiko. `~/.ssh/config` (User, Port,
 IdentityFile, ProxyJump) applies where the inventory is silent; fabric resolves it.
 
-Host keys are checked against known_hosts the way OpenSSH's `accept-new` does: an
-unknown host is accepted and recorded, with a notice; a changed key is refused.
+Host keys are checked as OpenSSH checks them (hostkeys.py): every known_hosts file,
+patterns, hashed names, `@cert-authority` and `@revoked`, and StrictHostKeyChecking.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import errno
 import logging
 import socket
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -29,30 +29,33 @@ from orchestrator.transport.base import (
     coalesced,
     stdin_parts,
 )
+from orchestrator.transport.hostkeys import CERT_SUFFIX, KeyPolicy, Notice, Offered, Untrusted
 
 log = logging.getLogger(__name__)
-_known_hosts_lock = threading.Lock()
 
 
-class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
-    """Accept and record unknown host keys; paramiko itself refuses changed ones."""
+class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
+    """Every host key goes through hostkeys.KeyPolicy: paramiko's own lists stay
+    empty, so it asks here for each one."""
 
-    def __init__(self, known_hosts: Path, options: ConnectOptions) -> None:
-        self.known_hosts = known_hosts
-        self.options = options
+    def __init__(
+        self, policy: KeyPolicy, name: str, principal: str, host: str, notice: Notice
+    ) -> None:
+        self.policy, self.name, self.principal = policy, name, principal
+        self.host, self.notice = host, notice
 
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
     ) -> None:
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        with _known_hosts_lock:
-            self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with self.known_hosts.open("a") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-        self.options.notice(
-            f"added host key for {hostname} ({key.get_name()} SHA256:{key.fingerprint.split(':', 1)[-1]}) "
-            f"to {self.known_hosts}"
-        )
+        blob = key.public_blob
+        certificate = blob.key_blob if blob is not None and CERT_SUFFIX in blob.key_type else None
+        try:
+            self.policy.decide(
+                self.name, self.principal, Offered(key.asbytes(), certificate), self.notice
+            )
+        except Untrusted as exc:
+            client.close()
+            raise HostError(self.host, exc.message, exc.hint) from None
 
 
 class _TimeoutReader:
@@ -135,7 +138,6 @@ class SshTransport:
                 "key_filename": key_files,
                 "banner_timeout": options.connect_timeout,
                 "auth_timeout": options.connect_timeout,
-                "transport_factory": _aead_first,
             },
             config=Config(),
         )
@@ -147,22 +149,17 @@ class SshTransport:
         """Open the connection, mapping every way it can fail to a HostError that names the host."""
         # Over complexity 10 on purpose: one except clause per way a connection fails,
         # each with its own fix, read top to bottom; splitting it would hide the mapping.
-        known = self.options.known_hosts
         for conn in _hops(self._conn):
-            conn.client.set_missing_host_key_policy(AcceptNewPolicy(known, self.options))
-            if known.exists():
-                conn.client.load_system_host_keys(str(known))
+            policy = KeyPolicy.of(conn.ssh_config, self.options.known_hosts)
+            name, principal = policy.name(conn.host, conn.port), policy.alias or conn.host
+            conn.client.set_missing_host_key_policy(
+                KnownHostsPolicy(policy, name, principal, self.name, self.options.notice)
+            )
+            conn.connect_kwargs["transport_factory"] = partial(
+                _new_transport, key_types=partial(policy.key_types, name)
+            )
         try:
             self._conn.open()
-        except paramiko.BadHostKeyException as exc:
-            raise HostError(
-                self.name,
-                f"WARNING: the host key of {exc.hostname} has CHANGED: expected "
-                f"{exc.expected_key.get_name()} SHA256:{exc.expected_key.fingerprint.split(':', 1)[-1]}, "
-                f"got SHA256:{exc.key.fingerprint.split(':', 1)[-1]}; someone may be intercepting "
-                "the connection, or the host was reinstalled",
-                f"if the host was reinstalled, remove its old key: ssh-keygen -R {self.host.address} -f {known}",
-            ) from None
         except paramiko.AuthenticationException:
             ident = f" -i {self.host.identity_file}" if self.host.identity_file else ""
             raise HostError(
@@ -298,8 +295,12 @@ class SshTransport:
             log.debug("closing %s failed", self.name, exc_info=True)
 
 
-def _aead_first(sock: Any, **kwargs: Any) -> paramiko.Transport:
-    """paramiko's Transport, preferring AES-GCM where the server offers it.
+def _new_transport(
+    sock: Any, key_types: Callable[[Sequence[str]], list[str]], **kwargs: Any
+) -> paramiko.Transport:
+    """paramiko's Transport, asking for the host key algorithms `key_types` orders
+    (of all paramiko can check, certificates included), and preferring AES-GCM
+    where the server offers it.
 
     paramiko's default, aes128-ctr with hmac-sha2-256, costs two passes and a Python
     HMAC object per packet; GCM encrypts and authenticates in one call to OpenSSL.
@@ -309,6 +310,8 @@ def _aead_first(sock: Any, **kwargs: Any) -> paramiko.Transport:
     """
     transport = paramiko.Transport(sock, **kwargs)
     options = transport.get_security_options()
+    certificates = [k for k in getattr(transport, "_key_info", {}) if k.endswith(CERT_SUFFIX)]
+    options.key_types = tuple(key_types([*options.key_types, *certificates]))
     aead = [c for c in options.ciphers if c.endswith("-gcm@openssh.com")]
     options.ciphers = tuple(aead + [c for c in options.ciphers if c not in aead])
     return transport
