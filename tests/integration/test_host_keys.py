@@ -178,3 +178,21 @@ def test_checking_off_connects_to_a_changed_key_with_a_warning(
     assert "WARNING: the host key of 10.77.0.11 has CHANGED" in result.stderr
     assert "connecting anyway, as StrictHostKeyChecking=no asks" in result.stderr
     assert controller.known_hosts.read_text() == f"10.77.0.11 {impostor}\n", "never replaced"
+
+
+def test_a_proxyjump_gateway_is_checked_as_the_host_behind_it(
+    cluster: Cluster, inventory: Path, tmp_path: Path
+) -> None:
+    jump = f"Host 10.77.0.12\n  ProxyJump root@10.77.0.11\nHost *\n  IdentityFile {cluster.client_key}\n"
+    controller = fresh(cluster, known_hosts=f"10.77.0.12 {host_key(cluster, 2)}\n", ssh_config=jump)
+    result = exec_on(controller, inventory, "node2")
+    assert result.returncode == 0, result.stderr
+    assert "added host key for 10.77.0.11" in result.stderr, "the gateway, on first use"
+    assert "added host key for 10.77.0.12" not in result.stderr
+
+    impostor = public_key(new_key(tmp_path, "impostor"))
+    pinned = f"10.77.0.12 {host_key(cluster, 2)}\n10.77.0.11 {impostor}\n"
+    controller = fresh(cluster, known_hosts=pinned, ssh_config=jump)
+    result = exec_on(controller, inventory, "node2")
+    assert result.returncode == 3, result.stderr
+    assert "host key of 10.77.0.11 has CHANGED" in result.stderr and "node2" in result.stderr
