@@ -1,5 +1,5 @@
 """`gc` (stdin: a header frame {"workdir", "keep", "grace"}): drop the code snapshots
-of finished jobs but the newest `keep`, then content and manifests no snapshot uses.
+of finished jobs but the newest `keep`, then content and manifests no kept snapshot uses.
 Also run in the background after a push, at most once a minute."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from .protocol import (
     RESERVED_NAMES,
     SNAPSHOT,
     describe_error,
+    entry_key,
     read_frame,
     read_json,
     write_bytes,
@@ -133,14 +134,22 @@ def collect_garbage(
 
 
 def sweep_store(store: ContentStore, kept: set[str], before: float) -> dict[str, int]:
-    """Remove objects no snapshot links to, and manifests and markers none refers to."""
+    """Remove objects no kept manifest lists (and leftovers of pushes cut short), and
+    manifests and markers none refers to, all when older than `before`.
+
+    Snapshots may hold copies rather than links, so an object's link count says
+    nothing of its use: the kept snapshots' manifests do. Where one of them cannot be
+    read, objects that something still links to stay too.
+    """
     import glob
 
+    live, complete = listed_objects(store, kept)
     removed = freed = 0
     for path in glob.glob(store.path("objects", "*")):
         with contextlib.suppress(OSError):
             st = os.lstat(path)
-            if st.st_nlink == 1 and st.st_mtime < before:  # also parts of pushes cut short
+            used = os.path.basename(path) in live or (not complete and st.st_nlink > 1)
+            if not used and st.st_mtime < before:
                 os.unlink(path)
                 removed, freed = removed + 1, freed + st.st_size
             elif st.st_mode & 0o077:  # stored by an orch that let others read it
@@ -155,6 +164,23 @@ def sweep_store(store: ContentStore, kept: set[str], before: float) -> dict[str,
             if marker.get("manifest") not in kept and os.path.getmtime(path) < before:
                 os.unlink(path)
     return {"objects_removed": removed, "bytes_freed": freed}
+
+
+def listed_objects(store: ContentStore, kept: set[str]) -> tuple[set[str], bool]:
+    """The object keys that the manifests `kept` list, and whether every one of those
+    manifests could be read."""
+    keys: set[str] = set()
+    complete = True
+    for digest in kept:
+        try:
+            entries = store.manifest(digest)
+        except (OSError, ValueError, KeyError, TypeError):  # a bad digest, a torn file
+            entries = None
+        if entries is None:
+            complete = False
+            continue
+        keys.update(key for _, kind, value, _ in entries if (key := entry_key(kind, value)))
+    return keys, complete
 
 
 def main(args: list[str]) -> int:

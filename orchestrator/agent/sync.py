@@ -1,12 +1,17 @@
 """`sync` (stdin: frames, see protocol.py): store pushed content, then build a job's
-code/ snapshot from hard links into the store. A push never changes another job's
-files, and the snapshots of ten jobs share every unchanged file. Every name arrives
-framed on stdin, never through a shell."""
+code/ snapshot from it. A push never changes another job's files. Every name arrives
+framed on stdin, never through a shell.
+
+As another user, a snapshot is hard links into the store: the objects are read-only,
+and the snapshots of ten jobs share every unchanged file. As root, modes stop nobody,
+so each snapshot gets copies of its own (reflinks where the filesystem has them):
+a job that writes into one of its files changes no other job's, nor the store."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import sys
@@ -31,6 +36,8 @@ from .store import ContentStore, Mismatch, Missing, inflate, remove_tree
 
 GC_EVERY_S = 60.0
 MAX_MANIFEST = 256 << 20  # a manifest's bytes, decompressed
+FICLONE = 0x40049409  # linux/fs.h: share another file's extents, copy on write (btrfs, xfs)
+PRIVATE_MODE, PRIVATE_MODE_X = 0o600, 0o700  # a snapshot's own copy: its owner's alone
 
 
 def main(args: list[str]) -> int:
@@ -108,7 +115,8 @@ def make_snapshot(store: ContentStore, request: dict[str, Any]) -> dict[str, Any
     job_dir = os.path.expanduser(str(request["job_dir"]))
     os.makedirs(job_dir, exist_ok=True)
     try:
-        build_tree(store, entries, os.path.join(job_dir, CODE))
+        # Root writes through any mode: only a copy keeps its writes to itself.
+        build_tree(store, entries, os.path.join(job_dir, CODE), copy=os.geteuid() == 0)
     except Missing as exc:  # collected by a concurrent gc since the check above
         return {"missing": exc.keys}
     version = pin_agent(job_dir)
@@ -153,10 +161,19 @@ def relink(target: str, link: str) -> None:
     os.symlink(target, link)
 
 
-def build_tree(store: ContentStore, entries: list[list[Any]], code: str) -> None:
+def build_tree(store: ContentStore, entries: list[list[Any]], code: str, copy: bool) -> None:
     """Create `code` from the entries, all at once: it appears complete or not at all.
 
     Symlinks come last, so that no path is ever created through one.
+
+    Args:
+        store: holds every object the entries name.
+        entries: a manifest's [path, kind, value, size] entries.
+        code: the snapshot directory to create; it must not exist.
+        copy: give each file a private copy of its object, rather than a hard link.
+
+    Raises:
+        Missing: an object went from the store (a concurrent gc).
     """
     if os.path.lexists(code):
         raise ValueError(f"{code} exists already")
@@ -174,7 +191,7 @@ def build_tree(store: ContentStore, entries: list[list[Any]], code: str) -> None
         for path, kind, value, _ in entries:
             key = entry_key(kind, value)
             if key is not None:
-                place(store, key, f"{tmp}/{path}")
+                place(store, key, f"{tmp}/{path}", copy)
         for path, kind, value, _ in entries:
             if kind == "l":
                 os.symlink(value, f"{tmp}/{path}")
@@ -184,21 +201,59 @@ def build_tree(store: ContentStore, entries: list[list[Any]], code: str) -> None
         raise
 
 
-def place(store: ContentStore, key: str, target: str) -> None:
-    import shutil
+def place(store: ContentStore, key: str, target: str, copy: bool) -> None:
+    """Put the object `key` at `target`: a hard link into the store, or with `copy`
+    (or where the filesystem refuses the link) a private copy.
 
+    Raises:
+        Missing: the store has no such object.
+    """
     source = f"{store.objects}/{key}"
     try:
-        os.link(source, target)
+        if copy:
+            copy_private(source, target)
+        else:
+            os.link(source, target)
     except FileNotFoundError:
         if not os.path.exists(source):
             raise Missing([key]) from None
         raise
     except OSError as exc:  # too many links, another filesystem, or no hard links at all
-        if exc.errno not in (errno.EMLINK, errno.EXDEV, errno.EPERM, errno.ENOTSUP):
+        if copy or exc.errno not in (errno.EMLINK, errno.EXDEV, errno.EPERM, errno.ENOTSUP):
             raise
-        shutil.copyfile(source, target)
-        os.chmod(target, os.stat(source).st_mode & 0o777)
+        copy_private(source, target)
+
+
+def copy_private(source: str, target: str) -> None:
+    """Create `target` as a copy of the object `source` that is its owner's alone and
+    writable (0600, 0700 for an `.x` object): writing into it changes nothing else.
+
+    A reflink where the filesystem shares extents (btrfs, xfs: no bytes move until one
+    side writes); else the kernel copies (copy_file_range); else through a buffer.
+    """
+    mode = PRIVATE_MODE_X if source.endswith(".x") else PRIVATE_MODE
+    with open(source, "rb", buffering=0) as src:
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        try:
+            os.fchmod(dst, mode)  # whatever the umask took away
+            try:
+                fcntl.ioctl(dst, FICLONE, src.fileno())
+            except OSError:  # no shared extents here (ext4, tmpfs, NFS, across filesystems)
+                copy_bytes(src.fileno(), dst)
+        finally:
+            os.close(dst)
+
+
+def copy_bytes(src: int, dst: int) -> None:
+    """Copy the rest of `src` to `dst`, in the kernel where it can."""
+    try:
+        while os.copy_file_range(src, dst, 1 << 30):
+            pass
+    except OSError:  # not on this kernel or between these filesystems: both offsets hold
+        while data := os.read(src, 1 << 20):
+            view = memoryview(data)
+            while view:
+                view = view[os.write(dst, view) :]
 
 
 def in_background(function: Any, *args: Any) -> None:

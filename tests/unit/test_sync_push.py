@@ -127,10 +127,13 @@ def test_snapshot_is_an_exact_copy_of_a_hostile_tree(pusher: Pusher, tmp_path: P
     assert result.files_sent == len(HOSTILE_NAMES) + 3  # the names, deep.py, run.sh, .gitignore
     assert not (Path.cwd() / "pwned").exists() and not (code / "pwned").exists()
     assert listing(code)["data"] == ("link", str(tmp_path / "outside"))  # not followed
-    # The job pins the agent that built it, and pushed files are read-only.
+    # The job pins the agent that built it, and pushed files are the owner's only:
+    # read-only links into the store, or as root (whom modes stop not) private copies.
     assert (code.parent / "agent" / "run.py").is_file()
     assert json.loads((code.parent / "snapshot.json").read_text())["agent"] == agent.version()
-    assert not (code / "with space.py").stat().st_mode & 0o222
+    as_root = os.geteuid() == 0
+    assert stat.S_IMODE((code / "with space.py").stat().st_mode) == (0o600 if as_root else 0o400)
+    assert stat.S_IMODE((code / "run.sh").stat().st_mode) == (0o700 if as_root else 0o500)
 
 
 def test_unchanged_push_sends_nothing_and_an_edit_sends_one_file(pusher: Pusher) -> None:
@@ -152,7 +155,7 @@ def test_unchanged_push_sends_nothing_and_an_edit_sends_one_file(pusher: Pusher)
     assert listing(third_code) == listing(pusher.root)
 
 
-def test_a_snapshot_never_changes_and_shares_unchanged_files(pusher: Pusher) -> None:
+def test_a_snapshot_never_changes_and_unchanged_files_are_stored_once(pusher: Pusher) -> None:
     (pusher.root / "train.py").write_text("v1\n")
     (pusher.root / "big.bin").write_bytes(os.urandom(100_000))
     old, _ = pusher()
@@ -166,8 +169,11 @@ def test_a_snapshot_never_changes_and_shares_unchanged_files(pusher: Pusher) -> 
     unchanged = pusher.root / "more.py"
     unchanged.write_text("same\n")
     a, _ = pusher()
-    b, _ = pusher()
-    assert (a / "more.py").stat().st_ino == (b / "more.py").stat().st_ino  # one copy on disk
+    b, again = pusher()
+    assert again.files_sent == 0  # one object in the store serves both
+    # Snapshots link to it, one copy on disk; as root, each has a private copy.
+    shared = (a / "more.py").stat().st_ino == (b / "more.py").stat().st_ino
+    assert shared == (os.geteuid() != 0)
 
 
 def test_content_the_host_lost_is_sent_again(pusher: Pusher, host: Host) -> None:

@@ -1,0 +1,173 @@
+"""The host side of a job's code snapshot: as root, private copies that no other job's
+writes can reach (modes stop root, so shared hard links would not do); otherwise
+hard links to read-only objects; and gc that judges an object by the manifests of
+the snapshots it keeps, not by its link count."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.agent import gc as agent_gc
+from orchestrator.agent import proc
+from orchestrator.agent.store import ContentStore
+from orchestrator.agent.sync import build_tree, copy_private, make_snapshot
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the private copies are root's")
+
+CONFIG = b"lr = 0.1\n"
+RUN = b"#!/bin/sh\necho run\n"
+
+
+def key(data: bytes, executable: bool = False) -> str:
+    return hashlib.sha256(data).hexdigest() + (".x" if executable else "")
+
+
+def store_tree(
+    store: ContentStore, files: dict[str, bytes], executable: tuple[str, ...] = ()
+) -> str:
+    """Put `files` (path -> content) into the store, as a push does, with a manifest
+    that lists them; the paths in `executable` as such. Returns the manifest's digest."""
+    entries = []
+    for path, data in files.items():
+        x = path in executable
+        piece = {"k": key(data, x), "off": 0, "size": len(data), "z": 0}
+        store.put_piece(piece, data, "push-0")
+        entries.append([path, "x" if x else "f", hashlib.sha256(data).hexdigest(), len(data)])
+    return store.add_manifest(json.dumps({"v": 1, "entries": entries}).encode())
+
+
+def snapshot(store: ContentStore, digest: str, job_dir: Path) -> Path:
+    """Build job_dir/code from a stored manifest, as the agent's `sync` does."""
+    reply = make_snapshot(store, {"digest": digest, "job_dir": str(job_dir)})
+    assert reply.get("snapshot") is True, reply
+    return job_dir / "code"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ContentStore:
+    return ContentStore(str(tmp_path / "store"))
+
+
+@as_root
+def test_as_root_writing_into_one_snapshot_changes_neither_another_nor_the_store(
+    store: ContentStore, tmp_path: Path
+) -> None:
+    digest = store_tree(store, {"config.txt": CONFIG, "run.sh": RUN}, executable=("run.sh",))
+    a = snapshot(store, digest, tmp_path / "jobs" / "a" / "here")
+    b = snapshot(store, digest, tmp_path / "jobs" / "b" / "here")
+
+    with open(a / "config.txt", "r+b") as f:  # same length: sizes still match
+        f.write(b"lr = 9.9\n")
+
+    assert (a / "config.txt").read_bytes() == b"lr = 9.9\n"
+    assert (b / "config.txt").read_bytes() == CONFIG
+    assert Path(store.object_path(key(CONFIG))).read_bytes() == CONFIG
+    # A later job built from the same store gets the pushed bytes too.
+    assert (
+        snapshot(store, digest, tmp_path / "jobs" / "c" / "here") / "config.txt"
+    ).read_bytes() == CONFIG
+
+
+@as_root
+def test_as_root_snapshot_files_are_their_owners_alone_and_keep_the_x_bit(
+    store: ContentStore, tmp_path: Path
+) -> None:
+    digest = store_tree(
+        store, {"config.txt": CONFIG, "bin/run.sh": RUN}, executable=("bin/run.sh",)
+    )
+    code = snapshot(store, digest, tmp_path / "jobs" / "a" / "here")
+    assert stat.S_IMODE((code / "config.txt").stat().st_mode) == 0o600
+    assert stat.S_IMODE((code / "bin" / "run.sh").stat().st_mode) == 0o700
+    assert (code / "config.txt").stat().st_nlink == 1  # a copy, not the store's inode
+
+
+def test_a_private_copy_is_owner_only_whatever_the_umask(
+    store: ContentStore, tmp_path: Path
+) -> None:
+    store_tree(store, {"run.sh": RUN}, executable=("run.sh",))
+    old = os.umask(0o377)  # would take every bit but the owner's read
+    try:
+        copy_private(store.object_path(key(RUN, True)), str(tmp_path / "run.sh"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "run.sh").stat().st_mode) == 0o700
+    assert (tmp_path / "run.sh").read_bytes() == RUN
+
+
+def test_without_copies_snapshots_link_to_read_only_objects(
+    store: ContentStore, tmp_path: Path
+) -> None:
+    digest = store_tree(store, {"config.txt": CONFIG})
+    entries = store.manifest(digest)
+    assert entries is not None
+    for job in ("a", "b"):
+        build_tree(store, entries, str(tmp_path / job), copy=False)
+    a, b = (tmp_path / "a" / "config.txt").stat(), (tmp_path / "b" / "config.txt").stat()
+    assert a.st_ino == b.st_ino == os.stat(store.object_path(key(CONFIG))).st_ino
+    assert stat.S_IMODE(a.st_mode) == 0o400
+
+
+def old(path: str) -> None:
+    """Make a store file older than gc's grace period."""
+    os.utime(path, (time.time() - 3600, time.time() - 3600))
+
+
+def test_gc_keeps_what_kept_snapshots_list_though_they_hold_copies(
+    store: ContentStore, tmp_path: Path
+) -> None:
+    shared, gone, new = b"shared\n", b"only the finished job's\n", b"only the running job's\n"
+    finished = snapshot(
+        store, store_tree(store, {"a.py": shared, "b.py": gone}), tmp_path / "jobs" / "1" / "here"
+    )
+    (finished.parent / "exit.json").write_text("{}")
+    running = snapshot(
+        store, store_tree(store, {"a.py": shared, "c.py": new}), tmp_path / "jobs" / "2" / "here"
+    )
+    pids = {"pid": os.getpid(), "supervisor": os.getpid(), "host": proc.host_id()}
+    (running.parent / "pid.json").write_text(json.dumps(pids))
+    leftover = f"{store.objects}/{key(b'cut short')}.push-9.part"
+    Path(leftover).write_bytes(b"cut")
+    for name in os.listdir(store.objects):
+        old(f"{store.objects}/{name}")
+
+    report = agent_gc.collect_garbage(str(tmp_path), keep=0, grace_s=60, sweep=True)
+
+    assert report["snapshots_removed"] == 1 and report["running"] == 1
+    assert not finished.exists() and (running / "c.py").read_bytes() == new
+    assert sorted(os.listdir(store.objects)) == sorted([key(shared), key(new)])
+    assert report["objects_removed"] == 2  # the finished job's own object, the leftover
+
+
+def test_gc_leaves_young_objects_no_manifest_lists_to_the_push_in_flight(
+    store: ContentStore,
+) -> None:
+    store_tree(store, {"a.py": b"being pushed\n"})
+    report = agent_gc.sweep_store(store, set(), time.time() - 60)
+    assert report["objects_removed"] == 0 and os.listdir(store.objects) == [key(b"being pushed\n")]
+
+
+def test_gc_keeps_linked_objects_when_a_kept_manifest_cannot_be_read(
+    store: ContentStore, tmp_path: Path
+) -> None:
+    listed, linked, orphan = b"listed\n", b"linked\n", b"orphan\n"
+    readable = store_tree(store, {"a.py": listed})
+    lost = store_tree(store, {"b.py": linked})
+    entries = store.manifest(lost)
+    assert entries is not None
+    build_tree(store, entries, str(tmp_path / "code"), copy=False)  # links b.py's object
+    os.unlink(store.path("manifests", lost))
+    store_tree(store, {"c.py": orphan})
+    for name in os.listdir(store.objects):
+        old(f"{store.objects}/{name}")
+
+    report = agent_gc.sweep_store(store, {readable, lost, "None"}, time.time() - 60)
+
+    assert sorted(os.listdir(store.objects)) == sorted([key(listed), key(linked)])
+    assert report["objects_removed"] == 1
