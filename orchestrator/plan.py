@@ -12,10 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.agent import protocol
+from orchestrator.models import placeholders
 from orchestrator.models.errors import HostChoiceError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, Inventory
-from orchestrator.models.job import JobSpec
+from orchestrator.models.job import LEGACY_LAUNCH, PYTHON, JobSpec
 
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 UNKNOWN_PORT = "<free port on master>"
@@ -219,17 +220,29 @@ def build_plan(
     """
     facts = facts or {}
     names = ",".join(h.name for h in hosts)
+    counts = [node_count(job, host) for host in hosts]
     nodes = []
-    first_rank = 0
-    for node_rank, host in enumerate(hosts):
-        nproc = node_count(job, host)
+    for node_rank, (host, nproc) in enumerate(zip(hosts, counts, strict=True)):
         hf = facts.get(host.name, HostFacts())
         local_addr = master_addr if node_rank == 0 else (hf.local_addr or _static_addr(host))
         job_dir = protocol.job_dir(host.workdir, job_id, host.name)
-        argv = _torchrun_argv(
-            job, host, len(hosts), node_rank, nproc, master_addr, master_port, local_addr
-        )
-        env = _node_env(job, host, hf, job_id, node_rank, len(hosts), names)
+        values = {
+            "node_rank": str(node_rank),
+            "num_nodes": str(len(hosts)),
+            "master_addr": master_addr,
+            "master_port": str(master_port) if master_port is not None else UNKNOWN_PORT,
+            "nproc": str(nproc),
+            "nprocs_list": ",".join(map(str, counts)),
+            "world_size": str(sum(counts)),
+        }
+        args = tuple(placeholders.expand(a, values) for a in job.args)
+        if job.launcher == PYTHON:
+            argv = (host.python, *_entry_argv(job, "-", args))
+        else:
+            argv = _torchrun_argv(
+                job, host, len(hosts), node_rank, nproc, master_addr, master_port, local_addr, args
+            )
+        env = _node_env(job, host, hf, job_id, names, values)
         group = next((g for g in shared if host.name in g), ())
         shares = tuple(h.name for h in hosts if h.name in group)
         nodes.append(
@@ -237,14 +250,13 @@ def build_plan(
                 host,
                 node_rank,
                 nproc,
-                first_rank,
+                sum(counts[:node_rank]),
                 job_dir,
                 argv,
                 env,
                 shares if len(shares) > 1 else (),
             )
         )
-        first_rank += nproc
     return LaunchPlan(job_id, job, master_addr, master_port, tuple(nodes))
 
 
@@ -267,6 +279,7 @@ def _torchrun_argv(
     master_addr: str,
     master_port: int | None,
     local_addr: str | None,
+    args: tuple[str, ...],
 ) -> tuple[str, ...]:
     argv = [
         host.python,
@@ -288,14 +301,21 @@ def _torchrun_argv(
     if local_addr:
         # Without it torchrun hands workers its FQDN, which peers may not resolve.
         argv += ["--local-addr", local_addr]
-    # Each rank starts through the agent's `rank` entry (the version the job pinned),
-    # which sends the rank's stdout and stderr to its own log file and moves into the
-    # code snapshot (shared by the nodes of a shared filesystem) before it execs the
-    # user's code. Paths are the node directory's, where torchrun runs.
-    argv += [f"{protocol.AGENT}/{protocol.RUN_SCRIPT}", "rank", protocol.LOGS, protocol.CODE]
+    return (*argv, *_entry_argv(job, protocol.LOGS, args))
+
+
+def _entry_argv(job: JobSpec, logs: str, args: tuple[str, ...]) -> tuple[str, ...]:
+    """The agent's `rank` entry, which starts the user's code: under torchrun once per
+    rank, it sends the rank's stdout and stderr to its own log file (`logs`); with
+    launcher python once per node, `-` leaves them in the node's output. It moves into
+    the code snapshot (shared by the nodes of a shared filesystem) and execs the
+    user's code with the job pinned agent version. Paths are the node directory's,
+    where the node's command runs."""
+    argv = [f"{protocol.AGENT}/{protocol.RUN_SCRIPT}", "rank", logs, protocol.CODE]
     argv += ["script", job.script] if job.script else ["module", str(job.module)]
-    argv += ["--", *job.args]
-    return tuple(argv)
+    if job.launcher == LEGACY_LAUNCH and job.local_rank_arg:
+        argv += [job.local_rank_arg]  # the rank adds =LOCAL_RANK before the user's args
+    return (*argv, "--", *args)
 
 
 def _node_env(
@@ -303,20 +323,28 @@ def _node_env(
     host: Host,
     facts: HostFacts,
     job_id: str,
-    node_rank: int,
-    num_nodes: int,
     names: str,
+    values: Mapping[str, str],
 ) -> dict[str, str]:
-    env = {**host.env, **job.env}
+    env = {**host.env, **{k: placeholders.expand(v, values) for k, v in job.env.items()}}
     if facts.iface:
         for var in IFNAME_VARS:
             env.setdefault(var, facts.iface)
     if host.gpus and host.gpus != tuple(range(len(host.gpus))):
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, host.gpus)))
+    if job.launcher == PYTHON:  # what torchrun would have told the script's own spawning
+        env.update(
+            MASTER_ADDR=values["master_addr"],
+            MASTER_PORT=values["master_port"],
+            NODE_RANK=values["node_rank"],
+        )
     env.update(
         ORCH_JOB_ID=job_id,
-        ORCH_NODE_RANK=str(node_rank),
-        ORCH_NUM_NODES=str(num_nodes),
+        ORCH_NODE_RANK=values["node_rank"],
+        ORCH_NUM_NODES=values["num_nodes"],
+        ORCH_NPROC=values["nproc"],
+        ORCH_NPROCS_LIST=values["nprocs_list"],
+        ORCH_WORLD_SIZE=values["world_size"],
         ORCH_HOSTS=names,
         PYTHONUNBUFFERED="1",
     )
@@ -328,7 +356,8 @@ def describe(plan: LaunchPlan) -> list[str]:
     port = plan.master_port if plan.master_port is not None else UNKNOWN_PORT
     lines = [
         f"job {plan.job_id}",
-        f"{plan.job.entry} on {len(plan.nodes)} nodes, world size {plan.world_size}",
+        f"{plan.job.entry} on {len(plan.nodes)} nodes, world size {plan.world_size}"
+        + ("" if plan.job.launcher == "torchrun" else f", launcher {plan.job.launcher}"),
         f"master {plan.master.host.name} at {plan.master_addr}:{port}",
     ]
     for node in plan.nodes:

@@ -1,8 +1,13 @@
-"""`rank LOG_DIR CODE_DIR KIND TARGET -- ARGS`: torchrun's entry for each rank. Sends
-the rank's stdout and stderr to its own log file, records its process group, moves
-into the code snapshot (torchrun runs in the node's directory: where hosts share a
-filesystem, their nodes' ranks share one snapshot), then execs the user's script
-(KIND script) or module (KIND module) with torchrun's interpreter."""
+"""`rank LOG_DIR CODE_DIR KIND TARGET [FLAG] -- ARGS`: how the user's code starts.
+
+Under torchrun, once per rank: sends the rank's stdout and stderr to its own log file
+in LOG_DIR and records its process group. With launcher python, once per node and
+LOG_DIR `-`: the output stays the node's, and the supervisor records the group. Then
+it moves into the code snapshot (torchrun runs in the node's directory: where hosts
+share a filesystem, their nodes share one snapshot) and execs the user's script (KIND
+script) or module (KIND module) with this interpreter. FLAG (`--local-rank` or
+`--local_rank`) passes LOCAL_RANK as an argument before ARGS, as the legacy
+torch.distributed.launch did, for scripts that read only that."""
 
 from __future__ import annotations
 
@@ -13,10 +18,20 @@ from . import proc
 
 
 def main(args: list[str]) -> int:
-    log_dir, code_dir, kind, target, sep, *user_args = args
-    if sep != "--":
+    if "--" not in args or len(args[: args.index("--")]) not in (4, 5):
         raise SystemExit("orch supervisor: malformed rank arguments")
-    rank = os.environ.get("RANK", "0")
+    head, user_args = args[: args.index("--")], args[args.index("--") + 1 :]
+    log_dir, code_dir, kind, target, *flag = head
+    if log_dir != "-":
+        to_own_log(log_dir, os.environ.get("RANK", "0"))
+    os.chdir(code_dir)
+    entry = [target] if kind == "script" else ["-m", target]
+    given = [f"{flag[0]}={os.environ.get('LOCAL_RANK', '0')}"] if flag else []
+    os.execv(sys.executable, [sys.executable, "-u", *entry, *given, *user_args])
+    return 127  # not reached
+
+
+def to_own_log(log_dir: str, rank: str) -> None:
     os.makedirs(log_dir, exist_ok=True)
     # torchrun gave this process its own session: its pid is the rank's process group;
     # with its start time, kill can tell it from a later process given the same pid.
@@ -28,7 +43,3 @@ def main(args: list[str]) -> int:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    os.chdir(code_dir)
-    entry = [target] if kind == "script" else ["-m", target]
-    os.execv(sys.executable, [sys.executable, "-u", *entry, *user_args])
-    return 127  # not reached

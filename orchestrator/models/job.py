@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pathspec
 
+from orchestrator.models import placeholders
 from orchestrator.models.errors import SpecError
 from orchestrator.models.schema import (
     Where,
@@ -21,6 +23,9 @@ from orchestrator.models.schema import (
 )
 
 AUTO = "auto"
+TORCHRUN, PYTHON, LEGACY_LAUNCH = "torchrun", "python", "torch.distributed.launch"
+LAUNCHERS = (TORCHRUN, PYTHON, LEGACY_LAUNCH)
+LOCAL_RANK_ARGS = ("--local-rank", "--local_rank")
 
 _JOB_KEYS = {
     "name": None,
@@ -39,6 +44,8 @@ _JOB_KEYS = {
     "lost_after": None,
     "inventory": None,
     "exclude": None,
+    "launcher": None,
+    "local_rank_arg": None,
 }
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -64,6 +71,8 @@ class JobSpec:
     lost_after: int | None = None  # seconds of confirmed silence before a node is lost
     inventory: Path | None = None
     exclude: tuple[str, ...] = ()
+    launcher: str = TORCHRUN  # one of LAUNCHERS
+    local_rank_arg: str | None = None  # the flag torch.distributed.launch passes
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     def error(self, key: str, message: str, hint: str = "") -> SpecError:
@@ -144,24 +153,37 @@ def load_job(path: Path) -> JobSpec:
             )
 
     inventory = get_str(where, "inventory")
+    args, env = get_str_list(where, "args"), get_env(where, "env")
+    _check_placeholders(where, "args", args)
+    _check_placeholders(where, "env", tuple(env.values()))
+    launcher = _load_launcher(where)
+    max_restarts = get_int(where, "max_restarts", default=0, minimum=0) or 0
+    if launcher == PYTHON and max_restarts:
+        raise where.error(
+            "max_restarts",
+            "max_restarts restarts torchrun's workers, and launcher python has no torchrun",
+            "drop max_restarts, or use launcher: torchrun",
+        )
     return JobSpec(
         path=shown,
         name=name,
         workdir=workdir,
         script=script,
         module=module,
-        args=get_str_list(where, "args"),
+        args=args,
         nodes=nodes,
         hosts=hosts,
         labels=get_str_list(where, "labels"),
         nproc_per_node=_load_nproc(where),
-        env=get_env(where, "env"),
+        env=env,
         setup=get_str(where, "setup"),
         rendezvous_port=port,
-        max_restarts=get_int(where, "max_restarts", default=0, minimum=0) or 0,
+        max_restarts=max_restarts,
         lost_after=get_int(where, "lost_after", minimum=3),
         inventory=(base / inventory).resolve() if inventory else None,
         exclude=_load_exclude(where),
+        launcher=launcher,
+        local_rank_arg=_load_local_rank_arg(where, launcher, workdir, script, module),
         positions=dict(where.mapping.positions),
     )
 
@@ -218,3 +240,67 @@ def _load_nproc(where: Where) -> int | None:
             "write nproc_per_node: auto (the host's slots) or a number",
         )
     return value
+
+
+def _check_placeholders(where: Where, key: str, values: tuple[str, ...]) -> None:
+    for value in values:
+        for name in placeholders.unknown(value):
+            raise where.error(
+                key, f"unknown placeholder {{{name}}} in {value!r}", placeholders.suggestion(name)
+            )
+
+
+def _load_launcher(where: Where) -> str:
+    launcher = get_str(where, "launcher") or TORCHRUN
+    if launcher not in LAUNCHERS:
+        close = difflib.get_close_matches(launcher, LAUNCHERS, n=1)
+        maybe = f"did you mean '{close[0]}'? " if close else ""
+        raise where.error(
+            "launcher", f"unknown launcher {launcher!r}", f"{maybe}one of: {', '.join(LAUNCHERS)}"
+        )
+    return launcher
+
+
+def _load_local_rank_arg(
+    where: Where, launcher: str, workdir: Path, script: str | None, module: str | None
+) -> str | None:
+    """The flag that carries each worker's local rank under torch.distributed.launch:
+    the job file's `local_rank_arg`, else the spelling the script's own source uses
+    (argparse accepts only what it declares), else `--local-rank` (torch 2's)."""
+    given = get_str(where, "local_rank_arg")
+    if given is not None and launcher != LEGACY_LAUNCH:
+        raise where.error(
+            "local_rank_arg",
+            f"local_rank_arg applies to launcher: {LEGACY_LAUNCH} only",
+            f"drop it, or set launcher: {LEGACY_LAUNCH}",
+        )
+    if given is not None and given not in LOCAL_RANK_ARGS:
+        raise where.error(
+            "local_rank_arg", f"expected one of {', '.join(LOCAL_RANK_ARGS)}, got {given!r}"
+        )
+    if launcher != LEGACY_LAUNCH or given is not None:
+        return given
+    return local_rank_spelling(entry_source(workdir, script, module))
+
+
+def entry_source(workdir: Path, script: str | None, module: str | None) -> str:
+    """The text of the job's script, or of its module when it lies in the workdir
+    (`pkg.train` as pkg/train.py or pkg/train/__main__.py); "" when neither is found."""
+    relative = [script] if script else []
+    if module:
+        stem = module.replace(".", "/")
+        relative = [f"{stem}.py", f"{stem}/__main__.py"]
+    for name in relative:
+        try:
+            with (workdir / name).open("rb") as f:
+                return f.read(4 << 20).decode("utf-8", "replace")
+        except OSError:
+            continue
+    return ""
+
+
+def local_rank_spelling(source: str) -> str:
+    """`--local_rank` when the source declares only that spelling, else `--local-rank`."""
+    underscore = re.search(r"""["']--local_rank["']""", source) is not None
+    hyphen = re.search(r"""["']--local-rank["']""", source) is not None
+    return "--local_rank" if underscore and not hyphen else "--local-rank"
