@@ -16,6 +16,7 @@ COMMANDS = {
     "kill": "kill",
     "rank": "rank",
     "sync": "sync",
+    "relay": "relay",
     "setup": "setup",
     "gc": "gc",
     "nettest": "nettest",
@@ -30,6 +31,7 @@ USAGE = """usage: orch agent COMMAND ARGS...
   rank LOG_DIR CODE KIND TARGET -- ARGS
                                       torchrun's entry for each rank
   sync                                (stdin: frames) store content, build a snapshot
+  relay                               (stdin: store, secret) serve the store to a push's hosts
   setup JOB_DIR                       (stdin: its spec) run the job's setup:, mark it done
   gc                                  (stdin: a frame) drop old snapshots and content
   nettest TEST ARGS...                listen, connect, bwserve, bwclient

@@ -298,6 +298,9 @@ class SyncReply(Reply):
     need_manifest: bool = False
     error: str | None = None
     changed: str | None = None  # an object whose bytes did not match their key
+    relayed: int = 0  # objects fetched from the seed host's relay, and their bytes
+    relayed_bytes: int = 0
+    relay_error: str | None = None  # why not all of them: the controller sends the rest
 
 
 class GcReport(Reply):

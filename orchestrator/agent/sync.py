@@ -44,8 +44,8 @@ def main(args: list[str]) -> int:
     """Take pieces of objects, manifests and snapshot requests; answer in one JSON line.
 
     Frames: H header {"store", "push"} first, then any of P {"k", "off", "size", "z"}
-    followed by B (its bytes), M (a zlib-compressed manifest), S (a snapshot request),
-    and Z at the end.
+    followed by B (its bytes), R (fetch objects from a relay, relay.py), M (a
+    zlib-compressed manifest), S (a snapshot request), and Z at the end.
     """
     widen_pipe(0)
     stream = sys.stdin.buffer
@@ -90,6 +90,10 @@ def receive(stream: Any, store: ContentStore, push: str, reply: dict[str, Any]) 
         elif kind == b"B":
             reply["stored"] += store.put_piece(meta, payload, push)
             reply["bytes"] += len(payload)
+        elif kind == b"R":  # fetch from the seed host's relay (relay.py)
+            from .relay import fetch
+
+            reply.update(fetch(store, json.loads(payload), push))
         elif kind == b"M":
             store.add_manifest(inflate(payload, MAX_MANIFEST, "manifest"))
         elif kind == b"S":

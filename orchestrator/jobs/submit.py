@@ -36,7 +36,7 @@ from orchestrator.plan import (
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror
 from orchestrator.sync.manifest import Tree, scan_workdir
-from orchestrator.sync.push import PushResult, push
+from orchestrator.sync.push import PushResult, Relay, push
 from orchestrator.sync.store import setup_key
 from orchestrator.transport import ConnectOptions, Transport
 
@@ -224,6 +224,8 @@ def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter
         keys,
         progress,
         shares={name: nodes[0].shares for name, nodes in snapshots.items() if nodes[0].shares},
+        # The other hosts fetch from the master, at the address their ranks reach it.
+        relay=Relay(plan.master.snapshot_host, plan.master_addr),
     )
     log.info(
         "pushed %s",
@@ -231,6 +233,15 @@ def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter
             f"{r.files_sent} files ({r.wire_bytes // 1024} kB) to {h}" for h, r in results.items()
         ),
     )
+    relayed = {h: r for h, r in results.items() if r.relayed}
+    if relayed:
+        log.info(
+            "relayed %s",
+            ", ".join(
+                f"{r.relayed} files ({r.relayed_bytes // 1024} kB) to {h}"
+                for h, r in relayed.items()
+            ),
+        )
     for name, nodes in snapshots.items():
         if len(nodes) > 1:
             others = ", ".join(n.host.name for n in nodes[1:])

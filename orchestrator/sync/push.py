@@ -12,12 +12,19 @@ Per host, in parallel (see sync.py for the whole design):
 3. The host answers with the objects it still lacks (the controller's memory was
    stale: a gc ran, another controller pushed, the disk was wiped); those go next.
    Unchanged code is one round trip that sends nothing but the check.
+
+With a `Relay` (the job's master, at the address its ranks reach it), the laptop's
+link carries each object once: the controller pushes to that seed host as above,
+while it serves what it gets to the others (agent/relay.py), which fetch in one
+round trip that carries no content. What a host could not fetch (a firewall, a host
+outside the cluster network) it reports missing, and that goes to it directly.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import json
 import logging
 import secrets
 import time
@@ -55,7 +62,18 @@ BATCH_BYTES = (4 << 20, 64 << 20)
 PROGRESS_EVERY_S = 0.1  # within a round trip
 ASK_FIRST_BYTES = 1 << 20  # a host orch knows nothing of is asked what it lacks first
 MAX_ATTEMPTS = 4
+# A relay costs a server and a connection per host: worth it once the other hosts
+# together lack this many bytes (an edited file goes directly, as before).
+RELAY_MIN_BYTES = 4 << 20
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Relay:
+    """The host the others fetch from, and its address as they reach it."""
+
+    seed: str
+    addr: str
 
 
 @dataclass(frozen=True)
@@ -80,6 +98,8 @@ class PushResult:
     wire_bytes: int  # bytes on the wire, after compression
     round_trips: int
     setup_done: bool
+    relayed: int = 0  # objects the host fetched from the seed host's relay
+    relayed_bytes: int = 0
 
 
 Progress = Callable[[PushProgress], None]
@@ -94,6 +114,7 @@ def push(
     keep: int | None = None,
     memory: HostMemory | None = None,
     shares: Mapping[str, Sequence[str]] | None = None,
+    relay: Relay | None = None,
 ) -> dict[str, PushResult]:
     """Push `tree` to every host named in `job_dirs`, in parallel, and build each one's
     snapshot at `<job dir>/code` (with the agent beside it).
@@ -109,6 +130,8 @@ def push(
         shares: host name -> the nodes (host names) whose hosts share its filesystem
             and so its snapshot: each gets a directory beside it, linked to it, and
             the content pushed counts as theirs too.
+        relay: the seed host the others fetch from, when they lack enough to be
+            worth it; None pushes to every host directly.
 
     Returns:
         Each host's PushResult.
@@ -120,9 +143,11 @@ def push(
     memory = memory or HostMemory()
     hosts = [h for h in group.hosts if h.name in job_dirs]
     plans = {h.name: HostPlan.of(tree, memory.recall(host_key(h))) for h in hosts}
+    relayed = _relayed(tree, plans, relay)
     cache = wire.PieceCache(tree.root)
-    for plan in plans.values():  # a host that will be asked most likely lacks everything
-        cache.expect(_pieces(tree, tree.objects if plan.missing is None else plan.missing))
+    for name, plan in plans.items():  # a host that will be asked most likely lacks it all
+        if name not in relayed:
+            cache.expect(_pieces(tree, tree.objects if plan.missing is None else plan.missing))
     shared = _Shared(
         tree,
         cache,
@@ -136,14 +161,26 @@ def push(
     token = secrets.token_hex(8)
     shares = shares or {}
 
+    server = _RelayServer.start(group, relay, token) if relayed and relay else None
+    if server is None:
+        relayed = {}
+
     def one(host: Host, transport: Transport) -> PushResult:
         key = (setup_keys or {}).get(host.name)
         nodes = list(shares.get(host.name, ()))
         writer = f"{token}-{hosts.index(host)}"
         job = _HostPush(shared, host, transport, job_dirs[host.name], key, nodes, writer)
+        if server is not None and host.name in relayed:
+            return job.run(
+                plans[host.name], server.request(relayed[host.name]), group.options.notice
+            )
         return job.run(plans[host.name])
 
-    results, failures = group.try_each(one, only=job_dirs)
+    try:
+        results, failures = group.try_each(one, only=job_dirs)
+    finally:
+        if server is not None:
+            server.close()
     by_name = {h.name: h for h in group.hosts}
     for host in hosts:  # in this thread: two names of one store share a memory file
         if host.name in results:
@@ -152,6 +189,57 @@ def push(
     if failures:
         raise failures[0] if len(failures) == 1 else MultiHostError(failures, list(results))
     return results
+
+
+def _relayed(
+    tree: Tree, plans: Mapping[str, HostPlan], relay: Relay | None
+) -> dict[str, list[str]]:
+    """The hosts that fetch from the relay, with the objects they may lack: every one
+    but the seed, when it is among the hosts and the others lack enough."""
+    if relay is None or relay.seed not in plans or len(plans) < 2:
+        return {}
+    lacking = {
+        name: list(tree.objects) if plan.missing is None else list(plan.missing)
+        for name, plan in plans.items()
+        if name != relay.seed
+    }
+    size = sum(tree.objects[k].size for keys in lacking.values() for k in keys)
+    return {name: keys for name, keys in lacking.items() if keys} if size >= RELAY_MIN_BYTES else {}
+
+
+class _RelayServer:
+    """The relay on the seed host (agent/relay.py), for the length of one push."""
+
+    def __init__(self, relay: Relay, process: Any, port: int, secret: str) -> None:
+        self.relay, self.process, self.port, self.secret = relay, process, port, secret
+
+    @classmethod
+    def start(cls, group: HostGroup, relay: Relay, token: str) -> _RelayServer | None:
+        """Start the relay, or None (with a notice) when it cannot start: the push then
+        goes to every host directly."""
+        host = next(h for h in group.hosts if h.name == relay.seed)
+        secret = secrets.token_hex(32)
+        config = json.dumps({"store": protocol.store_dir(host.workdir), "secret": secret})
+        try:
+            process = group.transports[host.name].stream(
+                agent.command(host, "relay"), stdin=agent.packed() + config.encode()
+            )
+            first = next(process.lines(), "")
+            port = int(json.loads(first)["port"])
+        except (HostError, ValueError, KeyError, TypeError) as exc:
+            group.options.notice(
+                f"cannot start the relay on {host.name} ({exc}); pushing to every host directly"
+            )
+            return None
+        log.debug("[host=%s] relay on port %d (push %s)", host.name, port, token)
+        return cls(relay, process, port, secret)
+
+    def request(self, keys: list[str]) -> dict[str, Any]:
+        """The R frame's content for a host that lacks (at most) `keys`."""
+        return {"addr": self.relay.addr, "port": self.port, "secret": self.secret, "keys": keys}
+
+    def close(self) -> None:
+        self.process.close()
 
 
 @dataclass(frozen=True)
@@ -216,24 +304,32 @@ class _HostPush:
         self.nodes = nodes
         self.token = token  # names the temporary files of this push on this host
 
-    def run(self, plan: HostPlan) -> PushResult:
+    def run(
+        self,
+        plan: HostPlan,
+        relay: dict[str, Any] | None = None,
+        notice: Callable[[str], None] | None = None,
+    ) -> PushResult:
+        """Push until the host's snapshot is built: what it lacks fetched from the
+        `relay` (an R frame's content) first when there is one, else sent directly."""
         tree = self.shared.tree
         asking = plan.missing is None
         todo = _pieces(tree, tree.objects if asking else plan.missing or ())
         manifest = plan.send_manifest
         self._report()
+        if relay is not None:
+            reply = self._fetch(relay, manifest or asking)
+            if reply.snapshot:
+                return self._done(reply)
+            if reply.relay_error and notice is not None:
+                notice(f"{self.host.name}: {reply.relay_error}; pushing to it directly")
+            asking, manifest = False, reply.need_manifest
+            todo = _pieces(tree, [k for k in reply.missing if k in tree.objects])
+            self.shared.cache.expect(todo)
         for _ in range(MAX_ATTEMPTS):
             reply = self._send(todo, manifest, asking)
             if reply.snapshot:
-                self._report(finished=True)
-                return PushResult(
-                    self.host.name,
-                    self.files,
-                    self.bytes,
-                    self.wire_bytes,
-                    self.round_trips,
-                    reply.setup_done,
-                )
+                return self._done(reply)
             # The host lost content the controller thought it had: send that too.
             asking, manifest = False, reply.need_manifest
             todo = _pieces(tree, [k for k in reply.missing if k in tree.objects])
@@ -243,6 +339,28 @@ class _HostPush:
             f"the content store in {protocol.store_dir(self.host.workdir)} kept losing files during the push",
             "is another 'orch gc' or a cleanup job running there? submit again",
         )
+
+    def _done(self, reply: SyncReply) -> PushResult:
+        self._report(finished=True)
+        return PushResult(
+            self.host.name,
+            self.files,
+            self.bytes,
+            self.wire_bytes,
+            self.round_trips,
+            reply.setup_done,
+            reply.relayed,
+            reply.relayed_bytes,
+        )
+
+    def _fetch(self, relay: dict[str, Any], manifest: bool) -> SyncReply:
+        """One round trip that carries no content: the host fetches from the relay,
+        then builds the snapshot if it has everything."""
+        frames = [protocol.json_frame(b"R", relay)]
+        if manifest:
+            frames.append(self.shared.manifest_frame)
+        frames.append(protocol.json_frame(b"S", self._snapshot_request()))
+        return self._round_trip(frames, ())
 
     def _send(self, todo: list[wire.Piece], manifest: bool, ask: bool) -> SyncReply:
         """Send the pieces in round trips of BATCH_BYTES; the last one
