@@ -26,7 +26,7 @@ from .protocol import (
     read_json,
     write_bytes,
 )
-from .store import ContentStore, remove_tree
+from .store import PRISTINE_NS, ContentStore, remove_tree
 
 GC_GRACE_S = 600.0  # younger store files may belong to a push in flight
 ABANDONED_S = 86400.0  # a snapshot never started (setup failed, say) this long is finished
@@ -149,7 +149,10 @@ def sweep_store(store: ContentStore, kept: set[str], before: float) -> dict[str,
         with contextlib.suppress(OSError):
             st = os.lstat(path)
             used = os.path.basename(path) in live or (not complete and st.st_nlink > 1)
-            if not used and st.st_mtime < before:
+            # A pristine object's mtime is a mark (store.PRISTINE_NS): its ctime says
+            # when the push stored it.
+            age = st.st_ctime if st.st_mtime_ns == PRISTINE_NS else st.st_mtime
+            if not used and age < before:
                 os.unlink(path)
                 removed, freed = removed + 1, freed + st.st_size
             elif st.st_mode & 0o077:  # stored by an orch that let others read it

@@ -15,6 +15,10 @@ from typing import Any
 from .protocol import DIGEST_RE, KEY_RE, setup_marker, write_bytes
 
 OBJECT_MODE, OBJECT_MODE_X = 0o400, 0o500
+# The mtime of an object as the push stored it, verified by its hash: no snapshot ever
+# had a link to write through. Lending it to a snapshot (root, sync.py) or a write
+# through one changes it, and the store verifies the object before it trusts it again.
+PRISTINE_NS = 946684800 * 10**9  # 2000-01-01
 
 
 class Mismatch(ValueError):
@@ -64,6 +68,29 @@ class ContentStore:
         except OSError:
             return False
 
+    def pristine(self, key: str) -> bool:
+        """Whether the object is as the push stored it: never lent, never written."""
+        try:
+            return os.stat(f"{self.objects}/{key}").st_mtime_ns == PRISTINE_NS
+        except OSError:
+            return False
+
+    def vouch(self, key: str) -> bool:
+        """Check an object that was lent by its hash: True, and pristine again when
+        nothing links it any more, if it holds its content; else it goes, for the
+        push to send it again (a job wrote into its snapshot's file)."""
+        path = f"{self.objects}/{key}"
+        try:
+            if file_hash(path).hexdigest() != key[:64]:
+                os.unlink(path)
+                return False
+            if os.stat(path).st_nlink == 1:  # nothing can write into it any more
+                os.chmod(path, OBJECT_MODE_X if key.endswith(".x") else OBJECT_MODE)
+                os.utime(path, ns=(PRISTINE_NS, PRISTINE_NS))
+            return True
+        except OSError:
+            return False
+
     def put_piece(self, meta: dict[str, Any], data: bytes, push: str) -> bool:
         """Write one piece of an object; True when it completed (and was verified)."""
         key, size, off = str(meta["k"]), int(meta["size"]), int(meta["off"])
@@ -90,6 +117,7 @@ class ContentStore:
                 # Read-only: the object is shared by every snapshot that links to it;
                 # and the owner's only: what was pushed is nobody else's business.
                 os.fchmod(fd, OBJECT_MODE_X if key.endswith(".x") else OBJECT_MODE)
+                os.utime(fd, ns=(PRISTINE_NS, PRISTINE_NS))
         finally:
             os.close(fd)
         if end < size:

@@ -58,7 +58,9 @@ def test_a_job_that_overwrites_its_pushed_file_leaves_the_next_job_the_pushed_by
     second = orch("-v", "submit", write_workdir_job(tmp_path, work, "tamper.py"), "-i", inventory)
 
     assert second.returncode == 0, second.stderr
-    assert pushed_files(second.stderr) == {"node3": 0}  # built from the store, as it was
+    # The store had lent that file to the first job: it checks it, finds it changed,
+    # and has it sent again (tamper.py stays as it was: it is not sent).
+    assert pushed_files(second.stderr) == {"node3": 1}
     assert "[node3 r0] saw lr = 0.1" in second.stdout, second.stdout
 
 

@@ -1,7 +1,8 @@
-"""The host side of a job's code snapshot: as root, private copies that no other job's
-writes can reach (modes stop root, so shared hard links would not do); otherwise
-hard links to read-only objects; and gc that judges an object by the manifests of
-the snapshots it keeps, not by its link count."""
+"""The host side of a job's code snapshot: as root, files no other job's writes can
+reach (modes stop root, so shared hard links would not do): a fresh object lent to
+one snapshot, else a private copy, and the store checks a lent object's hash before
+it trusts it again; otherwise hard links to read-only objects; and gc that judges an
+object by the manifests of the snapshots it keeps, not by its link count."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from orchestrator.agent import gc as agent_gc
 from orchestrator.agent import proc
-from orchestrator.agent.store import ContentStore
+from orchestrator.agent.store import ContentStore, remove_tree
 from orchestrator.agent.sync import build_tree, copy_private, make_snapshot
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the private copies are root's")
@@ -56,23 +57,44 @@ def store(tmp_path: Path) -> ContentStore:
 
 
 @as_root
-def test_as_root_writing_into_one_snapshot_changes_neither_another_nor_the_store(
+def test_as_root_writing_into_one_snapshot_changes_no_other_and_the_store_notices(
     store: ContentStore, tmp_path: Path
 ) -> None:
     digest = store_tree(store, {"config.txt": CONFIG, "run.sh": RUN}, executable=("run.sh",))
-    a = snapshot(store, digest, tmp_path / "jobs" / "a" / "here")
-    b = snapshot(store, digest, tmp_path / "jobs" / "b" / "here")
+    a = snapshot(store, digest, tmp_path / "jobs" / "a" / "here")  # lent the fresh objects
+    b = snapshot(store, digest, tmp_path / "jobs" / "b" / "here")  # copies
+    assert (a / "config.txt").stat().st_ino != (b / "config.txt").stat().st_ino
 
     with open(a / "config.txt", "r+b") as f:  # same length: sizes still match
         f.write(b"lr = 9.9\n")
 
     assert (a / "config.txt").read_bytes() == b"lr = 9.9\n"
     assert (b / "config.txt").read_bytes() == CONFIG
-    assert Path(store.object_path(key(CONFIG))).read_bytes() == CONFIG
-    # A later job built from the same store gets the pushed bytes too.
-    assert (
-        snapshot(store, digest, tmp_path / "jobs" / "c" / "here") / "config.txt"
-    ).read_bytes() == CONFIG
+    # The next job: the store checks what it lent, drops what changed, asks for it again.
+    reply = make_snapshot(store, {"digest": digest, "job_dir": str(tmp_path / "jobs" / "c")})
+    assert reply == {"missing": [key(CONFIG)]}
+    assert not os.path.exists(store.object_path(key(CONFIG)))
+    store_tree(store, {"config.txt": CONFIG, "run.sh": RUN}, executable=("run.sh",))
+    c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
+    assert (c / "config.txt").read_bytes() == CONFIG and (c / "run.sh").read_bytes() == RUN
+
+
+@as_root
+def test_as_root_a_fresh_object_is_lent_once_and_copied_after(
+    store: ContentStore, tmp_path: Path
+) -> None:
+    digest = store_tree(store, {"config.txt": CONFIG})
+    source = Path(store.object_path(key(CONFIG)))
+    a = snapshot(store, digest, tmp_path / "jobs" / "a" / "here")
+    assert (a / "config.txt").stat().st_ino == source.stat().st_ino, "lent: no copy made"
+    b = snapshot(store, digest, tmp_path / "jobs" / "b" / "here")
+    assert (b / "config.txt").stat().st_nlink == 1, "a copy: a holds the object"
+    # Once nothing holds it, the store checks it, takes it back, and may lend it again.
+    for job in ("a", "b"):
+        remove_tree(str(tmp_path / "jobs" / job))
+    c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
+    assert (c / "config.txt").stat().st_ino == source.stat().st_ino
+    assert stat.S_IMODE(source.stat().st_mode) == 0o600 and source.read_bytes() == CONFIG
 
 
 @as_root
@@ -85,7 +107,7 @@ def test_as_root_snapshot_files_are_their_owners_alone_and_keep_the_x_bit(
     code = snapshot(store, digest, tmp_path / "jobs" / "a" / "here")
     assert stat.S_IMODE((code / "config.txt").stat().st_mode) == 0o600
     assert stat.S_IMODE((code / "bin" / "run.sh").stat().st_mode) == 0o700
-    assert (code / "config.txt").stat().st_nlink == 1  # a copy, not the store's inode
+    assert (code / "config.txt").stat().st_nlink <= 2  # no other snapshot's inode
 
 
 def test_a_private_copy_is_owner_only_whatever_the_umask(
