@@ -20,6 +20,7 @@ Needs root (it starts the namespace test cluster) and rsync. Usage:
 
     .venv/bin/python bench/sync.py [--hosts 2 4 8] [--repeat 3]
     .venv/bin/python bench/sync.py --shared 8 [--repeat 3]
+    .venv/bin/python bench/sync.py --uplink 100 --hosts 4 8 [--repeat 3]
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pathlib import Path
 
 from orchestrator.nodes.group import HostGroup
 from orchestrator.sync.manifest import HostMemory, scan_workdir
-from orchestrator.sync.push import push
+from orchestrator.sync.push import Relay, push
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -116,8 +117,11 @@ class OrchPusher:
         src: Path,
         tag: str,
         shared: bool = False,
+        relay: bool = False,
     ) -> None:
         self.src = src
+        first = cluster.hosts[0]
+        self.relay = Relay(first.name, first.address) if relay else None
         self.tag = tag
         self.jobs = 0
         inventory = cluster.write_inventory(
@@ -153,7 +157,15 @@ class OrchPusher:
         }
         started = time.monotonic()
         tree = scan_workdir(self.src)
-        push(self.group, tree, job_dirs, memory=self.memory, keep=100, shares=shares)
+        push(
+            self.group,
+            tree,
+            job_dirs,
+            memory=self.memory,
+            keep=100,
+            shares=shares,
+            relay=self.relay,
+        )
         return time.monotonic() - started
 
     def check(self, cluster: Cluster) -> None:
@@ -252,6 +264,70 @@ def shared_home(n: int, repeat: int) -> None:
     print("\n".join(table))
 
 
+def uplink(hosts: list[int], mbit: int, repeat: int) -> None:
+    """The first push over a slow link from the controller (a laptop on Wi-Fi), the
+    hosts' own network at full speed: orch (which relays through the first host)
+    against rsync -az to every host in parallel, to 1 host and to each of `hosts`."""
+    counts = sorted({1, *hosts})
+    rows: dict[int, tuple[list[float], list[float]]] = {n: ([], []) for n in counts}
+    with (
+        tempfile.TemporaryDirectory(prefix="orch-bench-sync-") as tmp,
+        Cluster(max(counts)) as cluster,
+        cluster.limit_controller(mbit),
+    ):
+        src = Path(tmp) / "tree"
+        make_tree(src)
+        controller = cluster.new_controller()
+        os.environ["ORCH_HOME"] = str(controller.state_dir)
+        for r in range(repeat):
+            for n in counts:
+                tag = f"up{n}-{r}"
+                for p in (controller.state_dir / "sync").glob("trees/*"):
+                    p.unlink()  # each first push hashes the whole tree
+                pusher = OrchPusher(cluster, controller, n, src, tag, relay=True)
+                orch_s, rsync_s = rows[n]
+                by_rsync = partial(rsync_all, cluster, controller, n, src, f"~/bench-{tag}/rsync")
+                if r % 2:  # alternate who goes first
+                    rsync_s.append(by_rsync())
+                    orch_s.append(pusher.push())
+                else:
+                    orch_s.append(pusher.push())
+                    rsync_s.append(by_rsync())
+                pusher.check(cluster)
+                pusher.close()
+                print(f"{n} hosts: orch {orch_s[-1]:.2f} s, rsync {rsync_s[-1]:.2f} s", flush=True)
+    med = {n: (median(o), median(r)) for n, (o, r) in rows.items()}
+    one = med[1][0]
+    table = [
+        "| hosts | orch (s) | rsync -az, all hosts at once (s) | orch / rsync | orch / orch to 1 host |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for n in counts:
+        o, r = med[n]
+        table.append(f"| {n} | {o:.2f} | {r:.2f} | {o / r:.2f}x | {o / one:.2f}x |")
+    body = "\n".join(
+        [
+            f"## Code push over a {mbit} Mbit/s link (a laptop on Wi-Fi)",
+            "",
+            f"The same tree ({FILES:,} files, {TOTAL_BYTES // 2**20} MB of random data), first push, with "
+            f"this machine's link to the test cluster limited to {mbit} Mbit/s by a tc token bucket on the "
+            "bridge; the hosts talk to each other at full speed. orch sends the tree to the first host "
+            "only, which serves each object to the others as it arrives (relay push); rsync -az runs "
+            "once per host, all at once, as by hand.",
+            "",
+            f"Median of {repeat} runs, alternating which goes first; {machine()}. Targets: orch to 8 hosts "
+            "within 1.3x of orch to 1 host; orch to 1 host within 1.1x of rsync to 1 host.",
+            "",
+            *table,
+            "",
+            f"Reproduce: `sudo .venv/bin/python bench/sync.py --uplink {mbit} --hosts "
+            f"{' '.join(map(str, hosts))} --repeat {repeat}`",
+        ]
+    )
+    write_section("sync-uplink", body)
+    print("\n".join(table))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -259,7 +335,16 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--shared", type=int, metavar="N", help="the shared-home case, N hosts")
+    parser.add_argument(
+        "--uplink",
+        type=int,
+        metavar="MBIT",
+        help="the slow-link case: the controller's link at MBIT",
+    )
     args = parser.parse_args()
+    if args.uplink:
+        uplink(args.hosts, args.uplink, args.repeat)
+        return
     if args.shared:
         shared_home(args.shared, args.repeat)
         return

@@ -20,6 +20,7 @@ is how the harness builds the hosts, and may change without notice.
 - ``Cluster``: ``start``/``stop`` (or ``with``); its ``hosts`` (``Host``),
   ``client_key`` and ``host_ca`` (the CA that signed every host's certificate, a
   ``HostCertificate`` its sshd offers to clients that ask for one); faults (``crash``, ``restart``, ``partition``, ``heal``, ``cut_controller``,
+  ``limit_controller`` (a slow link from this machine, as a laptop's),
   ``reconnect_controller``,
   ``ensure_healthy``); other shapes, each a ``with`` block that undoes itself on exit
   (``shared_home(hosts)``: one ``/root`` for several hosts, NFS-style;
@@ -565,6 +566,19 @@ class Cluster:
         host = self.host(i)
         _run(["ip", "link", "set", host.veth, "up"])
         host.partitioned = False
+
+    @contextlib.contextmanager
+    def limit_controller(self, mbit: int) -> Iterator[None]:
+        """This machine's link to the hosts at ``mbit`` Mbit/s, as a laptop's on Wi-Fi:
+        a tc token bucket on the bridge shapes what this machine sends to the hosts,
+        while hosts still talk to each other at full speed (bridged between their own
+        links). Undone on exit; the bridge takes it along if the cluster stops first."""
+        shape = ["tc", "qdisc", "replace", "dev", BRIDGE, "root", "tbf", "rate", f"{mbit}mbit"]
+        _run([*shape, "burst", "256kb", "latency", "100ms"])
+        try:
+            yield
+        finally:
+            _run(["tc", "qdisc", "del", "dev", BRIDGE, "root"], check=False)
 
     def cut_controller(self) -> None:
         """Take this machine off the cluster, as a laptop's Wi-Fi drops: the bridge's
