@@ -14,8 +14,8 @@ of its store to the other hosts of the push. A host fetches with `fetch()`, when
    missing, for the controller to send it directly.
 3. The seed serves an object as soon as it has it: the other hosts' copies overlap the
    controller's push to the seed, so the laptop's link is the only wait.
-4. The server ends when the controller closes its channel (a heartbeat on stdout
-   fails), or after MAX_LIFE_S whatever happens.
+4. The server ends once `expect` clients came and went, when the controller closes
+   its channel (an error on its stdout), or after MAX_LIFE_S whatever happens.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import hmac
 import json
 import os
 import secrets
+import select
 import socket
 import sys
 import threading
@@ -40,52 +41,60 @@ CHUNK_BYTES = 4 << 20
 CONNECT_TIMEOUT_S = 3.0
 WAIT_S = 600.0  # how long a client waits for the seed, and the seed for an object
 MAX_LIFE_S = 3600.0
-HEARTBEAT_S = 1.0
+HEARTBEAT_S = 1.0  # how often the server looks at the clock, at most
 
 
 def main(args: list[str]) -> int:
-    """`relay`: serve the store named on stdin until the channel closes."""
+    """`relay`: serve the store named on stdin to `expect` clients (0: any number), or
+    until the channel closes."""
     config = json.loads(sys.stdin.read())
     store = ContentStore(os.path.expanduser(str(config["store"])))
     secret = bytes.fromhex(str(config["secret"]))
+    expect = int(config.get("expect") or 0)
     dual = socket.has_dualstack_ipv6()  # IPv4 and IPv6 peers alike, where it can
     listener = socket.create_server(
         ("", 0), family=socket.AF_INET6 if dual else socket.AF_INET, backlog=64, dualstack_ipv6=dual
     )
-    listener.settimeout(HEARTBEAT_S)
     print(json.dumps({"port": listener.getsockname()[1]}), flush=True)
+    finished_r, finished_w = os.pipe()  # a byte per client served
+    poller = select.poll()
+    poller.register(listener, select.POLLIN)
+    poller.register(finished_r, select.POLLIN)
+    # The controller's end of the channel: its closing shows as an error on stdout.
+    poller.register(sys.stdout.fileno(), 0)
     stopping = threading.Event()
-    started = beat = time.monotonic()
-    while time.monotonic() - started < MAX_LIFE_S:
-        if time.monotonic() - beat >= HEARTBEAT_S:
-            beat = time.monotonic()
-            try:
-                sys.stdout.write("\n")  # the controller's end of the channel still there?
-                sys.stdout.flush()
-            except OSError:
-                break
-        try:
+    served, started = 0, time.monotonic()
+    while time.monotonic() - started < MAX_LIFE_S and not (expect and served >= expect):
+        events = dict(poller.poll(HEARTBEAT_S * 1000))
+        if events.get(sys.stdout.fileno(), 0) & (select.POLLERR | select.POLLHUP):
+            break
+        if finished_r in events:
+            served += len(os.read(finished_r, 1024))
+        if listener.fileno() in events:
             conn, _ = listener.accept()
-        except TimeoutError:
-            continue
-        threading.Thread(target=serve, args=(conn, store, secret, stopping), daemon=True).start()
+            client = (conn, store, secret, stopping, finished_w)
+            threading.Thread(target=serve, args=client, daemon=True).start()
     stopping.set()
     return 0
 
 
 def serve(
-    conn: socket.socket, store: ContentStore, secret: bytes, stopping: threading.Event
+    conn: socket.socket,
+    store: ContentStore,
+    secret: bytes,
+    stopping: threading.Event,
+    finished: int,
 ) -> None:
-    """One client: check its answer to a fresh nonce, then send what it asks for."""
-    with conn:
-        conn.settimeout(WAIT_S)
-        stream = conn.makefile("rwb")
-        nonce = secrets.token_bytes(NONCE_BYTES)
-        stream.write(GREETING + nonce)
-        stream.flush()
-        try:
-            answer = read_exact(stream, 32)
-            if not hmac.compare_digest(answer, proof(secret, nonce)):
+    """One client: check its answer to a fresh nonce, then send what it asks for; a
+    byte to `finished` when done, however it went (the client reports what it lacks)."""
+    try:
+        with conn:
+            conn.settimeout(WAIT_S)
+            stream = conn.makefile("rwb")
+            nonce = secrets.token_bytes(NONCE_BYTES)
+            stream.write(GREETING + nonce)
+            stream.flush()
+            if not hmac.compare_digest(read_exact(stream, 32), proof(secret, nonce)):
                 return  # not one of this push's hosts: nothing
             kind, payload = read_frame(stream)
             keys = json.loads(payload)["keys"] if kind == b"Q" else []
@@ -94,8 +103,10 @@ def serve(
                     break
             stream.write(frame(b"Z"))
             stream.flush()
-        except (OSError, ValueError, KeyError, TypeError, EOFError):
-            return  # the client went; it reports what it lacks
+    except (OSError, ValueError, KeyError, TypeError, EOFError):
+        return
+    finally:
+        os.write(finished, b"x")
 
 
 def send_object(stream: Any, store: ContentStore, key: str) -> bool:
@@ -132,9 +143,8 @@ def fetch(store: ContentStore, request: dict[str, Any], push: str) -> dict[str, 
         for k in request["keys"]
         if KEY_RE.fullmatch(str(k)) and not os.path.exists(store.object_path(k))
     ]
+    # Connects even when it lacks nothing: the relay ends once every host came.
     report: dict[str, Any] = {"relayed": 0, "relayed_bytes": 0}
-    if not wanted:
-        return report
     where = f"{request['addr']}:{request['port']}"
     try:
         conn = socket.create_connection(

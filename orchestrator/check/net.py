@@ -5,10 +5,14 @@
   drops the port shows up as what it is.
 - `bandwidth`: TCP throughput from each node to the master and back, one node at a
   time so that they do not share the master's link (iperf-like, nothing to install).
+- `relay_reach`: the code relay a push starts on the master (agent/relay.py), on the
+  port it picks, and a connection to it from every other node: those that cannot
+  reach it get their code straight from the controller.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
@@ -16,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.agent import protocol
 from orchestrator.models.errors import HostError, OrchError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
@@ -137,3 +142,56 @@ def _nettest(host: Host, *args: object) -> str:
     """The command that streams a nettest from the host's agent (which the probe that
     always comes first has unpacked there: a stream sends no stdin)."""
     return agent.installed_command(host, *_words(args))
+
+
+def relay_reach(
+    group: HostGroup, master: Host, master_addr: str, nodes: Sequence[Host]
+) -> dict[str, str]:
+    """Which nodes cannot connect to a code relay on the master, and why.
+
+    Returns:
+        {node name: reason} for each node that failed; empty when all got through.
+
+    Raises:
+        HostError: the relay could not start on the master.
+    """
+    if not nodes:
+        return {}
+    config = {
+        "store": protocol.store_dir(master.workdir),
+        "secret": secrets.token_hex(32),
+        "expect": len(nodes),  # it ends once each node came and went
+    }
+    relay = group.transports[master.name].stream(
+        agent.command(master, "relay"),
+        idle_timeout=LISTEN_S,
+        stdin=agent.packed() + json.dumps(config).encode(),
+    )
+    try:
+        try:
+            port = int(json.loads(next(relay.lines(), ""))["port"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise HostError(
+                master.name,
+                f"the code relay did not start: {relay.stderr()[-300:] or 'no answer'}",
+                "orch pushes the code to every host directly meanwhile",
+            ) from None
+
+        def connect(host: Host, t: Transport) -> str | None:
+            args = ("connect", master_addr, port, CONNECT_TIMEOUT_S, RELAY_GREETING)
+            record = agent.run(host, t, _words(args), timeout=CONNECT_TIMEOUT_S + 30)
+            return None if record.get("ok") else str(record.get("error") or "no answer")
+
+        results, errors = group.try_each(connect, only=[n.name for n in nodes])
+        failures = {name: reason for name, reason in results.items() if reason}
+        failures.update({e.host or "?": e.what for e in errors})
+        if not failures:  # every node came: the relay is ending; nothing stays behind
+            with contextlib.suppress(TimeoutError, OSError):
+                for _ in relay.lines():
+                    pass
+    finally:
+        relay.close()
+    return failures
+
+
+RELAY_GREETING = "orch-relay-1"  # what a relay says first (agent/relay.py GREETING)

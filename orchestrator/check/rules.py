@@ -350,6 +350,22 @@ def reach_problems(master: str, addr: str, port: int, failures: Mapping[str, str
     ]
 
 
+def relay_problems(master: str, failures: Mapping[str, str]) -> list[Problem]:
+    """Nodes that cannot fetch the code from the master's relay: pushes to them cross
+    this machine's link again, which is slower, not wrong."""
+    return [
+        _warning(
+            node,
+            "route",
+            f"cannot fetch the code from {master}'s relay: {reason}; orch pushes it to "
+            f"{node} directly, over this machine's link",
+            f"let {node} open TCP connections to {master} on any port (the relay picks a "
+            "free one), or leave it: only first pushes are slower",
+        )
+        for node, reason in failures.items()
+    ]
+
+
 def bandwidth_problems(
     rates: Mapping[str, tuple[float | None, float | None]], with_gpus: bool
 ) -> list[Problem]:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from orchestrator.check.net import Throughput, bandwidth, reachability
+from orchestrator.check.net import Throughput, bandwidth, reachability, relay_reach
 from orchestrator.check.rules import (
     Problem,
     bandwidth_problems,
@@ -22,6 +22,7 @@ from orchestrator.check.rules import (
     merge_hosts,
     port_problems,
     reach_problems,
+    relay_problems,
     unusable,
 )
 from orchestrator.models.errors import HostError, OrchError, PreflightError
@@ -71,6 +72,7 @@ class CheckReport:
     throughput: dict[str, Throughput] | None
     problems: tuple[Problem, ...]
     shared: tuple[tuple[str, ...], ...] = ()  # hosts whose workdirs share a filesystem
+    relayed: tuple[str, ...] = ()  # nodes that can fetch the code from the master's relay
 
     @property
     def errors(self) -> list[Problem]:
@@ -132,14 +134,25 @@ def run_check(
             facts = probed[master.name].facts
             assert facts is not None
             rendezvous = _test_rendezvous(group, job, hosts, usable, master_addr, wanted, facts)
+        relay_failures: dict[str, str] = {}
+        others = [h for h in usable if h.name != master.name]
+        if master_addr and master in usable and others:
+            try:
+                relay_failures = relay_reach(group, master, master_addr, others)
+            except HostError as exc:
+                relay_failures = {h.name: exc.what for h in others}
         throughput = None
         if measure_bandwidth and master_addr and master in usable:
             others = [h for h in usable if h.name != master.name]
             throughput = bandwidth(group, master, master_addr, others)
-    problems = merge_hosts(_judge(hosts, statuses, job, rendezvous, throughput))
+    judged = _judge(hosts, statuses, job, rendezvous, throughput)
+    problems = merge_hosts(judged + relay_problems(master.name, relay_failures))
     found = {s.host.name: s.facts for s in statuses if s.facts is not None}
     shared = tuple(fs_groups(hosts, found))
-    return CheckReport(statuses, master_addr, rendezvous, throughput, tuple(problems), shared)
+    relayed = tuple(h.name for h in others if h.name not in relay_failures)
+    return CheckReport(
+        statuses, master_addr, rendezvous, throughput, tuple(problems), shared, relayed
+    )
 
 
 def preflight(job: JobSpec, hosts: Sequence[Host], group: HostGroup) -> Preflight:

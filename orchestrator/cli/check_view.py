@@ -143,6 +143,9 @@ def summary_lines(report: CheckReport) -> list[Text]:
         lines.append(
             Text(f"shared filesystem: {', '.join(group)} (one copy of the code, one setup)")
         )
+    if report.relayed:
+        master = report.hosts[0].host.name
+        lines.append(Text(f"code relay: {', '.join(report.relayed)} fetch the code from {master}"))
     for problem in report.problems:
         head, *hint = problem.lines()
         label, _, rest = head.partition(": ")

@@ -22,6 +22,7 @@ outside the cluster network) it reports missing, and that goes to it directly.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -48,7 +49,7 @@ from orchestrator.nodes.group import HostGroup
 from orchestrator.sync import wire
 from orchestrator.sync.manifest import HostMemory, Tree
 from orchestrator.sync.store import host_key, snapshot_retention
-from orchestrator.transport import Transport
+from orchestrator.transport import RemoteProcess, Transport
 
 ROUND_TRIP_TIMEOUT_S = 600.0
 # Raw bytes per round trip: the first, then every later one. The first is
@@ -65,6 +66,7 @@ MAX_ATTEMPTS = 4
 # A relay costs a server and a connection per host: worth it once the other hosts
 # together lack this many bytes (an edited file goes directly, as before).
 RELAY_MIN_BYTES = 4 << 20
+RELAY_END_S = 5.0  # how long the last host's fetch may take to end, once its push did
 log = logging.getLogger(__name__)
 
 
@@ -161,7 +163,7 @@ def push(
     token = secrets.token_hex(8)
     shares = shares or {}
 
-    server = _RelayServer.start(group, relay, token) if relayed and relay else None
+    server = _RelayServer.start(group, relay, len(relayed)) if relayed and relay else None
     if server is None:
         relayed = {}
 
@@ -171,9 +173,11 @@ def push(
         writer = f"{token}-{hosts.index(host)}"
         job = _HostPush(shared, host, transport, job_dirs[host.name], key, nodes, writer)
         if server is not None and host.name in relayed:
-            return job.run(
-                plans[host.name], server.request(relayed[host.name]), group.options.notice
-            )
+            try:
+                return job.run(plans[host.name], server.request(relayed[host.name]), server.missed)
+            except BaseException:
+                server.all_came = False  # it may never have reached the relay
+                raise
         return job.run(plans[host.name])
 
     try:
@@ -208,37 +212,59 @@ def _relayed(
 
 
 class _RelayServer:
-    """The relay on the seed host (agent/relay.py), for the length of one push."""
+    """The relay on the seed host (agent/relay.py), for the length of one push: it
+    serves the `expect` hosts that fetch from it, then ends."""
 
-    def __init__(self, relay: Relay, process: Any, port: int, secret: str) -> None:
+    def __init__(
+        self,
+        relay: Relay,
+        process: RemoteProcess,
+        port: int,
+        secret: str,
+        notice: Callable[[str], None],
+    ) -> None:
         self.relay, self.process, self.port, self.secret = relay, process, port, secret
+        self.notice = notice
+        self.all_came = True  # every host that was to fetch reached the relay
 
     @classmethod
-    def start(cls, group: HostGroup, relay: Relay, token: str) -> _RelayServer | None:
+    def start(cls, group: HostGroup, relay: Relay, expect: int) -> _RelayServer | None:
         """Start the relay, or None (with a notice) when it cannot start: the push then
         goes to every host directly."""
         host = next(h for h in group.hosts if h.name == relay.seed)
         secret = secrets.token_hex(32)
-        config = json.dumps({"store": protocol.store_dir(host.workdir), "secret": secret})
+        config = {"store": protocol.store_dir(host.workdir), "secret": secret, "expect": expect}
         try:
             process = group.transports[host.name].stream(
-                agent.command(host, "relay"), stdin=agent.packed() + config.encode()
+                agent.command(host, "relay"),
+                idle_timeout=RELAY_END_S,
+                stdin=agent.packed() + json.dumps(config).encode(),
             )
-            first = next(process.lines(), "")
-            port = int(json.loads(first)["port"])
-        except (HostError, ValueError, KeyError, TypeError) as exc:
+            port = int(json.loads(next(process.lines(), ""))["port"])
+        except (HostError, OSError, ValueError, KeyError, TypeError) as exc:
             group.options.notice(
                 f"cannot start the relay on {host.name} ({exc}); pushing to every host directly"
             )
             return None
-        log.debug("[host=%s] relay on port %d (push %s)", host.name, port, token)
-        return cls(relay, process, port, secret)
+        log.debug("[host=%s] relay on port %d for %d hosts", host.name, port, expect)
+        return cls(relay, process, port, secret, group.options.notice)
 
     def request(self, keys: list[str]) -> dict[str, Any]:
         """The R frame's content for a host that lacks (at most) `keys`."""
         return {"addr": self.relay.addr, "port": self.port, "secret": self.secret, "keys": keys}
 
+    def missed(self, message: str) -> None:
+        """A host could not fetch from the relay: say so; the relay will not see it."""
+        self.all_came = False
+        self.notice(message)
+
     def close(self) -> None:
+        """Once every host came, the relay ends by itself: wait for that (so that
+        nothing of the push is left running), else stop it now."""
+        if self.all_came:
+            with contextlib.suppress(TimeoutError, OSError):
+                for _ in self.process.lines():
+                    pass
         self.process.close()
 
 

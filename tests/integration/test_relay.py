@@ -20,7 +20,7 @@ from orchestrator.sync.manifest import HostMemory, scan_workdir
 from orchestrator.sync.push import Relay, push
 from orchestrator.transport import ConnectOptions
 from tests.cluster import Cluster, OrchRunner
-from tests.support import JOBS, write_workdir_job
+from tests.support import JOBS, job_processes, write_workdir_job
 
 pytestmark = pytest.mark.cluster
 
@@ -115,3 +115,23 @@ def test_a_host_that_cannot_reach_the_seed_gets_the_code_directly(
     for i in (1, 2, 3):
         code = cluster.home(i) / ".orch" / "jobs" / "relay-cut" / f"node{i}" / "code"
         assert local_digest(code) == local_digest(big_tree), f"node{i}'s snapshot"
+
+
+def test_check_says_which_hosts_fetch_from_the_relay_and_leaves_nothing(
+    cluster: Cluster, orch: OrchRunner, inventory: Path
+) -> None:
+    result = orch("check", "-i", inventory, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "code relay: node2, node3 fetch the code from node1" in result.stdout
+    assert job_processes(cluster, 1) == [], "the check's relay is gone"
+
+
+def test_check_warns_of_a_host_that_cannot_reach_the_relay(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, node3_cut_from_node1: None
+) -> None:
+    result = orch("check", "-i", inventory, timeout=120)
+    out = " ".join(result.stdout.split())  # rich wraps long lines
+    assert "code relay: node2 fetch the code from node1" in out, result.stdout
+    assert "cannot fetch the code from node1's relay" in out and "node3" in out
+    assert "orch pushes it to node3 directly" in out
+    assert job_processes(cluster, 1) == [], "the check's relay is gone"
