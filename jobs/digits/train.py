@@ -244,8 +244,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--checkpoint",
-        default="checkpoint.pt",
-        help="where rank 0 saves the trained weights, relative to the working directory (default: checkpoint.pt)",
+        default=os.path.join(os.environ.get("ORCH_OUTPUT_DIR", "."), "checkpoint.pt"),
+        help="where rank 0 saves the trained weights (default: checkpoint.pt in "
+        "$ORCH_OUTPUT_DIR, the job's output directory, which orch keeps and copies back)",
     )
     parser.add_argument(
         "--seed", type=int, default=1234, help="seed for data generation and model init"
@@ -342,7 +343,7 @@ def train_and_evaluate(args: argparse.Namespace, device: torch.device) -> None:
     accuracy = evaluate(ddp_model, test_set, rank, world, device)
     if rank == 0:
         log(f"accuracy {accuracy:.3f}")
-        path = os.path.abspath(args.checkpoint)  # relative paths are relative to the job's cwd
+        path = os.path.abspath(args.checkpoint)  # relative to the working directory
         os.makedirs(os.path.dirname(path), exist_ok=True)
         torch.save(ddp_model.module.state_dict(), path)
         log(f"saved checkpoint to {path}")

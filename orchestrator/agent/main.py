@@ -17,6 +17,7 @@ COMMANDS = {
     "rank": "rank",
     "sync": "sync",
     "relay": "relay",
+    "outputs": "outputs",
     "setup": "setup",
     "gc": "gc",
     "nettest": "nettest",
@@ -32,6 +33,7 @@ USAGE = """usage: orch agent COMMAND ARGS...
                                       torchrun's entry for each rank
   sync                                (stdin: frames) store content, build a snapshot
   relay                               (stdin: store, secret) serve the store to a push's hosts
+  outputs DIR                         (stdin: globs, what the controller has) send outputs
   setup JOB_DIR                       (stdin: its spec) run the job's setup:, mark it done
   gc                                  (stdin: a frame) drop old snapshots and content
   nettest TEST ARGS...                listen, connect, bwserve, bwclient

@@ -23,6 +23,7 @@ the payload.
 followed by its N raw bytes (Z bytes when zlib-compressed):
 
     {"k": "data", "s": STREAM, "o": OFFSET, "n": N[, "z": Z]}   complete lines of a log
+                                                                (and a \\r bar's redraws)
     {"k": "hb"}                                                 idle heartbeat
     {"k": "exit", EXIT RECORD}                                  the node ended, all sent
     {"k": "end", NODE STATUS}                                   --once: all sent for now
@@ -55,11 +56,12 @@ TORCHRUN_LOG = "torchrun.log"
 SETUP_LOG = "setup.log"
 SUPERVISOR_LOG = "supervisor.log"
 CODE = "code"  # the job's snapshot of the pushed tree
+OUTPUTS = "outputs"  # beside the nodes' directories: what the job keeps (ORCH_OUTPUT_DIR)
 SNAPSHOT = "snapshot.json"  # which manifest code/ was built from
 AGENT = "agent"  # link to the agent version that built the snapshot: the job's own
 RUN_SCRIPT = "run.py"  # the agent's entry as a script, in each version's directory
 # Names a node's directory may not have: a shared snapshot's entries beside it.
-RESERVED_NAMES = frozenset({CODE, AGENT, SNAPSHOT, ".", ".."})
+RESERVED_NAMES = frozenset({CODE, AGENT, SNAPSHOT, OUTPUTS, ".", ".."})
 FS_MARKS = "fsmarks"  # WORKDIR/fsmarks/<nonce>: which hosts see one filesystem (probe)
 HEARTBEAT_S = 60.0  # a supervisor touches its PIDS file this often while torchrun runs
 
@@ -72,6 +74,12 @@ def job_root(workdir: str, job_id: str) -> str:
 def job_dir(workdir: str, job_id: str, host: str) -> str:
     """A node's job directory on its host (may start with ~)."""
     return f"{job_root(workdir, job_id)}/{host}"
+
+
+def outputs_dir(job_dir: str) -> str:
+    """A node's output directory, beside its job directory: kept when gc removes the
+    code, and one for every node of a shared filesystem (may start with ~)."""
+    return f"{job_dir.rstrip('/').rpartition('/')[0]}/{OUTPUTS}"
 
 
 def store_dir(workdir: str) -> str:

@@ -19,6 +19,7 @@ from .protocol import (
     HEARTBEAT_S,
     LOGS,
     NODE_SPEC,
+    OUTPUTS,
     PIDS,
     SUPERVISOR_LOG,
     TORCHRUN_LOG,
@@ -70,6 +71,10 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
 
     env = dict(os.environ)
     env.update(spec["env"])
+    # Beside the node's directory (protocol.outputs_dir): it outlives the code.
+    outputs = os.path.join(os.path.dirname(os.getcwd()), OUTPUTS)
+    os.makedirs(outputs, exist_ok=True)
+    env["ORCH_OUTPUT_DIR"] = outputs
     argv = list(spec["argv"])
     argv[0] = os.path.expanduser(argv[0])
     try:

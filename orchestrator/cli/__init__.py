@@ -22,6 +22,7 @@ from orchestrator.cli import (  # noqa: F401
     cmd_status,
     cmd_logs,
     cmd_kill,
+    cmd_pull,
     cmd_check,
     cmd_exec,
     cmd_bench,

@@ -13,10 +13,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.check.run import preflight
+from orchestrator.jobs.pull import bring_outputs
 from orchestrator.jobs.reporter import ProgressReporter, Reporter
 from orchestrator.jobs.teardown import teardown
 from orchestrator.jobs.watch import watch_job
-from orchestrator.models.errors import HostError, Interrupted, OrchError, RemoteCommandError
+from orchestrator.models.errors import (
+    HostError,
+    Interrupted,
+    JobFailed,
+    OrchError,
+    RemoteCommandError,
+)
 from orchestrator.models.inventory import (
     Host,
     resolve_inventory,
@@ -53,6 +60,7 @@ class Submission:
     job: JobSpec
     hosts: Sequence[Host]
     job_id: str
+    outputs_dir: Path | None = None  # where `outputs:` go (default ./orch-outputs/ID)
 
 
 def prepare(job_path: Path, inventory_path: Path | None) -> Submission:
@@ -130,9 +138,14 @@ def submit(
             return 0
         mirror = LogMirror(store.home / "logs", plan.job_id)
         try:
-            return watch_job(store.get(plan.job_id), group, reporter, store, mirror, attached=True)
+            code = watch_job(store.get(plan.job_id), group, reporter, store, mirror, attached=True)
+        except JobFailed:
+            bring_outputs(store.get(plan.job_id), group, sub.outputs_dir, reporter.notice)
+            raise
         finally:
             mirror.close()
+        bring_outputs(store.get(plan.job_id), group, sub.outputs_dir, reporter.notice)
+        return code
 
 
 def record_of(plan: LaunchPlan) -> JobRecord:
@@ -143,6 +156,8 @@ def record_of(plan: LaunchPlan) -> JobRecord:
         "entry": job.entry,
         "args": list(job.args),
         "workdir": str(job.workdir),
+        "outputs": list(job.outputs),
+        "outputs_from": job.outputs_from,
     }
     nodes = [
         NodeRecord(

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.agent.protocol import KillReport
+from orchestrator.jobs.pull import bring_outputs
 from orchestrator.jobs.reporter import Reporter
 from orchestrator.models.errors import HostError, OrchError
 from orchestrator.models.inventory import Host
@@ -85,6 +86,7 @@ def _kill_one(store: JobDB, record: JobRecord, reporter: Reporter) -> KillOutcom
     log.info("[job=%s] connected to %d hosts", record.id, len(group.transports))
     with group:
         reports = teardown(record.id, record.master_port, nodes, group, reporter)
+        bring_outputs(record, group, None, reporter.notice)
     log.info("[job=%s] stopped on %d hosts", record.id, len(reports))
     outcome.unreachable = failures
     for name, report in reports.items():

@@ -46,7 +46,9 @@ _JOB_KEYS = {
     "exclude": None,
     "launcher": None,
     "local_rank_arg": None,
+    "outputs": None,
 }
+OUTPUTS_FROM = ("rank0", "all")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -73,6 +75,8 @@ class JobSpec:
     exclude: tuple[str, ...] = ()
     launcher: str = TORCHRUN  # one of LAUNCHERS
     local_rank_arg: str | None = None  # the flag torch.distributed.launch passes
+    outputs: tuple[str, ...] = ()  # globs in ORCH_OUTPUT_DIR, copied back when the job ends
+    outputs_from: str = "rank0"  # "rank0": node rank 0's; "all": every node's, per host
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     def error(self, key: str, message: str, hint: str = "") -> SpecError:
@@ -157,6 +161,7 @@ def load_job(path: Path) -> JobSpec:
     _check_placeholders(where, "args", args)
     _check_placeholders(where, "env", tuple(env.values()))
     launcher = _load_launcher(where)
+    outputs, outputs_from = _load_outputs(where)
     max_restarts = get_int(where, "max_restarts", default=0, minimum=0) or 0
     if launcher == PYTHON and max_restarts:
         raise where.error(
@@ -184,6 +189,8 @@ def load_job(path: Path) -> JobSpec:
         exclude=_load_exclude(where),
         launcher=launcher,
         local_rank_arg=_load_local_rank_arg(where, launcher, workdir, script, module),
+        outputs=outputs,
+        outputs_from=outputs_from,
         positions=dict(where.mapping.positions),
     )
 
@@ -304,3 +311,28 @@ def local_rank_spelling(source: str) -> str:
     underscore = re.search(r"""["']--local_rank["']""", source) is not None
     hyphen = re.search(r"""["']--local-rank["']""", source) is not None
     return "--local_rank" if underscore and not hyphen else "--local-rank"
+
+
+def _load_outputs(where: Where) -> tuple[tuple[str, ...], str]:
+    """`outputs: [globs]` or `outputs: {from: rank0|all, paths: [globs]}`: what comes
+    back from ORCH_OUTPUT_DIR, each glob relative to it and inside it."""
+    value = where.mapping.get("outputs")
+    source = "rank0"
+    if isinstance(value, dict):
+        owhere = where.child(value, "outputs.")  # type: ignore[arg-type]
+        check_keys(owhere, {"from": None, "paths": None}, required=("paths",))
+        source = get_str(owhere, "from") or source
+        if source not in OUTPUTS_FROM:
+            raise owhere.error("from", f"expected rank0 or all, got {source!r}")
+        paths = get_str_list(owhere, "paths")
+    else:
+        paths = get_str_list(where, "outputs")
+    for path in paths:
+        parts = path.split("/")
+        if path.startswith("/") or ".." in parts or not path.strip("/"):
+            raise where.error(
+                "outputs",
+                f"output path {path!r} is not inside the output directory",
+                "give paths or globs relative to ORCH_OUTPUT_DIR, e.g. checkpoints/*.pt",
+            )
+    return paths, source

@@ -1,0 +1,90 @@
+"""`orch pull`."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import DownloadColumn, TextColumn, TransferSpeedColumn
+from rich.progress import Progress as Bars
+
+from orchestrator.cli.app import app
+from orchestrator.cli.console import ConsoleReporter
+from orchestrator.jobs.pull import Progress, PullReport, default_target, pull, sources
+from orchestrator.nodes.group import HostGroup
+from orchestrator.records.db import JobDB
+from orchestrator.transport import ConnectOptions
+
+
+@app.command("pull")
+def pull_command(
+    job_id: Annotated[str, typer.Argument(help="A job id (or a unique prefix).")],
+    paths: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Paths or globs in the output directory (default: the job's outputs:, else all)."
+        ),
+    ] = None,
+    outputs_dir: Annotated[
+        Path | None,
+        typer.Option("--outputs-dir", help="Where to put them (default: ./orch-outputs/JOB_ID)."),
+    ] = None,
+    every_node: Annotated[
+        bool | None,
+        typer.Option(
+            "--all-nodes/--rank0",
+            help="From every node (into HOST/ folders), or node rank 0's only (default: as the job's outputs: say).",
+        ),
+    ] = None,
+) -> None:
+    """Copy a job's outputs (its ORCH_OUTPUT_DIR) from the hosts, also while it runs.
+    A second pull moves only what changed."""
+    record = JobDB().get(job_id)
+    target = outputs_dir or default_target(record.id)
+    wanted = paths or list(record.spec.get("outputs") or [])
+    nodes = sources(record, every_node)
+    reporter = ConsoleReporter()
+    with HostGroup([n.host for n in nodes], ConnectOptions(notice=reporter.notice)) as group:
+        group.connect()
+        reports = with_progress(
+            lambda progress: pull(record, group, target, wanted, nodes, progress)
+        )
+    for line in summary(reports):
+        typer.echo(line)
+
+
+def with_progress(run: Callable[[Progress | None], list[PullReport]]) -> list[PullReport]:
+    """Run the pull with a bar per host on a terminal (stderr), quietly elsewhere."""
+    if not sys.stderr.isatty():
+        return run(None)
+    with Bars(
+        TextColumn("{task.description}"),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(host: str, done: int) -> None:
+            if host not in tasks:
+                tasks[host] = bar.add_task(f"pull {host}", total=None)
+            bar.update(tasks[host], completed=done)  # type: ignore[arg-type]
+
+        return run(progress)
+
+
+def summary(reports: list[PullReport]) -> list[str]:
+    """A line per node: what came, what was already here, where it went."""
+    lines = []
+    for r in reports:
+        unchanged = f", {r.unchanged} unchanged" if r.unchanged else ""
+        lines.append(
+            f"[{r.host}] {r.files} files ({r.bytes / 1e6:.1f} MB){unchanged} -> {r.target}"
+        )
+        lines += [f"[{r.host}] could not copy {e}" for e in r.errors]
+    return lines
