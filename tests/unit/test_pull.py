@@ -145,7 +145,7 @@ names = st.lists(
 
 
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(records=st.lists(st.tuples(st.sampled_from([b"F", b"L", b"D"]), names, names), max_size=6))
 def test_whatever_the_host_sends_nothing_lands_outside(
