@@ -23,13 +23,14 @@ def main(args: list[str]) -> int:
     """Stream the node's log files from the given byte offsets, as framed chunks.
 
     Each chunk is a JSON header line `{"k": "data", "s": STREAM, "o": OFFSET, "n": N}`
-    followed by N raw bytes: complete lines only, exactly as they are in the file at
-    OFFSET, so a reader can mirror the file and never double or lose a line. With
-    `"z": Z` the chunk travels zlib-compressed in Z bytes (logs shrink ~10x, and the
-    controller's SSH decryption is what limits throughput). A
-    heartbeat `{"k": "hb"}` comes every HEARTBEAT_S while idle; the last record is
-    `{"k": "exit", ...}` once the node has ended and every file is drained, or
-    `{"k": "end"}` with `--once` (drain what is there now, then stop).
+    followed by N raw bytes: complete lines (and an unfinished one that holds a `\\r`: a
+    progress bar being redrawn), exactly as they are in the file at OFFSET, so a reader
+    can mirror the file and never double or lose a line. With `"z": Z` the chunk
+    travels zlib-compressed in Z bytes (logs shrink ~10x, and the controller's SSH
+    decryption is what limits throughput). A heartbeat `{"k": "hb"}` comes every
+    HEARTBEAT_S while idle; the last record is `{"k": "exit", ...}` once the node has
+    ended and every file is drained, or `{"k": "end"}` with `--once` (drain what is
+    there now, then stop).
     """
     os.chdir(os.path.expanduser(args[0]))
     offsets: dict[str, int] = json.loads(args[1]) if len(args) > 1 else {}
@@ -79,8 +80,8 @@ def send_new(
 ) -> tuple[bool, bool]:
     """Send the complete lines of `path` past its offset.
 
-    A partial last line waits for its newline, unless the node has ended (`final`) or
-    it grew past MAX_LINE: then it goes as it is.
+    A partial last line waits for its newline, unless the node has ended (`final`), it
+    grew past MAX_LINE, or it holds a `\\r` (a progress bar): then it goes as it is.
 
     Returns:
         (whether anything was sent, whether more may be waiting already).
@@ -94,8 +95,11 @@ def send_new(
         return False, False
     full = len(data) == MAX_LINE
     end = data.rfind(b"\n") + 1
-    if (final and not full) or (end == 0 and full):
-        end = len(data)  # the node ended: the rest goes; or one line too long for a block
+    if (final and not full) or (end == 0 and full) or data.find(b"\r", end) >= 0:
+        # The node ended: the rest goes; or one line too long for a block; or a progress
+        # bar being redrawn with \r, which may go an hour without a newline: its latest
+        # state goes now, so that the user sees it move.
+        end = len(data)
     if end == 0:
         return False, False
     payload = data[:end]

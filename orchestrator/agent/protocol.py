@@ -320,4 +320,6 @@ class GcReport(Reply):
     objects_removed: int = 0
     bytes_freed: int = 0
     busy: bool = False  # another gc was at it
+    outputs_removed: int = 0  # with --outputs: ended jobs' output directories
+    outputs_bytes_freed: int = 0
     error: str | None = None

@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from orchestrator.jobs.progress import AUTO_MAX, ProgressMode
+
 app = typer.Typer(
     name="orch",
     help="Launch PyTorch distributed training on machines you can reach over SSH.",
@@ -53,4 +55,30 @@ HostsOpt = Annotated[
 
 LabelsOpt = Annotated[
     str | None, typer.Option("--labels", help="Only hosts with all these labels (comma-separated).")
+]
+
+
+ProgressOpt = Annotated[
+    ProgressMode,
+    typer.Option(
+        "--progress",
+        envvar="ORCH_PROGRESS",
+        case_sensitive=False,
+        help="Which ranks' progress bars (tqdm, rich, ...) show while they move: auto (every "
+        f"bar up to {AUTO_MAX}, beyond that the slowest, the fastest and a count of the "
+        "others), all, rank0 or none. Each bar's final state is always printed.",
+    ),
+]
+
+
+ProgressEveryOpt = Annotated[
+    float,
+    typer.Option(
+        "--progress-every",
+        envvar="ORCH_PROGRESS_EVERY",
+        min=0.0,
+        metavar="SECONDS",
+        help="When stdout is not a terminal: print a moving bar at most once every "
+        "SECONDS per rank (a terminal redraws it in place).",
+    ),
 ]

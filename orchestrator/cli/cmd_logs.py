@@ -6,10 +6,11 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli.app import app
+from orchestrator.cli.app import ProgressEveryOpt, ProgressOpt, app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.jobs.logs import LogFilter
 from orchestrator.jobs.logs import logs as show_logs
+from orchestrator.jobs.progress import PROGRESS_EVERY_S, ProgressMode
 from orchestrator.records.db import JobDB
 
 
@@ -26,7 +27,16 @@ def logs(
     tail: Annotated[
         int | None, typer.Option("--tail", help="Only the last N lines of each rank.")
     ] = None,
+    progress: ProgressOpt = ProgressMode.AUTO,
+    progress_every: ProgressEveryOpt = PROGRESS_EVERY_S,
 ) -> None:
-    """Print everything a job's ranks have written, as [host rN] line."""
+    """Print everything a job's ranks have written, as \\[host rN] line.
+
+    A progress bar's line shows in its last state; with -f, a bar that moves is
+    redrawn in place on a terminal, else printed every --progress-every seconds.
+    """
     want = LogFilter(node=node, rank=rank, tail=tail)
-    raise typer.Exit(show_logs(JobDB(), job_id, want, follow, ConsoleReporter()))
+    # What is already written prints as lines; only -f has bars that move.
+    with ConsoleReporter(progress, progress_every, redraw=None if follow else False) as out:
+        code = show_logs(JobDB(), job_id, want, follow, out)
+    raise typer.Exit(code)

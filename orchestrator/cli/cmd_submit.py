@@ -7,9 +7,10 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli.app import InventoryOpt, app
+from orchestrator.cli.app import InventoryOpt, ProgressEveryOpt, ProgressOpt, app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.jobs import submit as submitting
+from orchestrator.jobs.progress import PROGRESS_EVERY_S, ProgressMode
 from orchestrator.plan import describe
 from orchestrator.sync.ignore import collect_files
 
@@ -24,6 +25,8 @@ def submit(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print each host's command; touch no host.")
     ] = False,
+    progress: ProgressOpt = ProgressMode.AUTO,
+    progress_every: ProgressEveryOpt = PROGRESS_EVERY_S,
 ) -> None:
     """Run a job on its hosts and stream every rank's output."""
     sub = submitting.prepare(job, inventory)
@@ -33,5 +36,6 @@ def submit(
         files = collect_files(sub.job.workdir, sub.job.exclude)  # and its ignore files read
         typer.echo(f"\npushes {len(files)} files from {sub.job.workdir}")
         return
-    code = submitting.submit(sub, ConsoleReporter(), detach=detach)
+    with ConsoleReporter(progress, progress_every) as reporter:
+        code = submitting.submit(sub, reporter, detach=detach)
     raise typer.Exit(code)

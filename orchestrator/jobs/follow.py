@@ -1,9 +1,10 @@
 """Following a running job: every node's output, merged into one event queue.
 
 One thread per node reads its supervisor's `follow` stream over the node's existing
-connection: framed chunks of complete lines, each at its byte offset in the host's
-file. Chunks go to the local log mirror first, then to the queue, so what the user
-saw is always on disk too. Lines of one rank arrive in the rank's own order.
+connection: framed chunks of complete lines (and of a progress bar's redraws, before
+its line ends), each at its byte offset in the host's file. Chunks go to the local
+log mirror first, then to the queue, so what the user saw is always on disk too.
+Lines of one rank arrive in the rank's own order.
 
 A stream that breaks or stays silent (the supervisor sends a heartbeat every 2 s)
 does not end anything by itself: the node's thread opens a fresh connection, again
@@ -44,7 +45,9 @@ Reconnect = Callable[[Host], Transport]
 
 @dataclass(frozen=True)
 class Output:
-    """Complete lines from one stream: a rank (global rank), or the node's torchrun (None)."""
+    """The next bytes of one stream: a rank (global rank), or the node's torchrun (None).
+
+    Complete lines, or the redraws of a progress bar whose line goes on (`Reporter`)."""
 
     host: str
     rank: int | None

@@ -11,8 +11,11 @@ class Reporter(Protocol):
     """What a running submit tells the user (implemented by the CLI).
 
     1. `job_started(job_id)` comes once, before any host is changed.
-    2. `output()` comes with complete lines (bytes, newline-terminated but maybe the
-       very last) of one rank, or of a node's torchrun (rank None), in each one's order.
+    2. `output()` comes with the next bytes of one rank, or of a node's torchrun (rank
+       None), in each one's order, exactly as the host's file holds them: complete
+       lines, except that a chunk may end inside a line that holds a `\\r` (a progress
+       bar being redrawn, continued by the next chunk), and the stream's very last, or
+       a piece of an overlong line, may end without a newline.
     3. `notice()` is a diagnostic for stderr: progress, host keys, teardown.
     """
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from orchestrator.jobs.contact import LOST_AFTER_S
 from orchestrator.jobs.follow import NodeExit, Notice, Output, Watcher
+from orchestrator.jobs.progress import Condenser
 from orchestrator.jobs.reporter import Reporter
 from orchestrator.jobs.teardown import teardown
 from orchestrator.models.errors import Interrupted, JobFailed, OrchError
@@ -58,6 +59,7 @@ def watch_job(
         lost_after={n.host.name: float(n.host.lost_after or LOST_AFTER_S) for n in live},
     )
     tails: dict[tuple[str, int | None], deque[bytes]] = {}
+    condensers: dict[tuple[str, int | None], Condenser] = {}
     failure: NodeExit | None = None
     killer: threading.Thread | None = None
     try:
@@ -66,8 +68,13 @@ def watch_job(
                 reporter.notice(event.message)
                 continue
             if isinstance(event, Output):
-                tail = tails.setdefault((event.host, event.rank), deque(maxlen=TAIL_LINES))
-                tail.extend(event.data.splitlines()[-TAIL_LINES:])
+                key = (event.host, event.rank)
+                tail = tails.setdefault(key, deque(maxlen=TAIL_LINES))
+                condenser = condensers.setdefault(key, Condenser())
+                lines = condenser.feed(event.data)  # a progress bar: its last state only
+                if not condenser.bar:
+                    lines += condenser.flush()
+                tail.extend(lines.split(b"\n")[-TAIL_LINES - 1 : -1])
                 reporter.output(event.host, event.rank, event.data)
                 continue
             state = node_state(event.returncode, event.killed)

@@ -90,6 +90,17 @@ def test_partial_line_waits_for_its_newline(log: Log) -> None:
     assert log.send() == [({"k": "data", "s": "0", "o": 5, "n": 12}, b"step 1 of 9\n")]
 
 
+def test_a_progress_bar_goes_before_its_newline(log: Log) -> None:
+    """A line redrawn with \\r (tqdm) may go an hour without a newline: each redraw
+    goes as it comes, and the rest of the line follows on from its offset."""
+    log.append(b"epoch 1\n\r 10%|#")
+    assert log.send() == [({"k": "data", "s": "0", "o": 0, "n": 15}, b"epoch 1\n\r 10%|#")]
+    log.append(b"\r 20%|##")
+    assert log.send() == [({"k": "data", "s": "0", "o": 15, "n": 8}, b"\r 20%|##")]
+    log.append(b"\nstep 1 of")  # a plain partial line still waits
+    assert log.send() == [({"k": "data", "s": "0", "o": 23, "n": 1}, b"\n")]
+
+
 def test_final_send_includes_the_unterminated_last_line(log: Log) -> None:
     log.append(b"a\nno newline")
     assert [data for _, data in log.send(final=True)] == [b"a\nno newline"]
