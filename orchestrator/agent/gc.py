@@ -17,6 +17,7 @@ from .protocol import (
     CODE,
     EXIT,
     HEARTBEAT_S,
+    OUTPUTS,
     PIDS,
     RESERVED_NAMES,
     SNAPSHOT,
@@ -186,8 +187,36 @@ def listed_objects(store: ContentStore, kept: set[str]) -> tuple[set[str], bool]
     return keys, complete
 
 
+def drop_outputs(workdir: str) -> dict[str, int]:
+    """Remove the output directories of jobs whose every node ended (`orch gc
+    --outputs`): what `orch pull` has not fetched by then is gone."""
+    import glob
+
+    removed = freed = 0
+    for job in glob.glob(os.path.join(glob.escape(workdir), "jobs", "*")):
+        outputs = os.path.join(job, OUTPUTS)
+        if not os.path.isdir(outputs) or os.path.islink(outputs):
+            continue
+        nodes = [
+            d
+            for d in glob.glob(os.path.join(glob.escape(job), "*"))
+            if os.path.basename(d) not in RESERVED_NAMES and os.path.isdir(d)
+        ]
+        created = os.path.getmtime(outputs)
+        if any(node_end(node, created) is None for node in nodes):
+            continue  # a node may still write there
+        for dirpath, _, files in os.walk(outputs):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    freed += os.lstat(os.path.join(dirpath, name)).st_size
+        remove_tree(outputs)
+        removed += 1
+    return {"outputs_removed": removed, "outputs_bytes_freed": freed}
+
+
 def main(args: list[str]) -> int:
-    """`gc` with a header frame {"workdir", "keep", "grace"} on stdin: collect now."""
+    """`gc` with a header frame {"workdir", "keep", "grace", "outputs"} on stdin:
+    collect now; with "outputs", ended jobs' output directories go too."""
     try:
         _, payload = read_frame(sys.stdin.buffer)
         options = json.loads(payload)
@@ -197,6 +226,8 @@ def main(args: list[str]) -> int:
             float(options.get("grace", GC_GRACE_S)),
             sweep=True,
         )
+        if options.get("outputs"):
+            report.update(drop_outputs(os.path.expanduser(options["workdir"])))
     except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
         report = {"error": describe_error(exc)}
     print(json.dumps(report))

@@ -22,13 +22,25 @@ def gc_command(
             help="Finished jobs per host that keep their code (default: $ORCH_KEEP_SNAPSHOTS, else 10).",
         ),
     ] = None,
+    outputs: Annotated[
+        bool,
+        typer.Option(
+            "--outputs", help="Also remove the output directories of jobs that ended (pull first)."
+        ),
+    ] = False,
 ) -> None:
     """Free disk space on the hosts: remove the code snapshots of finished jobs but the
-    newest, and pushed content no snapshot uses. Logs and job records stay."""
-    reports = gc(inventory, keep, ConsoleReporter().notice)
+    newest, and pushed content no snapshot uses. Logs, job records and outputs stay,
+    outputs unless --outputs."""
+    reports = gc(inventory, keep, ConsoleReporter().notice, outputs)
     for host, r in reports.items():
+        gone = (
+            f"; removed {r.outputs_removed} output directories ({r.outputs_bytes_freed / 1e6:.1f} MB)"
+            if outputs
+            else ""
+        )
         typer.echo(
             f"{host}: removed {r.snapshots_removed} snapshots and "
             f"{r.objects_removed} files ({r.bytes_freed / 1e6:.1f} MB); "
-            f"kept {r.snapshots_kept} finished, {r.running} running"
+            f"kept {r.snapshots_kept} finished, {r.running} running{gone}"
         )

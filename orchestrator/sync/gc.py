@@ -17,11 +17,15 @@ from orchestrator.transport.base import ConnectOptions, Transport
 
 
 def gc(
-    inventory_path: Path | None, keep: int | None, notice: Callable[[str], None]
+    inventory_path: Path | None,
+    keep: int | None,
+    notice: Callable[[str], None],
+    outputs: bool = False,
 ) -> dict[str, GcReport]:
     """`orch gc`: on every host of the inventory, remove the code snapshots of finished
     jobs but the newest `keep` (default: $ORCH_KEEP_SNAPSHOTS), then the stored
-    content that no snapshot uses any more. Logs and job records stay.
+    content that no snapshot uses any more; with `outputs`, ended jobs' output
+    directories too. Logs and job records stay.
 
     Returns:
         Each host's report: snapshots removed and kept, jobs running, objects removed,
@@ -37,7 +41,7 @@ def gc(
     stores = {host_key(h): h.name for h in reversed(inventory.hosts)}  # one name per store
 
     def collect(host: Host, transport: Transport) -> GcReport:
-        return collect_garbage(host, transport, keep)
+        return collect_garbage(host, transport, keep, outputs=outputs)
 
     with HostGroup(inventory.hosts, ConnectOptions(notice=notice)) as group:
         group.connect()
@@ -45,7 +49,11 @@ def gc(
 
 
 def collect_garbage(
-    host: Host, transport: Transport, keep: int, grace_s: float | None = None
+    host: Host,
+    transport: Transport,
+    keep: int,
+    grace_s: float | None = None,
+    outputs: bool = False,
 ) -> GcReport:
     """Remove the host's snapshots of finished jobs but the newest `keep`, and content
     that no snapshot uses any more.
@@ -56,6 +64,8 @@ def collect_garbage(
     options: dict[str, Any] = {"workdir": host.workdir, "keep": keep}
     if grace_s is not None:
         options["grace"] = grace_s
+    if outputs:
+        options["outputs"] = True
     header = protocol.json_frame(b"H", options)
     report = agent.parse(host, GcReport, agent.run(host, transport, ["gc"], [header], 600))
     if report.error is not None:

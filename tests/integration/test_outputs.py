@@ -92,3 +92,11 @@ def test_pull_while_running_moves_only_the_change_and_kill_brings_the_rest(
     assert killed.returncode == 0, killed.stderr
     assert "outputs: 6 files" in killed.stderr, killed.stderr
     assert (target / "node2" / "more-node2.txt").read_text() == "more\n"
+
+    # Kept with the logs until asked: gc --outputs removes ended jobs' outputs only.
+    assert node1_outputs.is_dir()
+    gc = orch("gc", "--outputs", "-i", inventory, timeout=120)
+    assert gc.returncode == 0, gc.stderr
+    assert "output directories" in gc.stdout
+    assert not node1_outputs.exists() and not node2_outputs.exists()
+    assert (cluster.home(1) / ".orch" / "jobs" / job_id / "node1" / "logs").is_dir()
