@@ -203,6 +203,7 @@ def build_plan(
     master_port: int | None,
     facts: Mapping[str, HostFacts] | None = None,
     shared: Sequence[Sequence[str]] = (),
+    attempt: int = 0,
 ) -> LaunchPlan:
     """Compute node ranks, global ranks and each host's torchrun command and env.
 
@@ -214,6 +215,7 @@ def build_plan(
         master_port: the rendezvous port, None when not known yet (dry run).
         facts: probe results by host name; missing facts leave defaults out.
         shared: groups of hosts that share their workdir's filesystem (`fs_groups`).
+        attempt: which start of the job this is (`restarts:`), 0 the first.
 
     Returns:
         The LaunchPlan.
@@ -225,7 +227,7 @@ def build_plan(
     for node_rank, (host, nproc) in enumerate(zip(hosts, counts, strict=True)):
         hf = facts.get(host.name, HostFacts())
         local_addr = master_addr if node_rank == 0 else (hf.local_addr or _static_addr(host))
-        job_dir = protocol.job_dir(host.workdir, job_id, host.name)
+        job_dir = protocol.job_dir(host.workdir, job_id, host.name, attempt)
         values = {
             "node_rank": str(node_rank),
             "num_nodes": str(len(hosts)),
@@ -243,6 +245,7 @@ def build_plan(
                 job, host, len(hosts), node_rank, nproc, master_addr, master_port, local_addr, args
             )
         env = _node_env(job, host, hf, job_id, names, values)
+        env["ORCH_ATTEMPT"] = str(attempt)
         group = next((g for g in shared if host.name in g), ())
         shares = tuple(h.name for h in hosts if h.name in group)
         nodes.append(

@@ -315,6 +315,27 @@ def setup_distributed() -> tuple[str, torch.device]:
     return backend, device
 
 
+RESUME = os.path.join(os.environ.get("ORCH_OUTPUT_DIR", "."), "resume.pt")
+
+
+def resume(model: DistributedDataParallel, optimizer: torch.optim.Optimizer, device: torch.device) -> int:
+    """The epoch to start from: 0, or where the last attempt left off when orch
+    restarted the job (`restarts:` in the job file). Rank 0 reads the state (its host
+    keeps the output directory) and hands it to the others."""
+    box = [None]
+    if int(os.environ.get("ORCH_ATTEMPT", "0")) > 0 and dist.get_rank() == 0:
+        if os.path.exists(RESUME):
+            box = [torch.load(RESUME, map_location="cpu")]
+    dist.broadcast_object_list(box, src=0)
+    state = box[0]
+    if state is None:
+        return 0
+    model.module.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    log(f"resumed from epoch {state['epoch']} (attempt {os.environ['ORCH_ATTEMPT']})")
+    return int(state["epoch"])
+
+
 def train_and_evaluate(args: argparse.Namespace, device: torch.device) -> None:
     """Train the DDP model, report the test accuracy and save the checkpoint (rank 0)."""
     start = time.monotonic()
@@ -334,11 +355,15 @@ def train_and_evaluate(args: argparse.Namespace, device: torch.device) -> None:
         model, device_ids=[device.index] if device.type == "cuda" else None
     )
     optimizer = torch.optim.Adam(ddp_model.parameters(), lr=args.lr)
+    first = resume(ddp_model, optimizer, device)
 
-    for epoch in range(args.epochs):
+    for epoch in range(first, args.epochs):
         sampler.set_epoch(epoch)  # reshuffle differently every epoch
         loss = train_epoch(ddp_model, loader, optimizer, device)
         log(f"epoch {epoch + 1}/{args.epochs} loss {loss:.4f}")
+        if rank == 0:  # where a restarted attempt (ORCH_ATTEMPT > 0) picks up
+            state = {"model": ddp_model.module.state_dict(), "optimizer": optimizer.state_dict()}
+            torch.save({**state, "epoch": epoch + 1}, RESUME)
 
     accuracy = evaluate(ddp_model, test_set, rank, world, device)
     if rank == 0:

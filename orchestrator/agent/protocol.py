@@ -71,9 +71,11 @@ def job_root(workdir: str, job_id: str) -> str:
     return f"{workdir.rstrip('/')}/jobs/{job_id}"
 
 
-def job_dir(workdir: str, job_id: str, host: str) -> str:
-    """A node's job directory on its host (may start with ~)."""
-    return f"{job_root(workdir, job_id)}/{host}"
+def job_dir(workdir: str, job_id: str, host: str, attempt: int = 0) -> str:
+    """A node's job directory on its host (may start with ~); a restarted job's nodes
+    get one per attempt, beside the first: the output directory stays theirs."""
+    name = host if attempt == 0 else f"{host}.attempt{attempt}"
+    return f"{job_root(workdir, job_id)}/{name}"
 
 
 def outputs_dir(job_dir: str) -> str:

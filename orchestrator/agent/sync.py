@@ -28,6 +28,7 @@ from .protocol import (
     describe_error,
     entry_key,
     read_frame,
+    read_json,
     widen_pipe,
     write_bytes,
     write_json,
@@ -121,15 +122,18 @@ def make_snapshot(store: ContentStore, request: dict[str, Any]) -> dict[str, Any
         return {"missing": missing}
     job_dir = os.path.expanduser(str(request["job_dir"]))
     os.makedirs(job_dir, exist_ok=True)
-    try:
-        build_tree(store, entries, os.path.join(job_dir, CODE), copy=owned)
-    except Missing as exc:  # collected by a concurrent gc since the check above
-        return {"missing": exc.keys}
-    version = pin_agent(job_dir)
-    write_json(
-        os.path.join(job_dir, SNAPSHOT),
-        {"manifest": digest, "created": time.time(), "agent": version},
-    )
+    built = read_json(os.path.join(job_dir, SNAPSHOT)) or {}
+    if built.get("manifest") != digest or not os.path.isdir(os.path.join(job_dir, CODE)):
+        try:
+            build_tree(store, entries, os.path.join(job_dir, CODE), copy=owned)
+        except Missing as exc:  # collected by a concurrent gc since the check above
+            return {"missing": exc.keys}
+        version = pin_agent(job_dir)
+        write_json(
+            os.path.join(job_dir, SNAPSHOT),
+            {"manifest": digest, "created": time.time(), "agent": version},
+        )
+    # else: a restarted job's shared snapshot, built by its first attempt
     link_nodes(job_dir, request.get("nodes") or [])
     setup = request.get("setup")
     done = isinstance(setup, str) and os.path.exists(store.setup_marker(setup))

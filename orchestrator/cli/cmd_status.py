@@ -77,6 +77,22 @@ def _exit_text(code: int | None) -> str:
     return str(code)
 
 
+def _attempt(record: JobRecord) -> str:
+    """`, attempt 2 of 3 (attempt 1 failed on node2)` for a job with restarts."""
+    restarts = int(record.spec.get("restarts") or 0)
+    if not restarts:
+        return ""
+    attempt = int(record.spec.get("attempt") or 0)
+    before = [
+        f"attempt {a['attempt'] + 1} {n['state']} on {n['host']}"
+        for a in record.spec.get("attempts", [])
+        for n in a["nodes"]
+        if n["state"] in ("failed", "lost")
+    ]
+    earlier = f" ({'; '.join(before)})" if before else ""
+    return f", attempt {attempt + 1} of {restarts + 1}{earlier}"
+
+
 def _nodes_table(record: JobRecord) -> Table:
     table = Table(
         "host",
@@ -85,7 +101,7 @@ def _nodes_table(record: JobRecord) -> Table:
         "state",
         "exit",
         box=None,
-        title=f"job {record.id} ({record.name}): {record.state.value}",
+        title=f"job {record.id} ({record.name}): {record.state.value}{_attempt(record)}",
         title_justify="left",
     )
     for n in record.nodes:

@@ -27,9 +27,16 @@ def submit(
     ] = False,
     progress: ProgressOpt = ProgressMode.AUTO,
     progress_every: ProgressEveryOpt = PROGRESS_EVERY_S,
+    outputs_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--outputs-dir",
+            help="Where the job's outputs: go when it ends (default: ./orch-outputs/ID).",
+        ),
+    ] = None,
 ) -> None:
     """Run a job on its hosts and stream every rank's output."""
-    sub = submitting.prepare(job, inventory)
+    sub = submitting.prepare(job, inventory, outputs_dir)
     if dry_run:
         for line in describe(submitting.dry_run(sub)):
             typer.echo(line)

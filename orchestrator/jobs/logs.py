@@ -64,7 +64,8 @@ def logs(store: JobDB, job_id: str, want: LogFilter, follow: bool, reporter: Rep
     nodes = want.nodes(record)
     if follow:  # the job's end is known only from all of its nodes
         nodes = record.nodes
-    mirror = LogMirror(store.home / "logs", record.id)
+    _print_earlier_attempts(record, store, want, reporter)
+    mirror = LogMirror(store.home / "logs", record.id, int(record.spec.get("attempt") or 0))
     group, failures = connect_reachable([n.host for n in nodes], reporter.notice)
     try:
         with group:
@@ -117,6 +118,28 @@ def drain(
     finally:
         watcher.close()
     return failures
+
+
+def _print_earlier_attempts(
+    record: JobRecord, store: JobDB, want: LogFilter, reporter: Reporter
+) -> None:
+    """A restarted job's earlier attempts, each under a marker line, from the local
+    copy (their nodes ended; a lost host's lines stop where it went)."""
+    for earlier in record.spec.get("attempts", []):
+        attempt = int(earlier["attempt"])
+        ended = ", ".join(f"{n['host']} {n['state']}" for n in earlier["nodes"])
+        reporter.notice(f"--- attempt {attempt + 1} ({ended}) ---")
+        mirror = LogMirror(store.home / "logs", record.id, attempt)
+        try:
+            for node in earlier["nodes"]:
+                name = str(node["host"])
+                for stream in mirror.streams(name):
+                    if want.wants(name, rank_of(stream)):
+                        reporter.output(name, rank_of(stream), mirror.read(name, stream, want.tail))
+        finally:
+            mirror.close()
+    if record.spec.get("attempts"):
+        reporter.notice(f"--- attempt {int(record.spec.get('attempt') or 0) + 1} ---")
 
 
 def _print_mirror(

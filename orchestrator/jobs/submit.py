@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,6 +38,7 @@ from orchestrator.plan import (
     NodeLaunch,
     build_plan,
     fs_groups,
+    pick_hosts,
     select_hosts,
     static_master_addr,
 )
@@ -61,14 +63,20 @@ class Submission:
     hosts: Sequence[Host]
     job_id: str
     outputs_dir: Path | None = None  # where `outputs:` go (default ./orch-outputs/ID)
+    # Every host the job's selection matches, in order: `hosts` first; the others are
+    # spares that a restart may take in place of a host that failed or went silent.
+    candidates: Sequence[Host] = ()
 
 
-def prepare(job_path: Path, inventory_path: Path | None) -> Submission:
+def prepare(
+    job_path: Path, inventory_path: Path | None, outputs_dir: Path | None = None
+) -> Submission:
     """Load and check everything that needs no host: job, inventory, selection."""
     job = load_job(job_path)
     inventory = resolve_inventory(inventory_path, job.inventory)
     hosts = select_hosts(job, inventory)
-    return Submission(job, hosts, new_job_id(job.name))
+    candidates = pick_hosts(inventory, job.hosts, job.labels) if job.restarts else hosts
+    return Submission(job, hosts, new_job_id(job.name), outputs_dir, candidates)
 
 
 def dry_run(sub: Submission) -> LaunchPlan:
@@ -84,7 +92,8 @@ def dry_run(sub: Submission) -> LaunchPlan:
 def submit(
     sub: Submission, reporter: Reporter, detach: bool = False, store: JobDB | None = None
 ) -> int:
-    """Run a job on its hosts and, unless detached, stream its output until it ends.
+    """Run a job on its hosts and, unless detached, stream its output until it ends;
+    when a node fails or is lost, start it again as the job's `restarts:` allow.
 
     Returns:
         0 when every node succeeded (or, detached, once every node started).
@@ -96,17 +105,86 @@ def submit(
     """
     store = store or JobDB()
     tree = scan_workdir(sub.job.workdir, sub.job.exclude)
+    hosts, attempt = list(sub.hosts), 0
+    while True:
+        try:
+            return _attempt(sub, hosts, attempt, tree, reporter, detach, store)
+        except _Restart as restart:
+            hosts, attempt = restart.hosts, attempt + 1
+            delay = restart_delay(attempt)
+            reporter.notice(
+                f"{restart.reason}: starting the job again in {delay:.0f} s as attempt "
+                f"{attempt + 1} of {sub.job.restarts + 1}, on {', '.join(h.name for h in hosts)}"
+            )
+            try:
+                time.sleep(delay)
+            except KeyboardInterrupt:
+                raise Interrupted("interrupted before the job started again") from None
+
+
+RESTART_DELAY_S = (1.0, 60.0)  # the first restart's wait, doubled each time, up to this
+
+
+def restart_delay(attempt: int) -> float:
+    first, most = RESTART_DELAY_S
+    return float(min(most, first * 2 ** (attempt - 1)))
+
+
+class _Restart(Exception):
+    """The attempt failed and the job starts again, on `hosts`."""
+
+    def __init__(self, hosts: list[Host], reason: str) -> None:
+        super().__init__(reason)
+        self.hosts, self.reason = hosts, reason
+
+
+def next_hosts(
+    current: Sequence[Host], candidates: Sequence[Host], bad: set[str], lost: set[str]
+) -> list[Host] | None:
+    """The hosts of the next attempt: the current ones but those that failed (`bad`),
+    replaced by spares in the selection's order; where spares run short, a host whose
+    node failed is taken again (a process failed, the host may be fine), a lost one
+    never. None when too few are left."""
+    spares = [h for h in candidates if h.name not in bad and h not in current]
+    chosen = []
+    for host in current:
+        if host.name not in bad:
+            chosen.append(host)
+        elif spares:
+            chosen.append(spares.pop(0))
+        elif host.name not in lost:
+            chosen.append(host)
+        else:
+            return None
+    return chosen
+
+
+def _attempt(
+    sub: Submission,
+    hosts: list[Host],
+    attempt: int,
+    tree: Tree,
+    reporter: Reporter,
+    detach: bool,
+    store: JobDB,
+) -> int:
+    """One start of the job on `hosts`: probe, push, start, follow.
+
+    Raises:
+        _Restart: it failed, and the job's restarts allow another attempt.
+    """
     options = ConnectOptions(notice=reporter.notice)
-    with HostGroup(sub.hosts, options) as group:
+    with HostGroup(hosts, options) as group:
         group.connect()
-        log.info("connected to %d hosts", len(sub.hosts))
-        plan = _plan_with_facts(sub, group)
-        log.info(
-            "probed %d hosts; master %s:%s", len(sub.hosts), plan.master_addr, plan.master_port
-        )
+        log.info("connected to %d hosts", len(hosts))
+        plan = _plan_with_facts(sub, group, hosts, attempt)
+        log.info("probed %d hosts; master %s:%s", len(hosts), plan.master_addr, plan.master_port)
         # Recorded before anything starts, so that `orch kill` can always find the job.
-        store.add(record_of(plan))
-        reporter.job_started(plan.job_id)
+        if attempt == 0:
+            store.add(record_of(plan))
+            reporter.job_started(plan.job_id)
+        else:
+            store.restart(record_of(plan))
         nodes = {n.host.name: n for n in plan.nodes}
         log.info(
             "pushing %d files (%d kB) to %d hosts",
@@ -136,16 +214,39 @@ def submit(
         store.update_job(plan.job_id, JobState.RUNNING)
         if detach:
             return 0
-        mirror = LogMirror(store.home / "logs", plan.job_id)
+        mirror = LogMirror(store.home / "logs", plan.job_id, attempt)
         try:
             code = watch_job(store.get(plan.job_id), group, reporter, store, mirror, attached=True)
         except JobFailed:
-            bring_outputs(store.get(plan.job_id), group, sub.outputs_dir, reporter.notice)
+            record = store.get(plan.job_id)
+            again = _restart_of(sub, record, hosts, attempt)
+            if again is not None:
+                raise again from None
+            bring_outputs(record, group, sub.outputs_dir, reporter.notice)
             raise
         finally:
             mirror.close()
         bring_outputs(store.get(plan.job_id), group, sub.outputs_dir, reporter.notice)
         return code
+
+
+def _restart_of(
+    sub: Submission, record: JobRecord, hosts: list[Host], attempt: int
+) -> _Restart | None:
+    """The next attempt, when a node failed or was lost (not `orch kill`) and the job's
+    restarts allow one more; None otherwise."""
+    if attempt >= sub.job.restarts or record.state is JobState.KILLED:
+        return None
+    lost = {n.host.name for n in record.nodes if n.state is JobState.LOST}
+    # A lost host takes its peers' ranks down with it: those failed because of it.
+    failed = lost or {n.host.name for n in record.nodes if n.state is JobState.FAILED}
+    if not failed:
+        return None
+    chosen = next_hosts(hosts, sub.candidates or hosts, failed, lost)
+    if chosen is None:
+        return None
+    what = "lost" if failed <= lost else "failed"
+    return _Restart(chosen, f"attempt {attempt + 1} {what} on {', '.join(sorted(failed))}")
 
 
 def record_of(plan: LaunchPlan) -> JobRecord:
@@ -158,6 +259,8 @@ def record_of(plan: LaunchPlan) -> JobRecord:
         "workdir": str(job.workdir),
         "outputs": list(job.outputs),
         "outputs_from": job.outputs_from,
+        "restarts": job.restarts,
+        "attempt": int(plan.nodes[0].env.get("ORCH_ATTEMPT", "0")),
     }
     nodes = [
         NodeRecord(
@@ -174,24 +277,27 @@ def record_of(plan: LaunchPlan) -> JobRecord:
     )
 
 
-def _plan_with_facts(sub: Submission, group: HostGroup) -> LaunchPlan:
+def _plan_with_facts(
+    sub: Submission, group: HostGroup, hosts: Sequence[Host], attempt: int
+) -> LaunchPlan:
     """Probe the hosts and run check's blocking checks; refuse on any error found.
 
     Raises:
         HostError / MultiHostError: python or torch missing on a host.
         PreflightError: what `orch check` reports as errors (exit 3, same messages).
     """
-    checked = preflight(sub.job, sub.hosts, group)
+    checked = preflight(sub.job, hosts, group)
     for warning in checked.warnings:
         group.options.notice(f"warning: {warning.message}")
     return build_plan(
         sub.job,
-        sub.hosts,
+        hosts,
         sub.job_id,
         checked.master_addr,
         checked.port,
         checked.facts,
         checked.shared,
+        attempt,
     )
 
 

@@ -47,6 +47,7 @@ _JOB_KEYS = {
     "launcher": None,
     "local_rank_arg": None,
     "outputs": None,
+    "restarts": None,
 }
 OUTPUTS_FROM = ("rank0", "all")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -77,6 +78,7 @@ class JobSpec:
     local_rank_arg: str | None = None  # the flag torch.distributed.launch passes
     outputs: tuple[str, ...] = ()  # globs in ORCH_OUTPUT_DIR, copied back when the job ends
     outputs_from: str = "rank0"  # "rank0": node rank 0's; "all": every node's, per host
+    restarts: int = 0  # whole-job restarts after a node failed or was lost
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     def error(self, key: str, message: str, hint: str = "") -> SpecError:
@@ -191,6 +193,7 @@ def load_job(path: Path) -> JobSpec:
         local_rank_arg=_load_local_rank_arg(where, launcher, workdir, script, module),
         outputs=outputs,
         outputs_from=outputs_from,
+        restarts=get_int(where, "restarts", default=0, minimum=0) or 0,
         positions=dict(where.mapping.positions),
     )
 

@@ -102,6 +102,24 @@ class JobRecord:
         return (self.ended or time.time()) - self.started
 
 
+def _node_rows(job: JobRecord) -> list[tuple[Any, ...]]:
+    return [
+        (
+            job.id,
+            n.host.name,
+            n.node_rank,
+            n.first_rank,
+            n.nproc,
+            n.job_dir,
+            n.state.value,
+            n.exit_code,
+            n.error,
+            _host_to_json(n.host),
+        )
+        for n in job.nodes
+    ]
+
+
 def _host_to_json(host: Host) -> str:
     return json.dumps(dataclasses.asdict(host))
 
@@ -168,24 +186,45 @@ class JobDB:
                     json.dumps(job.spec),
                 ),
             )
-            db.executemany(
-                "INSERT INTO nodes VALUES (?,?,?,?,?,?,?,?,?,?)",
-                [
-                    (
-                        job.id,
-                        n.host.name,
-                        n.node_rank,
-                        n.first_rank,
-                        n.nproc,
-                        n.job_dir,
-                        n.state.value,
-                        n.exit_code,
-                        n.error,
-                        _host_to_json(n.host),
-                    )
-                    for n in job.nodes
-                ],
+            db.executemany("INSERT INTO nodes VALUES (?,?,?,?,?,?,?,?,?,?)", _node_rows(job))
+            db.execute("COMMIT")
+
+    def restart(self, job: JobRecord) -> None:
+        """Start the job's next attempt: its nodes now are `job.nodes` (their rows
+        replace the last attempt's, which go into spec["attempts"]), and it is pending
+        again with the new master."""
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            row = db.execute("SELECT spec FROM jobs WHERE id=?", (job.id,)).fetchone()
+            old = db.execute("SELECT * FROM nodes WHERE job_id=?", (job.id,)).fetchall()
+            spec = json.loads(row["spec"]) if row else {}
+            spec["attempts"] = [
+                *spec.get("attempts", []),
+                {
+                    "attempt": spec.get("attempt", 0),
+                    "nodes": [
+                        {
+                            k: n[k]
+                            for k in ("host", "node_rank", "job_dir", "state", "exit_code", "error")
+                        }
+                        for n in old
+                    ],
+                },
+            ]
+            spec["attempt"] = job.spec.get("attempt", 0)
+            db.execute("DELETE FROM nodes WHERE job_id=?", (job.id,))
+            db.execute(
+                "UPDATE jobs SET state=?, ended=NULL, exit_code=NULL, master_addr=?,"
+                " master_port=?, spec=? WHERE id=?",
+                (
+                    JobState.PENDING.value,
+                    job.master_addr,
+                    job.master_port,
+                    json.dumps(spec),
+                    job.id,
+                ),
             )
+            db.executemany("INSERT INTO nodes VALUES (?,?,?,?,?,?,?,?,?,?)", _node_rows(job))
             db.execute("COMMIT")
 
     def update_node(

@@ -27,8 +27,9 @@ def rank_of(stream: str) -> int | None:
 class LogMirror:
     """Local mirror of one job's log files, safe to write from several threads."""
 
-    def __init__(self, root: Path, job_id: str) -> None:
-        self.dir = root / job_id
+    def __init__(self, root: Path, job_id: str, attempt: int = 0) -> None:
+        # A restarted job's attempts each have their own nodes' files, so their own copy.
+        self.dir = root / (job_id if attempt == 0 else f"{job_id}.attempt{attempt}")
         self._fds: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
 
