@@ -112,8 +112,9 @@ def submit(
         except _Restart as restart:
             hosts, attempt = restart.hosts, attempt + 1
             delay = restart_delay(attempt)
+            when = f"in {delay:.0f} s" if delay else "now"
             reporter.notice(
-                f"{restart.reason}: starting the job again in {delay:.0f} s as attempt "
+                f"{restart.reason}: starting the job again {when} as attempt "
                 f"{attempt + 1} of {sub.job.restarts + 1}, on {', '.join(h.name for h in hosts)}"
             )
             try:
@@ -122,12 +123,15 @@ def submit(
                 raise Interrupted("interrupted before the job started again") from None
 
 
-RESTART_DELAY_S = (1.0, 60.0)  # the first restart's wait, doubled each time, up to this
+RESTART_DELAY_S = (1.0, 60.0)  # the second restart's wait, doubled each time, up to this
 
 
 def restart_delay(attempt: int) -> float:
+    """The wait before `attempt` (1: the first restart). The first comes at once: the
+    failed host is replaced or the failure was the job's own; a job that fails again
+    waits 1 s, then 2, 4 ... up to a minute."""
     first, most = RESTART_DELAY_S
-    return float(min(most, first * 2 ** (attempt - 1)))
+    return 0.0 if attempt <= 1 else float(min(most, first * 2 ** (attempt - 2)))
 
 
 class _Restart(Exception):

@@ -33,7 +33,7 @@ def test_a_lost_node_is_replaced_by_a_spare_and_the_job_resumes(
     stdout, stderr = out.text(), err.text()
     assert submit.returncode == 0, stderr
     assert (
-        "attempt 1 lost on node2: starting the job again in 1 s as attempt 2 of 2, on node1, node3"
+        "attempt 1 lost on node2: starting the job again now as attempt 2 of 2, on node1, node3"
         in stderr
     )
     resumed = [line for line in stdout.splitlines() if "resumed at step" in line]

@@ -32,5 +32,5 @@ def test_spares_that_failed_are_not_taken() -> None:
     assert names(chosen) == ["node1", "node4"]
 
 
-def test_the_wait_doubles_from_one_second_up_to_a_minute() -> None:
-    assert [restart_delay(k) for k in (1, 2, 3, 4, 8)] == [1.0, 2.0, 4.0, 8.0, 60.0]
+def test_the_first_restart_comes_at_once_then_the_wait_doubles_up_to_a_minute() -> None:
+    assert [restart_delay(k) for k in (1, 2, 3, 4, 9)] == [0.0, 1.0, 2.0, 4.0, 60.0]
