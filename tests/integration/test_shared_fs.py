@@ -86,6 +86,7 @@ def test_mixed_cluster_two_hosts_share_one_directory_and_setup_runs_once_per_fil
             "code",
             "node1",
             "node2",
+            "outputs",  # one ORCH_OUTPUT_DIR for the nodes of the shared filesystem
             "snapshot.json",
         ]
         for node in ("node1", "node2"):  # each node's own files stay its own
