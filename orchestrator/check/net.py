@@ -71,22 +71,41 @@ def reachability(
                 "is the port still free? run orch check again",
             )
 
-        def connect(host: Host, t: Transport) -> str | None:
-            args = ("connect", master_addr, port, CONNECT_TIMEOUT_S, token)
-            record = agent.run(host, t, _words(args), timeout=CONNECT_TIMEOUT_S + 30)
-            return None if record.get("ok") else str(record.get("error") or "no answer")
-
-        results, errors = group.try_each(connect, only=[n.name for n in nodes])
-        failures = {name: reason for name, reason in results.items() if reason}
-        failures.update({e.host or "?": e.what for e in errors})
-        if not failures:
-            # All connected: the listener is closing the port now; wait until it has,
-            # so that torchrun can bind it right after.
-            for _ in listener.lines():
-                pass
-        return failures
+        # All connected: the listener is closing the port now; wait until it has, so
+        # that torchrun can bind it right after.
+        return connect_all(group, nodes, master_addr, port, token, listener)
     finally:
         listener.close()
+
+
+def connect_all(
+    group: HostGroup,
+    nodes: Sequence[Host],
+    addr: str,
+    port: int,
+    token: str,
+    server: RemoteProcess,
+) -> dict[str, str]:
+    """Connect from every node to `addr:port`, where `server` answers `token`; when all
+    got through, wait for the server to end (it ends once each node came and went).
+
+    Returns:
+        {node name: reason} for each node that failed.
+    """
+
+    def connect(host: Host, t: Transport) -> str | None:
+        args = ("connect", addr, port, CONNECT_TIMEOUT_S, token)
+        record = agent.run(host, t, _words(args), timeout=CONNECT_TIMEOUT_S + 30)
+        return None if record.get("ok") else str(record.get("error") or "no answer")
+
+    results, errors = group.try_each(connect, only=[n.name for n in nodes])
+    failures = {name: reason for name, reason in results.items() if reason}
+    failures.update({e.host or "?": e.what for e in errors})
+    if not failures:
+        with contextlib.suppress(TimeoutError, OSError):
+            for _ in server.lines():
+                pass
+    return failures
 
 
 def bandwidth(
@@ -177,21 +196,10 @@ def relay_reach(
                 "orch pushes the code to every host directly meanwhile",
             ) from None
 
-        def connect(host: Host, t: Transport) -> str | None:
-            args = ("connect", master_addr, port, CONNECT_TIMEOUT_S, RELAY_GREETING)
-            record = agent.run(host, t, _words(args), timeout=CONNECT_TIMEOUT_S + 30)
-            return None if record.get("ok") else str(record.get("error") or "no answer")
-
-        results, errors = group.try_each(connect, only=[n.name for n in nodes])
-        failures = {name: reason for name, reason in results.items() if reason}
-        failures.update({e.host or "?": e.what for e in errors})
-        if not failures:  # every node came: the relay is ending; nothing stays behind
-            with contextlib.suppress(TimeoutError, OSError):
-                for _ in relay.lines():
-                    pass
+        # Every node came: the relay is ending; nothing of it stays behind.
+        return connect_all(group, nodes, master_addr, port, RELAY_GREETING, relay)
     finally:
         relay.close()
-    return failures
 
 
 RELAY_GREETING = "orch-relay-1"  # what a relay says first (agent/relay.py GREETING)
