@@ -17,6 +17,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts are plain text: `[host rN]` in a docstring is what the user sees, not
+    # markup for rich to eat.
+    rich_markup_mode=None,
 )
 
 

@@ -30,7 +30,7 @@ def logs(
     progress: ProgressOpt = ProgressMode.AUTO,
     progress_every: ProgressEveryOpt = PROGRESS_EVERY_S,
 ) -> None:
-    """Print everything a job's ranks have written, as \\[host rN] line.
+    """Print everything a job's ranks have written, as [host rN] line.
 
     A progress bar's line shows in its last state; with -f, a bar that moves is
     redrawn in place on a terminal, else printed every --progress-every seconds.

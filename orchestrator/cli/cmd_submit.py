@@ -11,6 +11,8 @@ from orchestrator.cli.app import InventoryOpt, ProgressEveryOpt, ProgressOpt, ap
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.jobs import submit as submitting
 from orchestrator.jobs.progress import PROGRESS_EVERY_S, ProgressMode
+from orchestrator.models.errors import InputError
+from orchestrator.models.job import Overrides
 from orchestrator.plan import describe
 from orchestrator.sync.ignore import collect_files
 
@@ -18,6 +20,14 @@ from orchestrator.sync.ignore import collect_files
 @app.command()
 def submit(
     job: Annotated[Path, typer.Argument(help="Job file (YAML).")],
+    script_args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="After --: arguments added after the job's args (where a flag comes twice, "
+            "scripts take the last); with --replace-args, instead of them.",
+            show_default=False,
+        ),
+    ] = None,
     inventory: InventoryOpt = None,
     detach: Annotated[
         bool, typer.Option("-d", "--detach", help="Return once every node has started.")
@@ -34,9 +44,38 @@ def submit(
             help="Where the job's outputs: go when it ends (default: ./orch-outputs/ID).",
         ),
     ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env", help="NAME=value over the job's env (repeatable).", metavar="NAME=VALUE"
+        ),
+    ] = None,
+    nodes: Annotated[
+        int | None, typer.Option("--nodes", min=1, help="Instead of the job's nodes:.")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Instead of the job's name:.")] = None,
+    nproc_per_node: Annotated[
+        int | None,
+        typer.Option("--nproc-per-node", min=1, help="Instead of the job's nproc_per_node:."),
+    ] = None,
+    replace_args: Annotated[
+        bool, typer.Option("--replace-args", help="Arguments after -- replace the job's args.")
+    ] = False,
 ) -> None:
-    """Run a job on its hosts and stream every rank's output."""
-    sub = submitting.prepare(job, inventory, outputs_dir)
+    """Run a job on its hosts and stream every rank's output.
+
+    A sweep needs no copies of the job file, for example:
+    orch submit job.yaml --name lr-0.1 --env LR=0.1 -- --lr 0.1
+    """
+    overrides = Overrides(
+        env=dict(_pair(item) for item in env or []),
+        nodes=nodes,
+        name=name,
+        nproc_per_node=nproc_per_node,
+        args=tuple(script_args or ()),
+        replace_args=replace_args,
+    )
+    sub = submitting.prepare(job, inventory, outputs_dir, overrides)
     if dry_run:
         for line in describe(submitting.dry_run(sub)):
             typer.echo(line)
@@ -46,3 +85,10 @@ def submit(
     with ConsoleReporter(progress, progress_every) as reporter:
         code = submitting.submit(sub, reporter, detach=detach)
     raise typer.Exit(code)
+
+
+def _pair(item: str) -> tuple[str, str]:
+    name, sep, value = item.partition("=")
+    if not sep:
+        raise InputError(f"--env {item!r}: expected NAME=value", "write --env NAME=value")
+    return name, value

@@ -29,7 +29,7 @@ from orchestrator.models.inventory import (
     Host,
     resolve_inventory,
 )
-from orchestrator.models.job import JobSpec, load_job
+from orchestrator.models.job import JobSpec, Overrides, load_job, with_overrides
 from orchestrator.models.states import JobState
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
@@ -69,10 +69,16 @@ class Submission:
 
 
 def prepare(
-    job_path: Path, inventory_path: Path | None, outputs_dir: Path | None = None
+    job_path: Path,
+    inventory_path: Path | None,
+    outputs_dir: Path | None = None,
+    overrides: Overrides | None = None,
 ) -> Submission:
-    """Load and check everything that needs no host: job, inventory, selection."""
+    """Load and check everything that needs no host: job (with the command line's
+    overrides), inventory, selection."""
     job = load_job(job_path)
+    if overrides is not None:
+        job = with_overrides(job, overrides)
     inventory = resolve_inventory(inventory_path, job.inventory)
     hosts = select_hosts(job, inventory)
     candidates = pick_hosts(inventory, job.hosts, job.labels) if job.restarts else hosts

@@ -339,3 +339,60 @@ def _load_outputs(where: Where) -> tuple[tuple[str, ...], str]:
                 "give paths or globs relative to ORCH_OUTPUT_DIR, e.g. checkpoints/*.pt",
             )
     return paths, source
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What `orch submit` options change in a job file, for a sweep without YAML copies.
+
+    `args` extends the job's args (a flag given again wins in argparse: the last one
+    counts), or replaces them with `replace_args`.
+    """
+
+    env: dict[str, str] = field(default_factory=dict)
+    nodes: int | None = None
+    name: str | None = None
+    nproc_per_node: int | None = None
+    args: tuple[str, ...] = ()
+    replace_args: bool = False
+
+
+def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
+    """The job with `over` applied, checked as the job file's own keys are.
+
+    Raises:
+        InputError: a bad value, naming the option (exit 2).
+    """
+    from dataclasses import replace
+
+    from orchestrator.models.errors import InputError
+
+    if over.name is not None and not _NAME_RE.match(over.name):
+        raise InputError(
+            f"--name: invalid job name {over.name!r}", "use letters, digits, '.', '_' and '-'"
+        )
+    if over.nodes is not None and job.hosts and over.nodes != len(job.hosts):
+        raise InputError(
+            f"--nodes {over.nodes}, but {job.path} lists {len(job.hosts)} hosts",
+            "drop --nodes, or the job's hosts: list",
+        )
+    for key in over.env:
+        if not key or not key.replace("_", "a").isalnum() or not key.isascii() or key[0].isdigit():
+            raise InputError(
+                f"--env: {key!r} is not a valid environment variable name", "write --env NAME=value"
+            )
+    for value in (*over.args, *over.env.values()):
+        for name in placeholders.unknown(value):
+            raise InputError(
+                f"unknown placeholder {{{name}}} in {value!r}", placeholders.suggestion(name)
+            )
+    return replace(
+        job,
+        name=over.name or job.name,
+        nodes=over.nodes if over.nodes is not None else job.nodes,
+        nproc_per_node=over.nproc_per_node
+        if over.nproc_per_node is not None
+        else job.nproc_per_node,
+        env={**job.env, **over.env},
+        args=over.args if over.replace_args else (*job.args, *over.args),
+    )

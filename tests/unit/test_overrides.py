@@ -1,0 +1,113 @@
+"""`orch submit` overrides for sweeps (issue 15, item 3), and help texts that render
+as written (item 4)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from orchestrator.cli.app import app
+from tests.unit.conftest import Orch, WriteFile
+
+INVENTORY = """
+hosts:
+  - {name: node1, address: 10.77.0.11}
+  - {name: node2, address: 10.77.0.12}
+"""
+JOB = """
+name: sweep
+script: train.py
+args: [--lr, "0.01"]
+env: {KEEP: "1"}
+"""
+
+
+@pytest.fixture
+def job(write: WriteFile, tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text("")
+    write("inv.yaml", INVENTORY)
+    return write("job.yaml", JOB)
+
+
+def dry(orch: Orch, job: Path, *options: str) -> str:
+    result = orch("submit", job, "-i", job.parent / "inv.yaml", "--dry-run", *options)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_a_sweep_changes_name_env_nodes_and_args_without_a_yaml_copy(orch: Orch, job: Path) -> None:
+    out = dry(
+        orch,
+        job,
+        "--name",
+        "lr-0.1",
+        "--env",
+        "LR=0.1",
+        "--env",
+        "KEEP=2",
+        "--nodes",
+        "1",
+        "--",
+        "--lr",
+        "0.1",
+    )
+    assert out.startswith("job lr-0.1-")
+    assert "on 1 nodes" in out and "[node2]" not in out
+    assert "  LR=0.1" in out and "  KEEP=2" in out
+    assert out.count("-- --lr 0.01 --lr 0.1\n") == 1, "appended: the last --lr wins"
+
+
+def test_replace_args_and_nproc_per_node(orch: Orch, job: Path) -> None:
+    out = dry(orch, job, "--replace-args", "--nproc-per-node", "1", "--", "--epochs", "{node_rank}")
+    assert (
+        "code script train.py -- --epochs 0\n" in out
+        and "code script train.py -- --epochs 1\n" in out
+    )
+    assert "--lr" not in out
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--env", "LR"], "--env 'LR': expected NAME=value"),
+        (["--env", "1X=2"], "--env: '1X' is not a valid environment variable name"),
+        (["--name", "a b"], "--name: invalid job name 'a b'"),
+        (["--nodes", "3"], "nodes=3 but inventory has 2 hosts"),
+        (["--", "{nod_rank}"], "unknown placeholder {nod_rank}"),
+    ],
+)
+def test_a_bad_override_is_an_input_error_naming_it(
+    orch: Orch, job: Path, options: list[str], message: str
+) -> None:
+    result = orch("submit", job, "-i", job.parent / "inv.yaml", "--dry-run", *options)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def commands() -> list[tuple[str, str]]:
+    found = []
+    for info in app.registered_commands:
+        assert info.callback is not None
+        name = info.name or info.callback.__name__.replace("_", "-")
+        found.append((name, info.callback.__doc__ or ""))
+    return found
+
+
+@pytest.mark.parametrize(("name", "doc"), commands())
+def test_every_help_text_shows_its_docstring_as_written(name: str, doc: str) -> None:
+    result = CliRunner().invoke(app, [name, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    shown = " ".join(result.output.split())
+    doc = doc.replace("\\[", "[")  # rich's escape, where a docstring needs one
+    for bracketed in re.findall(r"\[[^\]]+\]", doc):  # what rich markup would eat
+        assert bracketed in shown, f"orch {name} --help lost {bracketed}"
+    first = " ".join(doc.strip().split("\n\n")[0].split())
+    assert first in shown, f"orch {name} --help: {first!r} not in {shown!r}"
+
+
+def test_typer_is_what_renders_them() -> None:
+    assert isinstance(app, typer.Typer)
