@@ -15,7 +15,7 @@ app = typer.Typer(
     name="orch",
     help="Launch PyTorch distributed training on machines you can reach over SSH.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
     pretty_exceptions_enable=False,
     # Help texts are plain text: `[host rN]` in a docstring is what the user sees, not
     # markup for rich to eat.
@@ -84,4 +84,24 @@ ProgressEveryOpt = Annotated[
         help="When stdout is not a terminal: print a moving bar at most once every "
         "SECONDS per rank (a terminal redraws it in place).",
     ),
+]
+
+
+def complete_job_ids(incomplete: str) -> list[str]:
+    """Job ids for shell completion, newest first (no error ever reaches the shell)."""
+    from orchestrator.records.db import JobDB
+
+    try:
+        return [r.id for r in JobDB().jobs() if r.id.startswith(incomplete)]
+    except Exception:  # a missing or locked database: nothing to offer
+        return []
+
+
+JobIdArg = Annotated[
+    str,
+    typer.Argument(help="A job id (or a unique prefix).", autocompletion=complete_job_ids),
+]
+OptionalJobIdArg = Annotated[
+    str | None,
+    typer.Argument(help="A job id (or a unique prefix).", autocompletion=complete_job_ids),
 ]

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli.app import app
+from orchestrator.cli.app import OptionalJobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.jobs.teardown import kill as kill_jobs
 from orchestrator.models.errors import InputError, MultiHostError
@@ -15,7 +15,7 @@ from orchestrator.records.db import JobDB
 
 @app.command()
 def kill(
-    job_id: Annotated[str | None, typer.Argument(help="A job id (or a unique prefix).")] = None,
+    job_id: OptionalJobIdArg = None,
     all_jobs: Annotated[
         bool, typer.Option("--all", help="Kill every job that has not ended.")
     ] = False,

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli.app import ProgressEveryOpt, ProgressOpt, app
+from orchestrator.cli.app import JobIdArg, ProgressEveryOpt, ProgressOpt, app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.jobs.logs import LogFilter
 from orchestrator.jobs.logs import logs as show_logs
@@ -16,7 +16,7 @@ from orchestrator.records.db import JobDB
 
 @app.command()
 def logs(
-    job_id: Annotated[str, typer.Argument(help="A job id (or a unique prefix).")],
+    job_id: JobIdArg,
     follow: Annotated[
         bool, typer.Option("-f", "--follow", help="Go on until the job ends.")
     ] = False,

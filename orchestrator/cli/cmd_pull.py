@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import DownloadColumn, TextColumn, TransferSpeedColumn
 from rich.progress import Progress as Bars
 
-from orchestrator.cli.app import app
+from orchestrator.cli.app import JobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.jobs.pull import Progress, PullReport, default_target, pull, sources
 from orchestrator.nodes.group import HostGroup
@@ -22,7 +22,7 @@ from orchestrator.transport import ConnectOptions
 
 @app.command("pull")
 def pull_command(
-    job_id: Annotated[str, typer.Argument(help="A job id (or a unique prefix).")],
+    job_id: JobIdArg,
     paths: Annotated[
         list[str] | None,
         typer.Argument(

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.cli.app import app
+from orchestrator.cli.app import OptionalJobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.jobs.reconcile import STILL_RUNNING
 from orchestrator.jobs.reconcile import status as job_status
@@ -21,7 +21,7 @@ from orchestrator.records.db import JobDB, JobRecord
 
 @app.command()
 def status(
-    job_id: Annotated[str | None, typer.Argument(help="A job id (or a unique prefix).")] = None,
+    job_id: OptionalJobIdArg = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Table of jobs, or one job's nodes; reconciled with the hosts."""

@@ -111,3 +111,33 @@ def test_every_help_text_shows_its_docstring_as_written(name: str, doc: str) -> 
 
 def test_typer_is_what_renders_them() -> None:
     assert isinstance(app, typer.Typer)
+
+
+def test_shell_completion_offers_job_ids_and_scripts_generate(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from orchestrator.models.inventory import Host
+    from orchestrator.models.states import JobState
+    from orchestrator.records.db import JobDB, JobRecord, NodeRecord
+
+    home = tmp_path / "state"
+    db = JobDB(home)
+    node = NodeRecord(Host(name="node1", address="10.77.0.11"), 0, 0, 1, "~/.orch/jobs/x/node1")
+    for job_id in ("digits-3fa9c2", "digits-77aa01", "other-123456"):
+        db.add(JobRecord(job_id, "digits", JobState.SUCCEEDED, "10.77.0.11", None, {}, [node]))
+    env = {**os.environ, "ORCH_HOME": str(home), "_ORCH_COMPLETE": "complete_bash"}
+    orch = [str(Path(sys.executable).with_name("orch"))]  # completion keys on the program name
+    for verb in ("status", "logs", "kill", "pull"):
+        words = {"COMP_WORDS": f"orch {verb} dig", "COMP_CWORD": "2"}
+        done = subprocess.run(orch, env={**env, **words}, capture_output=True, text=True)
+        assert sorted(done.stdout.split()) == ["digits-3fa9c2", "digits-77aa01"], (verb, done)
+    for shell in ("bash", "zsh", "fish"):
+        script = subprocess.run(
+            [*orch, "--show-completion", shell],
+            env={k: v for k, v in env.items() if k != "_ORCH_COMPLETE"},
+            capture_output=True,
+            text=True,
+        )
+        assert script.returncode == 0 and "_ORCH_COMPLETE" in script.stdout, (shell, script.stderr)
