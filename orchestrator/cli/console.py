@@ -37,6 +37,8 @@ from orchestrator.jobs.progress import (
 )
 from orchestrator.sync.push import PushProgress
 
+CLEAR_LINE = "\r\x1b[2K"  # back to the line's start, and erase it
+
 
 class ConsoleReporter:
     """Prints a running job: prefixed rank lines on stdout, notices on stderr.
@@ -75,6 +77,24 @@ class ConsoleReporter:
         self._push_timer: threading.Timer | None = None
         self._push_bar: Progress | None = None
         self._push_tasks: dict[str, TaskID] = {}
+        self._phase = False  # a status line of where the submit is, on stderr
+
+    def phase(self, message: str) -> None:
+        """Where a submit is (connecting, probing, pushing, starting): one status line
+        on a terminal's stderr, rewritten in place, gone once anything else prints."""
+        if not sys.stderr.isatty():
+            return
+        with self._lock:
+            sys.stderr.write(f"{CLEAR_LINE}orch: {message} ...")
+            sys.stderr.flush()
+            self._phase = True
+
+    def _end_phase(self) -> None:
+        """Take the status line away (with the lock held), before anything else prints."""
+        if self._phase:
+            sys.stderr.write(CLEAR_LINE)
+            sys.stderr.flush()
+            self._phase = False
 
     def __enter__(self) -> ConsoleReporter:
         return self
@@ -88,6 +108,8 @@ class ConsoleReporter:
         self.close()
 
     def job_started(self, job_id: str) -> None:
+        with self._lock:
+            self._end_phase()
         self._write(f"job {job_id}\n".encode())
 
     def output(self, host: str, rank: int | None, data: bytes) -> None:
@@ -98,6 +120,7 @@ class ConsoleReporter:
             return
         key = (host, rank)
         with self._lock:
+            self._end_phase()
             stream = self._streams.setdefault(key, Condenser())
             had_bar = stream.bar
             lines = stream.feed(data)
@@ -190,6 +213,7 @@ class ConsoleReporter:
     def close(self) -> None:
         """End the display: a bar still moving is printed in its last state."""
         with self._lock:
+            self._end_phase()
             for key, stream in self._streams.items():
                 if not stream.bar:
                     continue
@@ -207,6 +231,7 @@ class ConsoleReporter:
             self._notice(message)
 
     def _notice(self, message: str) -> None:
+        self._end_phase()
         if self._live is not None and sys.stderr.isatty():  # the same screen: above the bars
             self._live.print(f"orch: {message}\n")
             return
@@ -244,6 +269,8 @@ class ConsoleReporter:
         with self._push_lock:
             if self._push_timer is None:  # the push ended meanwhile
                 return
+            with self._lock:
+                self._end_phase()  # the bars say it now
             self._push_bar = Progress(
                 TextColumn("pushing code to {task.description}"),
                 BarColumn(),

@@ -36,3 +36,20 @@ class ProgressReporter(Protocol):
     """
 
     def progress(self, update: PushProgress) -> None: ...
+
+
+@runtime_checkable
+class PhaseReporter(Protocol):
+    """A Reporter that can also say where a submit is before the job's output flows
+    (optional: those without `phase` are told nothing).
+
+    1. `phase()` comes as the submit moves on: connecting, probing, pushing, starting.
+    """
+
+    def phase(self, message: str) -> None: ...
+
+
+def phase(reporter: Reporter, message: str) -> None:
+    """Tell `reporter` where the submit is, if it wants to know."""
+    if isinstance(reporter, PhaseReporter):
+        reporter.phase(message)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from orchestrator.check.run import preflight
 from orchestrator.jobs.pull import bring_outputs
-from orchestrator.jobs.reporter import ProgressReporter, Reporter
+from orchestrator.jobs.reporter import ProgressReporter, Reporter, phase
 from orchestrator.jobs.teardown import teardown
 from orchestrator.jobs.watch import watch_job
 from orchestrator.models.errors import (
@@ -185,8 +185,10 @@ def _attempt(
     """
     options = ConnectOptions(notice=reporter.notice)
     with HostGroup(hosts, options) as group:
+        phase(reporter, f"connecting to {_count(hosts, 'host')}")
         group.connect()
         log.info("connected to %d hosts", len(hosts))
+        phase(reporter, f"checking {_count(hosts, 'host')}")
         plan = _plan_with_facts(sub, group, hosts, attempt)
         log.info("probed %d hosts; master %s:%s", len(hosts), plan.master_addr, plan.master_port)
         # Recorded before anything starts, so that `orch kill` can always find the job.
@@ -208,7 +210,9 @@ def _attempt(
             store.update_node(plan.job_id, host.name, JobState.RUNNING)
 
         try:
+            phase(reporter, f"pushing {tree.total_bytes / 1e6:.1f} MB of code")
             push_code(plan, group, tree, reporter)
+            phase(reporter, f"starting {_count(plan.nodes, 'node')}")
             group.each(start)
             log.info("started torchrun on %d hosts", len(nodes))
         except OrchError:
@@ -427,3 +431,7 @@ def _run_setup(
             ops.setup(node, transport, script, keys[node.host.name], digest, line)
 
     group.each(run_setup, only=todo)
+
+
+def _count(items: Sequence[object], what: str) -> str:
+    return f"{len(items)} {what}{'s' if len(items) != 1 else ''}"
