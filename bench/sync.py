@@ -40,7 +40,8 @@ from pathlib import Path
 
 from orchestrator.nodes.group import HostGroup
 from orchestrator.sync.manifest import HostMemory, scan_workdir
-from orchestrator.sync.push import Relay, push
+from orchestrator.sync.push import push
+from orchestrator.sync.relay import Relay
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

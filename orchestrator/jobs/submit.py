@@ -45,7 +45,8 @@ from orchestrator.plan import (
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror
 from orchestrator.sync.manifest import Tree, scan_workdir
-from orchestrator.sync.push import PushResult, Relay, push
+from orchestrator.sync.push import PushResult, push
+from orchestrator.sync.relay import Relay
 from orchestrator.sync.store import setup_key
 from orchestrator.transport import ConnectOptions, Transport
 

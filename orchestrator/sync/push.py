@@ -13,19 +13,15 @@ Per host, in parallel (see sync.py for the whole design):
    stale: a gc ran, another controller pushed, the disk was wiped); those go next.
    Unchanged code is one round trip that sends nothing but the check.
 
-With a `Relay` (the job's master, at the address its ranks reach it), the laptop's
-link carries each object once: the controller pushes to that seed host as above,
-while it serves what it gets to the others (agent/relay.py), which fetch in one
-round trip that carries no content. What a host could not fetch (a firewall, a host
-outside the cluster network) it reports missing, and that goes to it directly.
+With a `Relay` (relay.py), the laptop's link carries each object once: the
+controller pushes to the seed host as above, while it serves what it gets to the
+others, which fetch in one round trip that carries no content.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
-import json
 import logging
 import secrets
 import time
@@ -48,8 +44,9 @@ from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
 from orchestrator.sync import wire
 from orchestrator.sync.manifest import HostMemory, Tree
+from orchestrator.sync.relay import Relay, RelayServer, relayed_hosts
 from orchestrator.sync.store import host_key, snapshot_retention
-from orchestrator.transport import RemoteProcess, Transport
+from orchestrator.transport import Transport
 
 ROUND_TRIP_TIMEOUT_S = 600.0
 # Raw bytes per round trip: the first, then every later one. The first is
@@ -63,19 +60,7 @@ BATCH_BYTES = (4 << 20, 64 << 20)
 PROGRESS_EVERY_S = 0.1  # within a round trip
 ASK_FIRST_BYTES = 1 << 20  # a host orch knows nothing of is asked what it lacks first
 MAX_ATTEMPTS = 4
-# A relay costs a server and a connection per host: worth it once the other hosts
-# together lack this many bytes (an edited file goes directly, as before).
-RELAY_MIN_BYTES = 4 << 20
-RELAY_END_S = 5.0  # how long the last host's fetch may take to end, once its push did
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Relay:
-    """The host the others fetch from, and its address as they reach it."""
-
-    seed: str
-    addr: str
 
 
 @dataclass(frozen=True)
@@ -145,7 +130,7 @@ def push(
     memory = memory or HostMemory()
     hosts = [h for h in group.hosts if h.name in job_dirs]
     plans = {h.name: HostPlan.of(tree, memory.recall(host_key(h))) for h in hosts}
-    relayed = _relayed(tree, plans, relay)
+    relayed = relayed_hosts(tree, plans, relay)
     cache = wire.PieceCache(tree.root)
     for name, plan in plans.items():  # a host that will be asked most likely lacks it all
         if name not in relayed:
@@ -163,7 +148,7 @@ def push(
     token = secrets.token_hex(8)
     shares = shares or {}
 
-    server = _RelayServer.start(group, relay, len(relayed)) if relayed and relay else None
+    server = RelayServer.start(group, relay, len(relayed)) if relayed and relay else None
     if server is None:
         relayed = {}
 
@@ -193,79 +178,6 @@ def push(
     if failures:
         raise failures[0] if len(failures) == 1 else MultiHostError(failures, list(results))
     return results
-
-
-def _relayed(
-    tree: Tree, plans: Mapping[str, HostPlan], relay: Relay | None
-) -> dict[str, list[str]]:
-    """The hosts that fetch from the relay, with the objects they may lack: every one
-    but the seed, when it is among the hosts and the others lack enough."""
-    if relay is None or relay.seed not in plans or len(plans) < 2:
-        return {}
-    lacking = {
-        name: list(tree.objects) if plan.missing is None else list(plan.missing)
-        for name, plan in plans.items()
-        if name != relay.seed
-    }
-    size = sum(tree.objects[k].size for keys in lacking.values() for k in keys)
-    return {name: keys for name, keys in lacking.items() if keys} if size >= RELAY_MIN_BYTES else {}
-
-
-class _RelayServer:
-    """The relay on the seed host (agent/relay.py), for the length of one push: it
-    serves the `expect` hosts that fetch from it, then ends."""
-
-    def __init__(
-        self,
-        relay: Relay,
-        process: RemoteProcess,
-        port: int,
-        secret: str,
-        notice: Callable[[str], None],
-    ) -> None:
-        self.relay, self.process, self.port, self.secret = relay, process, port, secret
-        self.notice = notice
-        self.all_came = True  # every host that was to fetch reached the relay
-
-    @classmethod
-    def start(cls, group: HostGroup, relay: Relay, expect: int) -> _RelayServer | None:
-        """Start the relay, or None (with a notice) when it cannot start: the push then
-        goes to every host directly."""
-        host = next(h for h in group.hosts if h.name == relay.seed)
-        secret = secrets.token_hex(32)
-        config = {"store": protocol.store_dir(host.workdir), "secret": secret, "expect": expect}
-        try:
-            process = group.transports[host.name].stream(
-                agent.command(host, "relay"),
-                idle_timeout=RELAY_END_S,
-                stdin=agent.packed() + json.dumps(config).encode(),
-            )
-            port = int(json.loads(next(process.lines(), ""))["port"])
-        except (HostError, OSError, ValueError, KeyError, TypeError) as exc:
-            group.options.notice(
-                f"cannot start the relay on {host.name} ({exc}); pushing to every host directly"
-            )
-            return None
-        log.debug("[host=%s] relay on port %d for %d hosts", host.name, port, expect)
-        return cls(relay, process, port, secret, group.options.notice)
-
-    def request(self, keys: list[str]) -> dict[str, Any]:
-        """The R frame's content for a host that lacks (at most) `keys`."""
-        return {"addr": self.relay.addr, "port": self.port, "secret": self.secret, "keys": keys}
-
-    def missed(self, message: str) -> None:
-        """A host could not fetch from the relay: say so; the relay will not see it."""
-        self.all_came = False
-        self.notice(message)
-
-    def close(self) -> None:
-        """Once every host came, the relay ends by itself: wait for that (so that
-        nothing of the push is left running), else stop it now."""
-        if self.all_came:
-            with contextlib.suppress(TimeoutError, OSError):
-                for _ in self.process.lines():
-                    pass
-        self.process.close()
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ import pytest
 from orchestrator.models.inventory import load_inventory
 from orchestrator.nodes.group import HostGroup
 from orchestrator.sync.manifest import HostMemory, scan_workdir
-from orchestrator.sync.push import Relay, push
+from orchestrator.sync.push import push
+from orchestrator.sync.relay import Relay
 from orchestrator.transport import ConnectOptions
 from tests.cluster import Cluster, OrchRunner
 from tests.support import JOBS, job_processes, write_workdir_job

@@ -24,7 +24,8 @@ from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
 from orchestrator.sync.manifest import HostMemory, scan_workdir
-from orchestrator.sync.push import Relay, push
+from orchestrator.sync.push import push
+from orchestrator.sync.relay import Relay
 from orchestrator.transport import ConnectOptions
 
 
