@@ -29,7 +29,8 @@ from orchestrator.transport.base import (
     coalesced,
     stdin_parts,
 )
-from orchestrator.transport.hostkeys import CERT_SUFFIX, KeyPolicy, Notice, Offered, Untrusted
+from orchestrator.transport.certificates import CERT_SUFFIX
+from orchestrator.transport.hostkeys import KeyPolicy, Notice, Offered, Untrusted
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from orchestrator.transport.certificates import Certificate
 from orchestrator.transport.hostkeys import (
-    Certificate,
     KeyPolicy,
     Offered,
     Untrusted,
