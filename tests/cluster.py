@@ -96,6 +96,9 @@ NETNS_PREFIX = "orch-node"
 VETH_PREFIX = "orchv"
 TMP_PREFIX = "orch-testcluster-"
 MAX_HOSTS = 50
+# The kernel's one IPv4 neighbour (ARP) table, shared by every network namespace.
+NEIGH_SYSCTLS = Path("/proc/sys/net/ipv4/neigh/default")
+NEIGH_LIMITS = ("gc_thresh2", "gc_thresh3")
 # An abstract unix socket: machine-wide (per network namespace, and every test runs in
 # the root one), released by the kernel when its holder dies, and leaves no file behind.
 LOCK_ADDRESS = "\0orch-testcluster.lock"
@@ -472,6 +475,7 @@ class Cluster:
         self._controllers_made = 0
         self._shared_homes_made = 0
         self._lock: socket.socket | None = None
+        self._neigh_saved: dict[str, str] = {}  # ARP table limits as they were before
         self.controller_cut = False  # cut_controller: this machine is off the cluster
 
     # -- lifecycle --------------------------------------------------------------
@@ -498,6 +502,7 @@ class Cluster:
             self.workdir = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
             self.hosts = [Host(i, self.workdir / f"node{i}") for i in range(1, self.n_hosts + 1)]
             self._write_keys_and_configs()
+            self._fit_neighbour_table(self.n_hosts)
             self._create_network()
             for host in self.hosts:
                 self._boot(host)
@@ -521,6 +526,10 @@ class Cluster:
             _run(["ip", "link", "del", BRIDGE], check=False)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        for name, value in self._neigh_saved.items():
+            with contextlib.suppress(OSError):
+                (NEIGH_SYSCTLS / name).write_text(value)
+        self._neigh_saved = {}
         self.hosts, self.workdir, self._controller = [], None, None
         self.client_key = self.host_ca = None
         if self._lock is not None:
@@ -708,6 +717,7 @@ class Cluster:
         if n < 1 or first + n - 1 > MAX_HOSTS:
             raise ValueError(f"n must be within 1..{MAX_HOSTS - first + 1}, not {n}")
         added: list[Host] = []
+        self._fit_neighbour_table(len(self.hosts) + n)
         try:
             for index in range(first, first + n):
                 host = Host(index, self.workdir / f"node{index}")
@@ -903,6 +913,19 @@ class Cluster:
         _run([*sign, "-n", host.address, "-V", "-5m:+1d", str(host.host_key.with_suffix(".pub"))])
         host.authorized_keys.write_text(self.client_key.with_suffix(".pub").read_text())
         host.sshd_config.write_text(_sshd_config(host))
+
+    def _fit_neighbour_table(self, n_hosts: int) -> None:
+        """Raise the kernel's ARP table limits where ``n_hosts`` hosts could overflow them;
+        ``stop`` puts the values back. Where they cannot be raised, jobs whose ranks all
+        talk to each other may not work past 31 hosts: a warning says so."""
+        try:
+            current = {name: int((NEIGH_SYSCTLS / name).read_text()) for name in NEIGH_LIMITS}
+            for name, value in _neighbour_limits(n_hosts, current).items():
+                if value != current[name]:
+                    self._neigh_saved.setdefault(name, str(current[name]))
+                    (NEIGH_SYSCTLS / name).write_text(str(value))
+        except (OSError, ValueError) as exc:
+            log.warning("cannot raise the ARP table limits for %d hosts: %s", n_hosts, exc)
 
     def _create_network(self) -> None:
         """Bridge on the machine, and per host a namespace plugged in by a veth pair."""
@@ -1148,6 +1171,23 @@ def _kill_children_first(pids: Sequence[int]) -> None:
     kill(children)
     time.sleep(0.2)
     kill([pid for pid in pids if pid not in children])
+
+
+def _neighbour_limits(n_hosts: int, current: Mapping[str, int]) -> dict[str, int]:
+    """The ARP table limits (``NEIGH_LIMITS``) a cluster of ``n_hosts`` needs, never
+    below ``current``.
+
+    Every network namespace's entries count against one kernel-wide table. A job whose
+    ranks all talk to each other (gloo's full mesh) makes an entry per pair of hosts,
+    beside this machine's one per host: (n+1)^2 in all. Past gc_thresh3 (1024 by
+    default, so 32 hosts) a new entry is refused ("neighbour table overflow" in dmesg)
+    and hosts whose entries expired stop answering this machine: `orch kill` of a
+    32-host job found half of the hosts unreachable. Twice and four times the need
+    leave the garbage collector room.
+    """
+    entries = (n_hosts + 1) ** 2
+    wanted = {"gc_thresh2": 2 * entries, "gc_thresh3": 4 * entries}
+    return {name: max(wanted[name], current[name]) for name in NEIGH_LIMITS}
 
 
 def _mac_for(address: str) -> str:

@@ -13,9 +13,11 @@ import yaml
 
 from tests.cluster import (
     BRIDGE,
+    MAX_HOSTS,
     ROOT_HOME,
     Cluster,
     ClusterError,
+    _neighbour_limits,
     repo_python,
     skip_or_fail,
 )
@@ -298,3 +300,21 @@ def test_unavailable_cluster_skips_locally_but_fails_in_ci(
 ) -> None:
     with pytest.raises(outcome, match="no sshd"):
         skip_or_fail("no sshd", environ={"CI": ci})
+
+
+@pytest.mark.parametrize("n_hosts", [3, 16, 32, MAX_HOSTS])
+def test_arp_table_limits_hold_a_full_mesh_of_every_host_and_never_shrink(n_hosts: int) -> None:
+    defaults = {"gc_thresh2": 512, "gc_thresh3": 1024}  # the kernel's
+
+    limits = _neighbour_limits(n_hosts, defaults)
+
+    mesh = (n_hosts + 1) ** 2  # every host's entry for every other, and this machine's
+    assert limits["gc_thresh3"] >= mesh and limits["gc_thresh2"] >= mesh
+    assert limits["gc_thresh2"] <= limits["gc_thresh3"]
+    assert all(limits[name] >= value for name, value in defaults.items())
+    if n_hosts <= 8:  # the test suite's clusters leave the machine's settings alone
+        assert limits == defaults
+    assert _neighbour_limits(n_hosts, {"gc_thresh2": 10**6, "gc_thresh3": 10**6}) == {
+        "gc_thresh2": 10**6,
+        "gc_thresh3": 10**6,
+    }
