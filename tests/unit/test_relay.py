@@ -133,6 +133,8 @@ def test_a_host_without_the_push_secret_gets_nothing(
             socket.create_connection(("127.0.0.1", port), 0.2).close()
         except ConnectionRefusedError:
             break
+        except OSError:  # reset: accepted by a backlog the ending relay dropped
+            pass
         time.sleep(0.1)
     else:
         pytest.fail("the relay still listens after its channel closed")
