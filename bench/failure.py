@@ -1,7 +1,8 @@
 """Failure teardown: from a rank's crash to the job's last process gone, everywhere.
 
-For 2, 4 and 8 hosts (one rank each), the last rank SIGKILLs itself while every
-other rank waits in `time.sleep` loops before a barrier (`workload.py --hang`):
+For each host count (default 2, 4 and 8; one rank each), the last rank SIGKILLs
+itself while every other rank waits in `time.sleep` loops before a barrier
+(`workload.py --hang`):
 
 - orch:      `orch submit job.yaml` tears the job down on every host;
 - baseline:  bare torchrun started over parallel OpenSSH: the time until the
@@ -9,12 +10,18 @@ other rank waits in `time.sleep` loops before a barrier (`workload.py --hang`):
 
 The crash time is printed by the crashing rank; processes are found by their
 environment tag in this machine's /proc, which sees every test host's processes.
-It also measures `orch kill` at 8 hosts against parallel `ssh host pkill -f`; a
-partitioned host at 8 hosts (partition to the job stopped on the others); and the
-laptop's network down for 20 s (this machine's side of the bridge), from its coming
-back to every host's output flowing again, for `orch submit` and for plain OpenSSH
-sessions that print a line every 0.5 s, side by side in the same outage.
-Needs root. Usage: .venv/bin/python bench/failure.py [--hosts 2 4 8] [--cap 120]
+The controller's CPU seconds and peak RSS come from the kernel's accounting of the
+`orch` process (wait4, /proc/PID/stat).
+
+It also measures `orch kill` at each host count of 8 or more (else the largest)
+against parallel `ssh host pkill -f`; and at the largest, a partitioned host
+(partition to the job stopped on the others) and the laptop's network down for 20 s
+(this machine's side of the bridge), from its coming back to every host's output
+flowing again, for `orch submit` and for plain OpenSSH sessions that print a line
+every 0.5 s, side by side in the same outage. Host counts above 8 (`--hosts 16 32`)
+go to a section of their own. Needs root. Usage:
+
+    .venv/bin/python bench/failure.py [--hosts 2 4 8] [--cap 120] [--repeat 1]
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -30,6 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -37,8 +46,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import contextlib
 
-from bench.common import place_file, ssh_argv, tagged_pids, wait_gone, wait_ranks_ready
-from bench.report import machine, write_section
+from bench.common import (
+    Usage,
+    cpu_seconds,
+    machine_busy_s,
+    place_file,
+    run_usage,
+    ssh_argv,
+    tagged_pids,
+    wait_gone,
+    wait_ranks_ready,
+    wait_usage,
+)
+from bench.report import machine, median, write_section
 from tests.cluster import Cluster, Controller, orch_command, repo_python
 
 WORKLOAD = (
@@ -88,16 +108,31 @@ def submit_attached(controller: Controller, job: Path, inventory: Path) -> subpr
     )
 
 
-def orch_teardown(controller: Controller, job: Path, inventory: Path) -> float:
+@dataclass(frozen=True)
+class Teardown:
+    """One crash under an attached `orch submit`."""
+
+    gone_s: float  # from the crash until no process of the job is left on any host
+    exited_s: float  # from the crash until `orch submit` exited
+    cpu_after_s: float  # the controller's CPU seconds from the crash on
+    usage: Usage  # the whole `orch submit`: launch, watching, teardown
+    cores_busy: float  # the machine's busy cores, on average, until the job was gone
+
+
+def orch_teardown(controller: Controller, job: Path, inventory: Path) -> Teardown:
     proc = submit_attached(controller, job, inventory)
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stderr is not None
+    threading.Thread(target=proc.stderr.read, daemon=True).start()  # never a full pipe
     job_id = proc.stdout.readline().split()[1]
     crashed = crash_time([proc])
+    cpu_at_crash, busy_at_crash, seen = cpu_seconds(proc.pid), machine_busy_s(), time.time()
     gone = wait_gone(f"ORCH_JOB_ID={job_id}".encode(), 60)
-    proc.wait(timeout=60)
+    busy = (machine_busy_s() - busy_at_crash) / max(time.time() - seen, 1e-3)
+    usage = wait_usage(proc, timeout=60)
+    exited = time.time()
     if gone is None:
         raise RuntimeError("orch left processes behind")
-    return gone - crashed
+    return Teardown(gone - crashed, exited - crashed, usage.cpu_s - cpu_at_crash, usage, busy)
 
 
 def baseline_teardown(
@@ -145,15 +180,25 @@ def running_job(
     return job_id, f"ORCH_JOB_ID={job_id}".encode()
 
 
+@dataclass(frozen=True)
+class Kill:
+    """`orch kill` of a running job, and parallel ssh pkill of another."""
+
+    orch_s: float
+    usage: Usage
+    cores_busy: float  # the machine's busy cores, on average, during `orch kill`
+    pkill_s: float
+
+
 def kill_latency(
     cluster: Cluster, controller: Controller, job: Path, inventory: Path, n: int
-) -> tuple[float, float]:
-    """(orch kill wall time, parallel ssh pkill wall time) at n hosts."""
+) -> Kill:
+    """orch kill's wall time and usage, and parallel ssh pkill's wall time, at n hosts."""
     env = controller.env()
     job_id, tag = running_job(cluster, env, job, inventory, n)
-    started = time.monotonic()
-    subprocess.run([*orch_command(), "kill", job_id], env=env, capture_output=True, check=True)
-    orch_s = time.monotonic() - started
+    busy_before = machine_busy_s()
+    orch_s, usage = run_usage([*orch_command(), "kill", job_id], env=env)
+    busy = (machine_busy_s() - busy_before) / orch_s
     if tagged_pids(tag):
         raise RuntimeError("orch kill left processes")
     job_id, tag = running_job(cluster, env, job, inventory, n)
@@ -169,7 +214,7 @@ def kill_latency(
     subprocess.run(
         [*orch_command(), "kill", job_id], env=env, capture_output=True
     )  # torchruns, records
-    return orch_s, ssh_s
+    return Kill(orch_s, usage, busy, ssh_s)
 
 
 class LineTimes:
@@ -199,6 +244,17 @@ def _named(name: str, _line: str) -> str:
     return name
 
 
+RANK_PREFIX = re.compile(r"^\[(\S+) r\d+\] ")
+
+
+def rank_line_host(line: str) -> str | None:
+    """The host of a rank's line (`[node2 r3] ...`); None for anything else, torchrun's
+    own lines (`[node2] ...`) included: at 32 hosts those come a minute before the
+    ranks print, and the outage must fall where every rank is printing."""
+    match = RANK_PREFIX.match(line)
+    return match.group(1) if match else None
+
+
 def network_back(
     cluster: Cluster, controller: Controller, inventory: Path, n: int, outage_s: float = 20
 ) -> tuple[float, float | None, float]:
@@ -212,7 +268,7 @@ def network_back(
         "args: [--lines, '150', --interval, '0.5']\n"
     )
     orch = submit_attached(controller, job, inventory)
-    orch_lines = LineTimes(orch, lambda line: line[1:].split(" ", 1)[0] if line[0] == "[" else None)
+    orch_lines = LineTimes(orch, rank_line_host)
     loop = "i=0; while [ $i -lt 200 ]; do echo line $i; i=$((i+1)); sleep 0.5; done"
     ssh = {
         h.name: subprocess.Popen(
@@ -301,15 +357,63 @@ def partition_teardown(
     return lost, stopped
 
 
+@dataclass(frozen=True)
+class TeardownRow:
+    """One host count's crashes: orch's runs and the baseline's one."""
+
+    hosts: int
+    runs: list[Teardown]
+    base_s: float
+    capped: bool
+
+    def median(self, value: Callable[[Teardown], float]) -> float:
+        return median([value(r) for r in self.runs])
+
+    def cells(self) -> str:
+        base = f"{'≥ ' if self.capped else ''}{self.base_s:.1f}"
+        base += " (capped: survivors still hung)" if self.capped else ""
+        return (
+            f"| {self.hosts} | {self.median(lambda r: r.gone_s):.2f} "
+            f"| {self.median(lambda r: r.exited_s):.2f} "
+            f"| {self.median(lambda r: r.cpu_after_s):.2f} "
+            f"| {self.median(lambda r: r.usage.cpu_s):.2f} "
+            f"| {self.median(lambda r: r.usage.peak_rss_mb):.0f} "
+            f"| {self.median(lambda r: r.cores_busy):.1f} | {base} |"
+        )
+
+
+@dataclass(frozen=True)
+class KillRow:
+    """One host count's `orch kill` runs."""
+
+    hosts: int
+    runs: list[Kill]
+
+    def cells(self) -> str:
+        return (
+            f"| {self.hosts} | {median([r.orch_s for r in self.runs]):.2f} "
+            f"| {median([r.usage.cpu_s for r in self.runs]):.2f} "
+            f"| {median([r.usage.peak_rss_mb for r in self.runs]):.0f} "
+            f"| {median([r.cores_busy for r in self.runs]):.1f} "
+            f"| {median([r.pkill_s for r in self.runs]):.2f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--cap", type=float, default=120.0)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="orch's runs per host count (crash, kill): median"
+    )
     args = parser.parse_args()
+    scale = max(args.hosts) > 8
+    kill_at = [n for n in args.hosts if n >= 8] or [max(args.hosts)]
 
-    rows = []
+    rows: list[TeardownRow] = []
+    kills: list[KillRow] = []
     with Cluster(max(args.hosts)) as cluster:
         controller = cluster.new_controller()
         place_file(cluster, controller, WORKLOAD, REMOTE_DIR)
@@ -332,25 +436,45 @@ def main() -> None:
                 f"name: fail\nworkdir: {WORKLOAD.parent}\nscript: workload.py\nnodes: {n}\n"
                 f"args: [{', '.join(fail)}]\n"
             )
-            orch_s = orch_teardown(controller, job, inventory)
+            runs = [orch_teardown(controller, job, inventory) for _ in range(args.repeat)]
             port += 1
             base_s, capped = baseline_teardown(
                 cluster, controller, n, port, " ".join(fail), args.cap
             )
-            rows.append((n, orch_s, base_s, capped))
+            rows.append(TeardownRow(n, runs, base_s, capped))
             print(
-                f"{n} hosts: orch {orch_s:.2f} s, bare torchrun {'>=' if capped else ''}{base_s:.1f} s"
+                f"{n} hosts: orch {[round(r.gone_s, 2) for r in runs]} s "
+                f"(exited {[round(r.exited_s, 2) for r in runs]} s, CPU after the crash "
+                f"{[round(r.cpu_after_s, 2) for r in runs]} s, submit CPU "
+                f"{[round(r.usage.cpu_s, 2) for r in runs]} s, RSS "
+                f"{[round(r.usage.peak_rss_mb) for r in runs]} MB, cores busy "
+                f"{[round(r.cores_busy, 1) for r in runs]}), "
+                f"bare torchrun {'>=' if capped else ''}{base_s:.1f} s"
+            )
+        for n in kill_at:
+            hang = controller.home / f"hang{n}.yaml"
+            hang.write_text(
+                f"name: hang\nworkdir: {WORKLOAD.parent}\nscript: workload.py\nnodes: {n}\n"
+                "args: [--hang]\n"
+            )
+            inventory = cluster.write_inventory(
+                controller.home / f"inv-kill{n}.yaml", hosts=[h.name for h in cluster.hosts[:n]]
+            )
+            killed = [
+                kill_latency(cluster, controller, hang, inventory, n) for _ in range(args.repeat)
+            ]
+            kills.append(KillRow(n, killed))
+            print(
+                f"orch kill at {n} hosts: {[round(k.orch_s, 2) for k in killed]} s, CPU "
+                f"{[round(k.usage.cpu_s, 2) for k in killed]} s, RSS "
+                f"{[round(k.usage.peak_rss_mb) for k in killed]} MB, cores busy "
+                f"{[round(k.cores_busy, 1) for k in killed]}; parallel ssh pkill: "
+                f"{[round(k.pkill_s, 2) for k in killed]} s"
             )
         n = max(args.hosts)
-        hang = controller.home / "hang.yaml"
-        hang.write_text(
-            f"name: hang\nworkdir: {WORKLOAD.parent}\nscript: workload.py\nnodes: {n}\nargs: [--hang]\n"
-        )
         inventory = cluster.write_inventory(
-            controller.home / "inv-kill.yaml", hosts=[h.name for h in cluster.hosts[:n]]
+            controller.home / "inv-all.yaml", hosts=[h.name for h in cluster.hosts[:n]]
         )
-        kill_s, pkill_s = kill_latency(cluster, controller, hang, inventory, n)
-        print(f"orch kill at {n} hosts: {kill_s:.2f} s; parallel ssh pkill: {pkill_s:.2f} s")
         lost_s, stopped_s = partition_teardown(cluster, controller, inventory, n)
         print(
             f"partition at {n} hosts: lost after {lost_s:.1f} s, others stopped {stopped_s:.1f} s"
@@ -360,30 +484,58 @@ def main() -> None:
         print(f"network back at {n} hosts: orch following in {orch_back_s:.2f} s; ssh {ssh_text}")
 
     table = [
-        "| hosts | orch: crash to last process gone (s) | bare torchrun over ssh (s) |",
-        "|---:|---:|---:|",
+        "| hosts | orch: crash to last process gone (s) | crash to `orch submit`'s exit (s) "
+        "| controller CPU from the crash on (s) | `orch submit` CPU, all of it (s) "
+        "| its peak RSS (MB) | machine's busy cores, crash to gone | bare torchrun over ssh (s) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    table += [
-        f"| {n} | {o:.2f} | {'≥ ' if c else ''}{b:.1f}{' (capped: survivors still hung)' if c else ''} |"
-        for n, o, b, c in rows
+    table += [row.cells() for row in rows]
+    kill_table = [
+        "| hosts | `orch kill` (s) | its CPU (s) | its peak RSS (MB) | machine's busy cores "
+        "| parallel `ssh host pkill -9 -f` (s) |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
+    kill_table += [row.cells() for row in kills]
+    runs = "median of " + (f"{args.repeat} runs" if args.repeat > 1 else "1 run")
+    every = [
+        f"{row.hosts} hosts: " + ", ".join(f"{r.gone_s:.2f}" for r in row.runs) for row in rows
+    ] + [
+        f"`orch kill` at {row.hosts} hosts: " + ", ".join(f"{r.orch_s:.2f}" for r in row.runs)
+        for row in kills
+    ]
+    target_at = max(args.hosts) if scale else 8
     body = "\n".join(
         [
-            "## Failure teardown: a rank's crash to the job's last process gone",
+            "## Failure teardown: a rank's crash to the job's last process gone"
+            + (f" ({' and '.join(str(r.hosts) for r in rows)} hosts)" if scale else ""),
             "",
             "One rank per host; the last rank SIGKILLs itself while the others wait before a",
             "barrier. orch's time runs from the crash (printed by the rank) until no process",
             "carrying the job's tag is left on any host. The baseline is bare torchrun started",
             f"over parallel ssh: the survivors' time until they exit on their own, capped at {args.cap:.0f} s.",
-            f"{machine()}. Target: at most 2 s at 8 hosts.",
+            "The controller's share: the attached `orch submit`'s CPU seconds from the crash until",
+            "it exited, and for the whole command (connecting, pushing, starting, following),",
+            f"with its peak RSS. orch's figures: {runs}; {machine()}. The machine's busy cores:",
+            "all of this machine's CPU time over the window (the hosts' agents, torchruns and",
+            "sshds with the controller), in cores; near 2, the hosts' work queued for the 2",
+            "cores, as it would not on a cluster where each host has its own.",
+            f"Target: at most 2 s at {target_at} hosts.",
             "",
             *table,
             "",
-            f"`orch kill` of a running job (every rank printed its first line) at {n} hosts: **{kill_s:.2f} s**",
-            "wall time for the whole command (start, connect, TERM, give the ranks their grace, KILL torchrun",
-            "once its ranks are gone, confirm every process and the port gone); parallel `ssh host pkill -9 -f`",
-            f"(kills only the workers, leaves torchrun and confirms nothing): {pkill_s:.2f} s. Target: under 1.5 s.",
+            "`orch kill` of a running job (every rank printed its first line): wall time for the",
+            "whole command (start, connect, TERM, give the ranks their grace, KILL torchrun once",
+            "its ranks are gone, confirm every process and the port gone, record it), its CPU and",
+            "peak RSS; parallel `ssh host pkill -9 -f` kills only the workers, leaves torchrun and",
+            f"confirms nothing. Target: {'at most 2 s' if scale else 'under 1.5 s'} at {target_at} hosts.",
             "",
+            *kill_table,
+            "",
+            *(
+                ["Every run, crash to last process gone (s): " + "; ".join(every) + ".", ""]
+                if args.repeat > 1
+                else []
+            ),
             f"A host partitioned (its link down) under a running job at {n} hosts: orch declares it lost "
             f"after **{lost_s:.1f} s** (`lost_after` 12 s of silence, confirmed by a failed fresh connection "
             f"while the other hosts answer) and has stopped the job on the others {stopped_s:.1f} s after "
@@ -397,11 +549,13 @@ def main() -> None:
             f"printing the same way, in the same outage: {ssh_text} (their TCP connections wait for "
             "the next retransmission). Target: under 2 s.",
             "",
-            f"Reproduce: `sudo .venv/bin/python bench/failure.py --hosts {' '.join(map(str, args.hosts))} --cap {args.cap:.0f}`",
+            f"Reproduce: `sudo .venv/bin/python bench/failure.py --hosts {' '.join(map(str, args.hosts))} "
+            f"--cap {args.cap:.0f}" + (f" --repeat {args.repeat}" if args.repeat > 1 else "") + "`",
         ]
     )
-    write_section("failure", body)
+    write_section("failure-scale" if scale else "failure", body)
     print("\n".join(table))
+    print("\n".join(kill_table))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
 --lines N --width W   N lines of W bytes each, as fast as the rank can write them
 --probe S             then, for S seconds, one `lat <time.time()>` line every 20 ms
+--start-file PATH     before the probe: print `ready r<RANK>`, then wait until PATH
+                      exists (the test hosts see the controller's files), so that
+                      every rank probes at once, once the controller follows
 No torch.distributed: the ranks only write, so the figures measure the log path.
 """
 
@@ -14,6 +17,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--lines", type=int, default=0)
 parser.add_argument("--width", type=int, default=100)
 parser.add_argument("--probe", type=float, default=0.0)
+parser.add_argument("--start-file", default=None)
 args = parser.parse_args()
 
 rank = os.environ["RANK"]
@@ -27,6 +31,11 @@ for i in range(args.lines):
         block.clear()
 out.write(b"".join(block))
 out.flush()
+if args.start_file:
+    out.write(b"ready r%s\n" % rank.encode())
+    out.flush()
+    while not os.path.exists(args.start_file):
+        time.sleep(0.05)
 deadline = time.monotonic() + args.probe
 while time.monotonic() < deadline:
     out.write(b"lat %.6f\n" % time.time())
