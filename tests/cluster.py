@@ -99,6 +99,7 @@ MAX_HOSTS = 50
 # The kernel's one IPv4 neighbour (ARP) table, shared by every network namespace.
 NEIGH_SYSCTLS = Path("/proc/sys/net/ipv4/neigh/default")
 NEIGH_LIMITS = ("gc_thresh2", "gc_thresh3")
+NEIGH_SAVED = Path(tempfile.gettempdir()) / "orch-testcluster-arp-limits.json"
 # An abstract unix socket: machine-wide (per network namespace, and every test runs in
 # the root one), released by the kernel when its holder dies, and leaves no file behind.
 LOCK_ADDRESS = "\0orch-testcluster.lock"
@@ -475,7 +476,7 @@ class Cluster:
         self._controllers_made = 0
         self._shared_homes_made = 0
         self._lock: socket.socket | None = None
-        self._neigh_saved: dict[str, str] = {}  # ARP table limits as they were before
+        self._neigh_saved: dict[str, str] = {}  # ARP table limits as they were (NEIGH_SAVED)
         self.controller_cut = False  # cut_controller: this machine is off the cluster
 
     # -- lifecycle --------------------------------------------------------------
@@ -526,10 +527,9 @@ class Cluster:
             _run(["ip", "link", "del", BRIDGE], check=False)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
-        for name, value in self._neigh_saved.items():
-            with contextlib.suppress(OSError):
-                (NEIGH_SYSCTLS / name).write_text(value)
-        self._neigh_saved = {}
+        if self._neigh_saved:
+            _restore_neighbour_limits()
+            self._neigh_saved = {}
         self.hosts, self.workdir, self._controller = [], None, None
         self.client_key = self.host_ca = None
         if self._lock is not None:
@@ -920,10 +920,14 @@ class Cluster:
         talk to each other may not work past 31 hosts: a warning says so."""
         try:
             current = {name: int((NEIGH_SYSCTLS / name).read_text()) for name in NEIGH_LIMITS}
-            for name, value in _neighbour_limits(n_hosts, current).items():
-                if value != current[name]:
-                    self._neigh_saved.setdefault(name, str(current[name]))
-                    (NEIGH_SYSCTLS / name).write_text(str(value))
+            wanted = _neighbour_limits(n_hosts, current)
+            if wanted == current:
+                return
+            if not self._neigh_saved:  # a run killed before stop: remove_leftovers restores
+                NEIGH_SAVED.write_text(json.dumps(current))
+                self._neigh_saved = {name: str(value) for name, value in current.items()}
+            for name, value in wanted.items():
+                (NEIGH_SYSCTLS / name).write_text(str(value))
         except (OSError, ValueError) as exc:
             log.warning("cannot raise the ARP table limits for %d hosts: %s", n_hosts, exc)
 
@@ -1144,8 +1148,22 @@ def remove_leftovers() -> None:
         if name == BRIDGE or re.fullmatch(rf"{VETH_PREFIX}\d+", name):
             log.warning("removing stale link %s", name)
             _run(["ip", "link", "del", name], check=False)
+    _restore_neighbour_limits()
     for stale_dir in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}*"):
         shutil.rmtree(stale_dir, ignore_errors=True)
+
+
+def _restore_neighbour_limits() -> None:
+    """Put back the ARP table limits a cluster raised (``NEIGH_SAVED``), if any."""
+    try:
+        saved = json.loads(NEIGH_SAVED.read_text())
+    except (OSError, ValueError):
+        return
+    for name in NEIGH_LIMITS:
+        if name in saved:
+            with contextlib.suppress(OSError):
+                (NEIGH_SYSCTLS / name).write_text(str(int(saved[name])))
+    NEIGH_SAVED.unlink(missing_ok=True)
 
 
 def _kill_children_first(pids: Sequence[int]) -> None:
