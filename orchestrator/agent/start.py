@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any
 
+from .limits import raise_open_files
 from .proc import host_id, signal_group, start_time
 from .protocol import (
     CODE,
@@ -69,6 +70,7 @@ def main(args: list[str]) -> int:
 def supervise(spec: dict[str, Any], ready_fd: int) -> int:
     import subprocess
 
+    raise_open_files()  # torchrun's rendezvous store serves every rank of the job
     env = dict(os.environ)
     env.update(spec["env"])
     # Beside the node's directory (protocol.outputs_dir): it outlives the code.

@@ -30,6 +30,7 @@ from orchestrator.cli import (  # noqa: F401
 )
 
 # isort: on
+from orchestrator.agent.limits import raise_open_files
 from orchestrator.cli.app import app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.models.errors import EXIT_INTERRUPTED, OrchError
@@ -45,6 +46,7 @@ def main() -> NoReturn:
     # Whatever orch writes (job records with the inventory's env, the log mirror,
     # what it pushed where) is the user's alone.
     os.umask(0o077)
+    raise_open_files()  # a socket per host and a mirror file per rank: docs/SCALE.md
     try:
         app()
     except OrchError as exc:
