@@ -10,16 +10,16 @@ import ipaddress
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from orchestrator.agent import protocol
-from orchestrator.models import placeholders
+from orchestrator.agent import placement, protocol
 from orchestrator.models.errors import HostChoiceError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, Inventory
-from orchestrator.models.job import LEGACY_LAUNCH, PYTHON, JobSpec
+from orchestrator.models.job import JobSpec
 
-IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-UNKNOWN_PORT = "<free port on master>"
+IFNAME_VARS = placement.IFNAME_VARS
+UNKNOWN_PORT = placement.UNKNOWN_PORT
 
 
 @dataclass(frozen=True)
@@ -192,6 +192,14 @@ def node_count(job: JobSpec, host: Host) -> int:
             f"nproc_per_node={nproc} but host {host.name} has {host.slots} slots",
             "lower nproc_per_node, use 'auto', or raise slots in the inventory",
         )
+    wanted = job.gpus_per_node
+    if wanted and wanted > len(host.gpus):
+        raise job.error(
+            "gpus_per_node",
+            f"gpus_per_node={wanted} but host {host.name} has {len(host.gpus)} GPUs "
+            "in the inventory",
+            "lower gpus_per_node, or list the host's GPUs (gpus:) in the inventory",
+        )
     return nproc
 
 
@@ -221,31 +229,12 @@ def build_plan(
         The LaunchPlan.
     """
     facts = facts or {}
-    names = ",".join(h.name for h in hosts)
     counts = [node_count(job, host) for host in hosts]
+    place = placement.placement([h.name for h in hosts], counts, master_addr, master_port, attempt)
     nodes = []
     for node_rank, (host, nproc) in enumerate(zip(hosts, counts, strict=True)):
-        hf = facts.get(host.name, HostFacts())
-        local_addr = master_addr if node_rank == 0 else (hf.local_addr or _static_addr(host))
-        job_dir = protocol.job_dir(host.workdir, job_id, host.name, attempt)
-        values = {
-            "node_rank": str(node_rank),
-            "num_nodes": str(len(hosts)),
-            "master_addr": master_addr,
-            "master_port": str(master_port) if master_port is not None else UNKNOWN_PORT,
-            "nproc": str(nproc),
-            "nprocs_list": ",".join(map(str, counts)),
-            "world_size": str(sum(counts)),
-        }
-        args = tuple(placeholders.expand(a, values) for a in job.args)
-        if job.launcher == PYTHON:
-            argv = (host.python, *_entry_argv(job, "-", args))
-        else:
-            argv = _torchrun_argv(
-                job, host, len(hosts), node_rank, nproc, master_addr, master_port, local_addr, args
-            )
-        env = _node_env(job, host, hf, job_id, names, values)
-        env["ORCH_ATTEMPT"] = str(attempt)
+        template = node_template(job, host, facts.get(host.name, HostFacts()), job_id)
+        argv, env, job_dir = placement.render(template, place)
         group = next((g for g in shared if host.name in g), ())
         shares = tuple(h.name for h in hosts if h.name in group)
         nodes.append(
@@ -255,7 +244,7 @@ def build_plan(
                 nproc,
                 sum(counts[:node_rank]),
                 job_dir,
-                argv,
+                tuple(argv),
                 env,
                 shares if len(shares) > 1 else (),
             )
@@ -273,85 +262,27 @@ def _static_addr(host: Host) -> str | None:
         return None
 
 
-def _torchrun_argv(
-    job: JobSpec,
-    host: Host,
-    nnodes: int,
-    node_rank: int,
-    nproc: int,
-    master_addr: str,
-    master_port: int | None,
-    local_addr: str | None,
-    args: tuple[str, ...],
-) -> tuple[str, ...]:
-    argv = [
-        host.python,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        str(nnodes),
-        "--node-rank",
-        str(node_rank),
-        "--nproc-per-node",
-        str(nproc),
-        "--master-addr",
-        master_addr,
-        "--master-port",
-        str(master_port) if master_port is not None else UNKNOWN_PORT,
-        "--max-restarts",
-        str(job.max_restarts),
-    ]
-    if local_addr:
-        # Without it torchrun hands workers its FQDN, which peers may not resolve.
-        argv += ["--local-addr", local_addr]
-    return (*argv, *_entry_argv(job, protocol.LOGS, args))
-
-
-def _entry_argv(job: JobSpec, logs: str, args: tuple[str, ...]) -> tuple[str, ...]:
-    """The agent's `rank` entry, which starts the user's code: under torchrun once per
-    rank, it sends the rank's stdout and stderr to its own log file (`logs`); with
-    launcher python once per node, `-` leaves them in the node's output. It moves into
-    the code snapshot (shared by the nodes of a shared filesystem) and execs the
-    user's code with the job pinned agent version. Paths are the node directory's,
-    where the node's command runs."""
-    argv = [f"{protocol.AGENT}/{protocol.RUN_SCRIPT}", "rank", logs, protocol.CODE]
-    argv += ["script", job.script] if job.script else ["module", str(job.module)]
-    if job.launcher == LEGACY_LAUNCH and job.local_rank_arg:
-        argv += [job.local_rank_arg]  # the rank adds =LOCAL_RANK before the user's args
-    return (*argv, "--", *args)
-
-
-def _node_env(
-    job: JobSpec,
-    host: Host,
-    facts: HostFacts,
-    job_id: str,
-    names: str,
-    values: Mapping[str, str],
-) -> dict[str, str]:
-    env = {**host.env, **{k: placeholders.expand(v, values) for k, v in job.env.items()}}
-    if facts.iface:
-        for var in IFNAME_VARS:
-            env.setdefault(var, facts.iface)
-    if host.gpus and host.gpus != tuple(range(len(host.gpus))):
-        env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, host.gpus)))
-    if job.launcher == PYTHON:  # what torchrun would have told the script's own spawning
-        env.update(
-            MASTER_ADDR=values["master_addr"],
-            MASTER_PORT=values["master_port"],
-            NODE_RANK=values["node_rank"],
-        )
-    env.update(
-        ORCH_JOB_ID=job_id,
-        ORCH_NODE_RANK=values["node_rank"],
-        ORCH_NUM_NODES=values["num_nodes"],
-        ORCH_NPROC=values["nproc"],
-        ORCH_NPROCS_LIST=values["nprocs_list"],
-        ORCH_WORLD_SIZE=values["world_size"],
-        ORCH_HOSTS=names,
-        PYTHONUNBUFFERED="1",
-    )
-    return env
+def node_template(job: JobSpec, host: Host, facts: HostFacts, job_id: str) -> dict[str, Any]:
+    """What one host of the job runs wherever it stands in the job (agent/placement.py:
+    `render` places it): the job's command and env with placeholders unexpanded, and
+    the host's python, workdir, env, GPUs, interface and address. A detached job's
+    keeper renders the next attempt from these, on the hosts."""
+    return {
+        "job_id": job_id,
+        "launcher": job.launcher,
+        "entry": ["script", job.script] if job.script else ["module", str(job.module)],
+        "local_rank_arg": job.local_rank_arg,
+        "max_restarts": job.max_restarts,
+        "args": list(job.args),
+        "env": dict(job.env),
+        "host": host.name,
+        "python": host.python,
+        "workdir": host.workdir,
+        "host_env": dict(host.env),
+        "gpus": list(host.gpus),
+        "iface": facts.iface,
+        "addr": facts.local_addr or _static_addr(host),
+    }
 
 
 def describe(plan: LaunchPlan) -> list[str]:
