@@ -18,12 +18,13 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(ORCH) submit jobs/digits.yaml -i inventory/local.yaml
 
-## test-deps: what the cluster tests need (Debian's openssh-server), when root
+## test-deps: what the cluster tests need (Debian's openssh-server; slurm and munge for the Slurm cluster), when root
 test-deps:
 	@if [ "$$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null; }; then \
 		echo "installing openssh-server and iproute2"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2 >/dev/null; \
 	fi
+	@if [ "$$(id -u)" = 0 ] && ! command -v slurmctld >/dev/null; then sh tests/install_slurm.sh; fi
 
 ## test: unit and integration tests (the integration tests start real sshd hosts)
 test: setup test-deps
