@@ -23,7 +23,8 @@ is how the harness builds the hosts, and may change without notice.
   ``limit_controller`` (a slow link from this machine, as a laptop's),
   ``reconnect_controller``,
   ``ensure_healthy``); other shapes, each a ``with`` block that undoes itself on exit
-  (``shared_home(hosts)``: one ``/root`` for several hosts, NFS-style;
+  (``password_user(i, password)``: a user with a password and no key, ``PasswordLogin``;
+  ``shared_home(hosts)``: one ``/root`` for several hosts, NFS-style;
   ``extra_hosts(n)``: node4.. beside the session's hosts, which a ``new_controller()``
   made inside the block trusts); looking inside a host (``host``, ``home``, ``exec_on``,
   ``host_pids``, ``ssh``); the controller side (``write_inventory``, ``new_controller``,
@@ -78,6 +79,7 @@ __all__ = [
     "Controller",
     "Host",
     "OrchRunner",
+    "PasswordLogin",
     "cluster_unavailable_reason",
     "orch_command",
     "repo_python",
@@ -249,6 +251,18 @@ def _run(
     return result
 
 
+def _run_input(argv: Sequence[str], stdin: str) -> str:
+    """Run a setup command with ``stdin`` (a secret stays out of its argv); its stdout."""
+    result = subprocess.run(
+        list(argv), input=stdin, capture_output=True, text=True, timeout=30, check=False
+    )
+    if result.returncode != 0:
+        raise ClusterError(
+            f"{shlex.join(argv)} exited {result.returncode}: {result.stderr.strip()}"
+        )
+    return result.stdout
+
+
 def _json_list(argv: Sequence[str]) -> list[dict[str, Any]]:
     """Parse the ``-j`` output of an ``ip`` listing (empty output means none)."""
     out = _run(argv).stdout.strip()
@@ -261,9 +275,13 @@ def _generate_key(path: Path, comment: str) -> None:
 
 
 def _wait_for_sshd(
-    address: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float = 10
+    address: str,
+    process: subprocess.Popen[bytes],
+    log_path: Path,
+    timeout: float = 10,
+    port: int = 22,
 ) -> None:
-    """Return once an SSH banner comes from ``address:22``; raise if sshd dies or stays silent."""
+    """Return once an SSH banner comes from ``address:port``; raise if sshd dies or stays silent."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -271,7 +289,7 @@ def _wait_for_sshd(
                 f"sshd for {address} exited {process.returncode}: {log_path.read_text()[-2000:]}"
             )
         try:
-            with socket.create_connection((address, 22), timeout=0.5) as conn:
+            with socket.create_connection((address, port), timeout=0.5) as conn:
                 conn.settimeout(2)
                 if conn.recv(64).startswith(b"SSH-"):
                     # Answering with a banner keeps "kex_exchange_identification"
@@ -282,7 +300,7 @@ def _wait_for_sshd(
             pass
         time.sleep(0.05)
     raise ClusterError(
-        f"sshd on {address}:22 not answering after {timeout}s: {log_path.read_text()[-2000:]}"
+        f"sshd on {address}:{port} not answering after {timeout}s: {log_path.read_text()[-2000:]}"
     )
 
 
@@ -1121,11 +1139,110 @@ class Cluster:
             )
         return holder
 
+    @contextlib.contextmanager
+    def password_user(
+        self, i: int | str, password: str, user: str = "orchpw", port: int = 2222
+    ) -> Iterator[PasswordLogin]:
+        """A user on host ``i`` who has a password and no authorized key, as on a machine
+        one has just been given: a second sshd there, on ``port``, lets ``user`` alone in,
+        with that password or a key in its own ``~/.ssh/authorized_keys``.
+
+        The user exists for that sshd and its sessions only (its own mount namespace
+        binds copies of /etc/passwd, group and shadow that add it); its home is an empty
+        directory in the host's /run, 0755 and its own. On exit the sshd is killed and
+        the home removed: the host is as before.
+
+        Yields:
+            The login: user, password, port, and the home's path on the host.
+        """
+        host = self.host(i)
+        if host.init_pid is None:
+            raise ClusterError(f"{host.name} is down")
+        uid = _free_uid()
+        home = f"/run/orch-users/{user}"
+        made = self.exec_on(i, ["sh", "-c", f"mkdir -p {home} && chown {uid}:{uid} {home}"])
+        if made.returncode != 0:
+            raise ClusterError(f"cannot make {home} on {host.name}: {made.stderr.strip()}")
+        files = host.workdir / f"user-{user}"
+        files.mkdir(mode=0o700)
+        hashed = _run_input(["openssl", "passwd", "-6", "-stdin"], password + "\n").strip()
+        shadow = host.workdir / "shadow"
+        shadow_text = (shadow if shadow.exists() else Path("/etc/shadow")).read_text()
+        days = int(time.time() // 86400)
+        for name, text in (
+            ("passwd", Path("/etc/passwd").read_text() + f"{user}:x:{uid}:{uid}::{home}:/bin/sh\n"),
+            ("group", Path("/etc/group").read_text() + f"{user}:x:{uid}:\n"),
+            ("shadow", shadow_text + f"{user}:{hashed}:{days}:0:99999:7:::\n"),
+        ):
+            (files / name).write_text(text)
+            (files / name).chmod(0o600 if name == "shadow" else 0o644)
+        config = files / "sshd_config"
+        config.write_text(_password_sshd_config(host, user, port))
+        q = shlex.quote
+        binds = " && ".join(
+            f"mount --bind {q(str(files / n))} /etc/{n}" for n in ("passwd", "group", "shadow")
+        )
+        script = f"{binds} && exec {SSHD} -D -e -f {q(str(config))}"
+        inside = ["nsenter", "-t", str(host.init_pid), "-n", "-p", "-m", "-u", "--"]
+        log_path = files / "sshd.log"
+        with log_path.open("ab") as log_file:
+            process = subprocess.Popen(
+                [*inside, "unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            _wait_for_sshd(host.address, process, log_path, port=port)
+            yield PasswordLogin(user, password, port, home)
+        finally:
+            with contextlib.suppress(ClusterError, ProcessLookupError):
+                os.kill(_child_pid(process.pid, timeout=1), signal.SIGKILL)
+            process.wait(timeout=10)
+            if host.running:
+                self.exec_on(i, ["sh", "-c", f"rm -rf {home}; rmdir /run/orch-users"])
+            shutil.rmtree(files, ignore_errors=True)
+
     def release_port(self, holder: subprocess.Popen[str]) -> None:
         """Stop a ``hold_port`` process: the listener inside the host, then its nsenter."""
         with contextlib.suppress(ClusterError, ProcessLookupError):
             os.kill(_child_pid(holder.pid, timeout=1), signal.SIGKILL)
         holder.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class PasswordLogin:
+    """A Unix user that logs in with a password (``Cluster.password_user``): its name,
+    password, the port of the sshd that takes it, and its home as the host sees it."""
+
+    user: str
+    password: str
+    port: int
+    home: str
+
+
+def _password_sshd_config(host: Host, user: str, port: int) -> str:
+    """The host's sshd config, for a second sshd that lets ``user`` alone in with a
+    password or a key of its own ``~/.ssh/authorized_keys``, checked as sshd does by
+    default (StrictModes)."""
+    swaps = {
+        "Port 22": f"Port {port}",
+        f'AuthorizedKeysFile "{host.authorized_keys}"': "AuthorizedKeysFile .ssh/authorized_keys",
+        "PermitRootLogin prohibit-password": "PermitRootLogin no",
+        "PasswordAuthentication no": "PasswordAuthentication yes",
+        "StrictModes no": "StrictModes yes",
+    }
+    config = _sshd_config(host)
+    for old, new in swaps.items():
+        assert old in config, old
+        config = config.replace(old, new)
+    return config + f"AllowUsers {user}\n"
+
+
+def _free_uid(start: int = 62000) -> int:
+    taken = {entry.pw_uid for entry in pwd.getpwall()}
+    return next(uid for uid in range(start, 65000) if uid not in taken)
 
 
 def remove_leftovers() -> None:

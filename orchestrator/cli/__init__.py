@@ -27,6 +27,8 @@ from orchestrator.cli import (  # noqa: F401
     cmd_exec,
     cmd_bench,
     cmd_gc,
+    cmd_keys,
+    cmd_init,
 )
 
 # isort: on

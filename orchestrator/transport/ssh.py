@@ -35,6 +35,15 @@ from orchestrator.transport.hostkeys import KeyPolicy, Notice, Offered, Untruste
 log = logging.getLogger(__name__)
 
 
+class AuthRefused(HostError):
+    """The host answered and refused the login: the key (or the password) is not one
+    it takes. `orch keys` tells it from a host it cannot reach."""
+
+
+class PasswordRefused(AuthRefused):
+    """The host takes passwords, and refused this one."""
+
+
 class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
     """Every host key goes through hostkeys.KeyPolicy: paramiko's own lists stay
     empty, so it asks here for each one."""
@@ -159,15 +168,25 @@ class SshTransport:
             conn.connect_kwargs["transport_factory"] = partial(
                 _new_transport, key_types=partial(policy.key_types, name)
             )
+        by_password = "password" in self._conn.connect_kwargs
         try:
             self._conn.open()
-        except paramiko.AuthenticationException:
-            ident = f" -i {self.host.identity_file}" if self.host.identity_file else ""
-            raise HostError(
+        except paramiko.BadAuthenticationType as exc:
+            if not by_password:
+                raise self._key_refused() from None
+            raise AuthRefused(
                 self.name,
-                f"authentication refused for {self._target}",
-                f"install your public key on the host: ssh-copy-id{ident} {self._target.rsplit(':', 1)[0]}",
+                f"{self._target} takes no password (it allows {', '.join(exc.allowed_types)})",
+                "install the key another way, or ask the host's administrator to",
             ) from None
+        except paramiko.AuthenticationException:
+            if by_password:
+                raise PasswordRefused(
+                    self.name,
+                    f"password refused for {self._target}",
+                    "check the password; on a terminal orch keys asks again",
+                ) from None
+            raise self._key_refused() from None
         except paramiko.ssh_exception.NoValidConnectionsError as exc:
             errors = [e for e in exc.errors.values() if isinstance(e, OSError)]
             if errors and all(e.errno == errno.ECONNREFUSED for e in errors):
@@ -207,6 +226,20 @@ class SshTransport:
                 # Every orch step is a short request and answer: without this, Nagle's
                 # algorithm holds each small packet back (a round trip 48 ms -> 4 ms).
                 transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _key_refused(self) -> AuthRefused:
+        ident = f" -i {self.host.identity_file}" if self.host.identity_file else ""
+        return AuthRefused(
+            self.name,
+            f"authentication refused for {self._target}",
+            f"install your public key on the host: ssh-copy-id{ident} "
+            f"{self._target.rsplit(':', 1)[0]} (or orch keys, for every host at once)",
+        )
+
+    @property
+    def target(self) -> str:
+        """Who logs in where: `user@address`, with `:port` unless it is 22."""
+        return self._target
 
     @property
     def cipher(self) -> str | None:
@@ -294,6 +327,46 @@ class SshTransport:
             self._conn.close()
         except Exception:  # closing must never hide the error that led here
             log.debug("closing %s failed", self.name, exc_info=True)
+
+
+def connect_with_password(host: Host, options: ConnectOptions, password: str) -> SshTransport:
+    """A connected SshTransport to `host` that logged in with `password` alone: no
+    key, no agent (`orch keys`, before the host takes a key). Host keys are checked
+    as for every connection.
+
+    The password goes to paramiko (which falls back to keyboard-interactive where the
+    host asks that way) and is dropped once the login is done: it is never logged,
+    stored, nor part of any command line or environment.
+
+    Raises:
+        PasswordRefused: the password was refused.
+        AuthRefused: the host takes no password.
+        HostError: the host cannot be reached (as `SshTransport.connect`).
+    """
+    transport = SshTransport(host, options)
+    kwargs = transport._conn.connect_kwargs
+    kwargs.pop("key_filename", None)
+    kwargs.update(password=password, look_for_keys=False, allow_agent=False)
+    try:
+        transport.connect()
+    except BaseException:
+        transport.close()
+        raise
+    finally:
+        kwargs.pop("password", None)
+    return transport
+
+
+def ssh_config_aliases(path: Path) -> list[str]:
+    """The host names an ssh_config file declares (`Host` lines without wildcards or
+    negations), sorted; none when it cannot be read."""
+    try:
+        config = paramiko.SSHConfig.from_path(str(path))
+    except (OSError, paramiko.SSHException, ValueError):
+        return []
+    return sorted(
+        name for name in config.get_hostnames() if name and not any(c in name for c in "*?!")
+    )
 
 
 def _new_transport(
