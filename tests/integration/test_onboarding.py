@@ -81,7 +81,7 @@ def test_keys_installs_the_key_with_the_password_then_finds_it_working_and_chang
     with cluster.password_user(2, password) as login:
         inventory = password_inventory(tmp_path / "inv.yaml", cluster, {"fresh": (2, login)})
         proc = subprocess.Popen(
-            [*orch_command(), "keys", "-i", str(inventory), "--password-stdin", "--yes"],
+            [*orch_command(), "-vv", "keys", "-i", str(inventory), "--password-stdin", "--yes"],
             cwd=orch.cwd,
             env=orch.controller.env(),
             stdin=subprocess.PIPE,
@@ -102,6 +102,7 @@ def test_keys_installs_the_key_with_the_password_then_finds_it_working_and_chang
         assert proc.returncode == 0, err
         assert out.splitlines() == ["[node1] key already works", "[fresh] key installed"], out
         assert shown == []
+        assert "DEBUG" in err and password not in out + err  # not even paramiko's debug log
         key = orch.controller.home / ".ssh" / "id_ed25519"
         assert stat.S_IMODE(key.stat().st_mode) == 0o600
         assert stat.S_IMODE(key.parent.stat().st_mode) == 0o700
@@ -197,8 +198,11 @@ def run_on_terminal(orch: OrchRunner, args: list[str], answers: dict[str, str]) 
     when its prompt shows; the transcript (what the terminal showed) and exit code."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: its stdin, stdout, stderr and /dev/tty are the terminal
-        os.chdir(orch.cwd)
-        os.execve(orch_command()[0], [*orch_command(), *args], orch.controller.env())
+        try:
+            os.chdir(orch.cwd)
+            os.execve(orch_command()[0], [*orch_command(), *args], orch.controller.env())
+        finally:
+            os._exit(127)  # never back into pytest
     transcript = b""
     pending = dict(answers)
     deadline = time.monotonic() + 60
