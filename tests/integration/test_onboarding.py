@@ -163,6 +163,28 @@ def test_a_wrong_password_fails_naming_the_host_writes_nothing_there_and_the_oth
         assert cluster.exec_on(2, ["ls", "-A", login.home]).stdout == ""
 
 
+def test_hosts_that_take_no_password_or_cannot_be_reached_are_each_named_with_the_reason(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    hosts = [  # the controller's own new key, which no host has: node2 wants a password
+        {"name": "node2", "address": cluster.host(2).address, "user": "root"},
+        {"name": "gone", "address": cluster.host(3).address, "user": "root", "port": 2},
+    ]
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": hosts}))
+
+    result = orch("keys", "-i", inventory, "--password-stdin", "--yes", input="whatever\n")
+
+    assert result.returncode == 3, result.stderr
+    address2, address3 = cluster.host(2).address, cluster.host(3).address
+    assert result.stdout.splitlines() == [
+        f"[node2] failed: root@{address2} takes no password (it allows publickey)",
+        f"[gone] failed: connection refused by root@{address3}:2",
+    ]
+    assert "error: key login does not work on node2, gone\n" in result.stderr
+    assert "hint: install the key another way" in result.stderr
+
+
 def test_keys_on_a_terminal_asks_without_echo_once_and_again_only_where_refused(
     cluster: Cluster, orch: OrchRunner, tmp_path: Path
 ) -> None:
