@@ -222,7 +222,7 @@ class KeyResult:
     def describe(self) -> str:
         if self.error is None:
             return self.outcome.value
-        return f"failed: {self.error.what}"
+        return "failed: " + " | ".join(self.error.what.splitlines())  # one line per host
 
 
 class Passwords(Protocol):

@@ -27,6 +27,11 @@ def _entry(indent: str, key: str, value: str | int, comment: str = "") -> str:
     return line
 
 
+def _aside(setting: str, comment: str) -> str:
+    """A default left commented out, for the user to set: `  # user: alice  # ...`."""
+    return f"{f'  # {setting}'.ljust(COMMENT_COLUMN - 2)}  # {comment}"
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -82,10 +87,10 @@ def render_inventory(
     if user:
         lines.append(_entry("  ", "user", user))
     else:
-        lines.append("  # user: alice                 # else ~/.ssh/config's User, else your login")
+        lines.append(_aside("user: alice", "else ~/.ssh/config's User, else your login"))
     if common:
         lines.append(_entry("  ", "python", common, "the python with torch on every host"))
-    lines.append("  # workdir: ~/.orch             # where code, logs and job state live on hosts")
+    lines.append(_aside("workdir: ~/.orch", "where code, logs and job state live on hosts"))
     lines.append("hosts:")
     for item in probed:
         lines.extend(_host_lines(item, common))
