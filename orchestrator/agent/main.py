@@ -21,6 +21,7 @@ COMMANDS = {
     "setup": "setup",
     "gc": "gc",
     "nettest": "nettest",
+    "top": "top",
 }
 USAGE = """usage: orch agent COMMAND ARGS...
   probe [MASTER|OPTIONS]              this host's facts as JSON (no torch import)
@@ -37,6 +38,7 @@ USAGE = """usage: orch agent COMMAND ARGS...
   setup JOB_DIR                       (stdin: its spec) run the job's setup:, mark it done
   gc                                  (stdin: a frame) drop old snapshots and content
   nettest TEST ARGS...                listen, connect, bwserve, bwclient
+  top JOB_DIR                         (stdin: offsets) CPU, memory, GPUs, log growth of its ranks
 """
 
 

@@ -325,3 +325,18 @@ class GcReport(Reply):
     outputs_removed: int = 0  # with --outputs: ended jobs' output directories
     outputs_bytes_freed: int = 0
     error: str | None = None
+
+
+class TopSample(Reply):
+    """`top`: one sample of a node's ranks (agent/top.py says what each field holds).
+    `ranks`, `launcher` and `gpus` stay plain JSON here; `jobs/top.py` reads them."""
+
+    exists: bool
+    started: bool
+    running: bool
+    ended: ExitRecord | None = None
+    clock: float = 0.0  # the host's monotonic clock: rates are measured on it
+    ranks: Sequence[dict[str, Any]] = ()
+    launcher: dict[str, Any] | None = None
+    gpus: Sequence[dict[str, Any]] | None = None  # None: no nvidia-smi on the host
+    gpu_error: str | None = None

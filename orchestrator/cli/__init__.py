@@ -21,6 +21,7 @@ from orchestrator.cli import (  # noqa: F401
     cmd_submit,
     cmd_status,
     cmd_logs,
+    cmd_top,
     cmd_kill,
     cmd_pull,
     cmd_check,

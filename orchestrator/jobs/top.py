@@ -1,0 +1,450 @@
+"""`orch top`: how every node of a running job is doing, sampled over one connection per
+host with one agent command (`top`, agent/top.py) per host and refresh.
+
+Each refresh asks every node for its ranks' cumulative CPU seconds, resident memory,
+GPUs and log growth; rates come from two consecutive samples of one host, on that
+host's own monotonic clock (the network's delay is no part of them). The host reads
+only what a log grew by since the last refresh, never a whole log.
+
+**Who falls behind** (`laggards`), among the job's ranks, relative to the others:
+
+1. Only *talkers* are judged: ranks seen printing while `orch top` watched, or whose
+   last line came at least STARTUP_S (30 s) after they started. A rank that prints only while
+   it starts (scripts where rank 0 alone logs) is never judged: its silence is its habit.
+2. Two talkers at least: behind means behind the others.
+3. **Silent**: a talker whose last line is SILENT_S (10 s; `--silent-after`) or more
+   ago, and SILENT_RATIO (3) times longer ago than the median of the other talkers'
+   (while they print, it does not).
+4. **Slow**: otherwise, a talker printing fewer lines per second than SLOW_RATIO (1/4)
+   of the median of the other talkers, when that median is MIN_RATE (1 line/s) or more:
+   a rate in one window is noisy, and below that, a line or two decide it.
+5. A node is behind when one of its ranks is; the reason names the rank.
+
+`--once --json` prints `TopView.to_json()`: its shape is documented there and stable
+(fields may be added, none renamed or removed).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from orchestrator.agent.protocol import TopSample
+from orchestrator.jobs.reconcile import SETTLED, reconcile
+from orchestrator.jobs.reporter import Reporter
+from orchestrator.models.errors import HostError, InputError, MultiHostError, OrchError
+from orchestrator.models.inventory import Host
+from orchestrator.nodes import agent
+from orchestrator.nodes.group import HostGroup, connect_reachable
+from orchestrator.records.db import JobDB, JobRecord, NodeRecord
+from orchestrator.transport import Transport
+
+INTERVAL_S = 2.0  # default refresh; bench/top.py measures what it costs the ranks
+SAMPLE_TIMEOUT_S = 20.0
+STARTUP_S = 30.0
+SILENT_S = 10.0
+SILENT_RATIO = 3.0
+SLOW_RATIO = 0.25
+MIN_RATE = 1.0
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank over the last window. None: not known yet (the first sample has no
+    window) or not known at all (no log yet)."""
+
+    host: str
+    rank: int | None  # None: launcher python's one process per node
+    pids: tuple[int, ...]
+    cpu_percent: float | None  # of one core; a rank with 4 busy threads shows 400
+    rss_bytes: int
+    lines: int | None  # new lines in the window
+    lines_per_s: float | None
+    idle_s: float | None  # seconds since its last line
+    age_s: float | None  # seconds since it started
+    gpus: tuple[int, ...]
+    gpu_memory_mib: int
+    talks: bool = False
+    behind: str | None = None  # why, in words
+
+    @property
+    def label(self) -> str:
+        return "node" if self.rank is None else f"r{self.rank}"
+
+
+@dataclass(frozen=True)
+class GpuView:
+    index: int | None
+    uuid: str
+    utilization_percent: int | None
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    used: bool  # a process of the job holds memory there
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node: `state` is running, starting, ended, missing (no job directory on the
+    host) or unreachable (`error` says why)."""
+
+    host: str
+    node_rank: int
+    state: str
+    ranks: tuple[RankView, ...] = ()
+    window_s: float | None = None
+    launcher_cpu_percent: float | None = None
+    launcher_rss_bytes: int = 0
+    gpus: tuple[GpuView, ...] | None = None  # None: no nvidia-smi there
+    gpu_error: str | None = None
+    error: str | None = None
+
+    @property
+    def behind(self) -> str | None:
+        return next((f"{r.label} {r.behind}" for r in self.ranks if r.behind), None)
+
+
+@dataclass(frozen=True)
+class TopView:
+    """One refresh of a job."""
+
+    job_id: str
+    name: str
+    state: str
+    time: float  # the controller's wall clock
+    interval_s: float
+    nodes: tuple[NodeView, ...]
+
+    @property
+    def ended(self) -> bool:
+        return all(n.state in ("ended", "missing") for n in self.nodes)
+
+    @property
+    def behind(self) -> list[str]:
+        return [n.host for n in self.nodes if n.behind]
+
+    def to_json(self) -> dict[str, Any]:
+        """The `--once --json` shape:
+
+        {"job", "name", "state", "time", "interval_s", "behind": [host...],
+         "nodes": [{"host", "node_rank", "state", "error", "behind": why | null,
+                    "window_s", "launcher": {"cpu_percent", "rss_bytes"},
+                    "gpus": null (no nvidia-smi) | [{"index", "uuid",
+                        "utilization_percent", "memory_used_mib", "memory_total_mib",
+                        "used", "ranks"}],
+                    "gpu_error",
+                    "ranks": [{"rank", "pids", "cpu_percent", "rss_bytes", "lines",
+                               "lines_per_s", "idle_s", "age_s", "gpus",
+                               "gpu_memory_mib", "talks", "behind": why | null}]}]}
+        """
+        return {
+            "job": self.job_id,
+            "name": self.name,
+            "state": self.state,
+            "time": self.time,
+            "interval_s": self.interval_s,
+            "behind": self.behind,
+            "nodes": [
+                {
+                    "host": n.host,
+                    "node_rank": n.node_rank,
+                    "state": n.state,
+                    "error": n.error,
+                    "behind": n.behind,
+                    "window_s": n.window_s,
+                    "launcher": {
+                        "cpu_percent": n.launcher_cpu_percent,
+                        "rss_bytes": n.launcher_rss_bytes,
+                    },
+                    "gpus": None if n.gpus is None else [_gpu_json(g) for g in n.gpus],
+                    "gpu_error": n.gpu_error,
+                    "ranks": [_rank_json(r) for r in n.ranks],
+                }
+                for n in self.nodes
+            ],
+        }
+
+
+def _gpu_json(g: GpuView) -> dict[str, Any]:
+    return {
+        "index": g.index,
+        "uuid": g.uuid,
+        "utilization_percent": g.utilization_percent,
+        "memory_used_mib": g.memory_used_mib,
+        "memory_total_mib": g.memory_total_mib,
+        "used": g.used,
+        "ranks": list(g.ranks),
+    }
+
+
+def _rank_json(r: RankView) -> dict[str, Any]:
+    return {
+        "rank": r.rank,
+        "pids": list(r.pids),
+        "cpu_percent": r.cpu_percent,
+        "rss_bytes": r.rss_bytes,
+        "lines": r.lines,
+        "lines_per_s": r.lines_per_s,
+        "idle_s": r.idle_s,
+        "age_s": r.age_s,
+        "gpus": list(r.gpus),
+        "gpu_memory_mib": r.gpu_memory_mib,
+        "talks": r.talks,
+        "behind": r.behind,
+    }
+
+
+# ---------------------------------------------------------------- rates
+
+
+def node_view(
+    node: NodeRecord, now: TopSample, before: TopSample | None, talked: set[tuple[str, str]]
+) -> NodeView:
+    """A node's figures from two consecutive samples of its host (`before` None: the
+    first, which has no rates yet). Adds the ranks seen printing to `talked`."""
+    host = node.host.name
+    if not now.exists:
+        return NodeView(host, node.node_rank, "missing", error="no job directory on the host")
+    window = now.clock - before.clock if before is not None and now.clock > before.clock else None
+    earlier = {str(r.get("stream")): r for r in (before.ranks if before is not None else ())}
+    ranks = []
+    for r in now.ranks:
+        stream = str(r.get("stream"))
+        log = r.get("log") or {}
+        lines = log.get("lines") if window is not None else None
+        if lines:
+            talked.add((host, stream))
+        idle, age = log.get("idle_s"), r.get("age_s")
+        late_line = idle is not None and age is not None and age - idle >= STARTUP_S
+        ranks.append(
+            RankView(
+                host=host,
+                rank=r.get("rank"),
+                pids=tuple(r.get("pids") or ()),
+                cpu_percent=cpu_percent(r, earlier.get(stream), window),
+                rss_bytes=int(r.get("rss_bytes") or 0),
+                lines=lines,
+                lines_per_s=None if lines is None or not window else round(lines / window, 2),
+                idle_s=idle,
+                age_s=age,
+                gpus=tuple(r.get("gpus") or ()),
+                gpu_memory_mib=int(r.get("gpu_memory_mib") or 0),
+                talks=(host, stream) in talked or late_line,
+            )
+        )
+    launcher = now.launcher or {}
+    before_launcher = before.launcher if before is not None else None
+    return NodeView(
+        host,
+        node.node_rank,
+        state_of(now),
+        tuple(ranks),
+        window_s=None if window is None else round(window, 3),
+        launcher_cpu_percent=cpu_percent(launcher, before_launcher, window),
+        launcher_rss_bytes=int(launcher.get("rss_bytes") or 0),
+        gpus=None if now.gpus is None else tuple(gpu_view(g) for g in now.gpus),
+        gpu_error=now.gpu_error,
+    )
+
+
+def cpu_percent(
+    now: dict[str, Any], before: dict[str, Any] | None, window: float | None
+) -> float | None:
+    """CPU use over the window, in % of one core. Processes that ended in the window
+    take their seconds with them: never below 0."""
+    if before is None or not window:
+        return None
+    used = float(now.get("cpu_s") or 0.0) - float(before.get("cpu_s") or 0.0)
+    return round(max(0.0, used) / window * 100, 1)
+
+
+def state_of(sample: TopSample) -> str:
+    if sample.ended is not None:
+        return "ended"
+    return "running" if sample.running else "starting"
+
+
+def gpu_view(g: dict[str, Any]) -> GpuView:
+    return GpuView(
+        index=g.get("index"),
+        uuid=str(g.get("uuid") or ""),
+        utilization_percent=g.get("utilization_percent"),
+        memory_used_mib=g.get("memory_used_mib"),
+        memory_total_mib=g.get("memory_total_mib"),
+        used=bool(g.get("used")),
+        ranks=tuple(g.get("ranks") or ()),
+    )
+
+
+# ---------------------------------------------------------------- who falls behind
+
+
+def laggards(
+    ranks: Sequence[RankView], silent_s: float = SILENT_S
+) -> dict[tuple[str, int | None], str]:
+    """The ranks that fall behind the others, by (host, rank), with why (module
+    docstring, "Who falls behind"; `silent_s` is its SILENT_S)."""
+    talkers = [r for r in ranks if r.talks]
+    if len(talkers) < 2:
+        return {}
+    found: dict[tuple[str, int | None], str] = {}
+    for r in talkers:
+        others = [o for o in talkers if o is not r]
+        idles = [o.idle_s for o in others if o.idle_s is not None]
+        rates = [o.lines_per_s for o in others if o.lines_per_s is not None]
+        if r.idle_s is not None and idles:
+            usual = statistics.median(idles)
+            if r.idle_s >= silent_s and r.idle_s >= SILENT_RATIO * usual:
+                found[r.host, r.rank] = f"silent for {r.idle_s:.0f} s (others: {usual:.0f} s)"
+                continue
+        if r.lines_per_s is not None and rates:
+            usual = statistics.median(rates)
+            if usual >= MIN_RATE and r.lines_per_s < SLOW_RATIO * usual:
+                found[r.host, r.rank] = f"{r.lines_per_s:.3g} lines/s (others: {usual:.3g})"
+    return found
+
+
+def judged(nodes: Sequence[NodeView], silent_s: float = SILENT_S) -> tuple[NodeView, ...]:
+    """The nodes with each rank's `behind` set by `laggards`."""
+    verdict = laggards([r for n in nodes for r in n.ranks], silent_s)
+    return tuple(
+        replace(n, ranks=tuple(replace(r, behind=verdict.get((r.host, r.rank))) for r in n.ranks))
+        for n in nodes
+    )
+
+
+# ---------------------------------------------------------------- sampling
+
+
+@dataclass
+class Sampler:
+    """Samples a job's nodes over a connected group, remembering what rates need: each
+    host's last sample, its logs' offsets, and which ranks were seen printing."""
+
+    record: JobRecord
+    group: HostGroup
+    interval_s: float = INTERVAL_S
+    silent_s: float = SILENT_S
+    unreachable: dict[str, str] = field(default_factory=dict)
+    last: dict[str, TopSample] = field(default_factory=dict)
+    talked: set[tuple[str, str]] = field(default_factory=set)
+
+    def sample(self) -> TopView:
+        """One refresh of every node: a TopView (rates need a sample before it)."""
+        nodes = {n.host.name: n for n in self.record.nodes}
+        results, failures = self.group.try_each(
+            lambda host, transport: self._ask(nodes[host.name], host, transport),
+            only=[n for n in nodes if n not in self.unreachable],
+        )
+        for failure in failures:
+            if isinstance(failure, HostError):
+                self.unreachable[failure.host] = failure.what
+        views = []
+        for node in self.record.nodes:
+            name = node.host.name
+            if node.state in SETTLED:  # its end is recorded: not asked
+                views.append(NodeView(name, node.node_rank, "ended"))
+            elif name in results:
+                views.append(node_view(node, results[name], self.last.get(name), self.talked))
+                self.last[name] = results[name]
+            else:
+                error = self.unreachable.get(name, "not sampled")
+                views.append(NodeView(name, node.node_rank, "unreachable", error=error))
+        state = "ended" if all(v.state in ("ended", "missing") for v in views) else "running"
+        return TopView(
+            self.record.id,
+            self.record.name,
+            state,
+            time.time(),
+            self.interval_s,
+            judged(views, self.silent_s),
+        )
+
+    def _ask(self, node: NodeRecord, host: Host, transport: Transport) -> TopSample:
+        before = self.last.get(host.name)
+        offsets = {
+            str(r.get("stream")): int((r.get("log") or {}).get("offset") or 0)
+            for r in (before.ranks if before is not None else ())
+        }
+        request = json.dumps({"job_id": self.record.id, "offsets": offsets}).encode()
+        reply = agent.run(
+            host, transport, ["top", node.job_dir], stdin=[request], timeout=SAMPLE_TIMEOUT_S
+        )
+        return agent.parse(host, TopSample, reply)
+
+
+def pick_job(store: JobDB, job_id: str | None) -> JobRecord:
+    """The job to watch: the one named, or the newest that has not ended.
+
+    Raises:
+        InputError: no such job, it has ended, or (none named) no job runs.
+    """
+    if job_id is None:
+        record = next((r for r in store.jobs() if not r.state.is_terminal()), None)
+        if record is None:
+            raise InputError(
+                f"no running job to watch (in {store.path})",
+                "start one with: orch submit -d JOB.yaml; past jobs: orch status",
+            )
+        return record
+    record = store.get(job_id)
+    if record.state.is_terminal():
+        raise ended_error(record)
+    return record
+
+
+def ended_error(record: JobRecord) -> InputError:
+    return InputError(
+        f"job {record.id} has ended ({record.state.value}): there is nothing to watch",
+        f"what it printed: orch logs {record.id}; how it ended: orch status {record.id}",
+    )
+
+
+def watch(
+    store: JobDB,
+    job_id: str | None,
+    reporter: Reporter,
+    interval_s: float = INTERVAL_S,
+    silent_s: float = SILENT_S,
+) -> Iterator[TopView]:
+    """Refreshes of a running job, `interval_s` apart, until it ends (the last view
+    says so) or the caller stops. The first view has no rates: they need two samples.
+    `silent_s`: how long a rank that talks may be silent before it is behind.
+
+    Raises:
+        InputError: no such job, or it has ended before the first view (exit 2).
+        HostError / MultiHostError: no host of the job answers (exit 3).
+    """
+    record = pick_job(store, job_id)
+    nodes = [n for n in record.nodes if n.state not in SETTLED]
+    if not nodes:  # every node's end is recorded, the job's not yet
+        raise ended_error(reconcile(store, record, reporter))
+    group, failures = connect_reachable([n.host for n in nodes], reporter.notice)
+    with group:
+        if not group.transports:
+            raise _combined(failures)
+        sampler = Sampler(record, group, interval_s, silent_s)
+        sampler.unreachable = {f.host: f.what for f in failures if isinstance(f, HostError)}
+        view = sampler.sample()
+        if not sampler.last:  # every host failed the sample itself
+            raise _combined([HostError(n.host, n.error or "?") for n in view.nodes])
+        if view.ended:
+            raise ended_error(reconcile(store, record, reporter))
+        yield view
+        while True:
+            time.sleep(max(0.0, view.time + interval_s - time.time()))
+            view = sampler.sample()
+            if view.ended:
+                final = reconcile(store, record, reporter)
+                view = replace(view, state=final.state.value)
+            yield view
+            if view.ended:
+                return
+
+
+def _combined(failures: Sequence[OrchError]) -> OrchError:
+    return failures[0] if len(failures) == 1 else MultiHostError(failures)
