@@ -18,6 +18,7 @@ from orchestrator.models.errors import InfraError, MultiHostError, OrchError
 from orchestrator.onboard.init import Probed, probe_all, write_new
 from orchestrator.onboard.render import describe, render_inventory
 from orchestrator.onboard.targets import (
+    complete_aliases,
     hosts_from_words,
     no_hosts_error,
     split_words,
@@ -36,6 +37,7 @@ def init_command(
             help="Hosts: ~/.ssh/config aliases or addresses (NAME=ADDRESS names one).",
             show_default=False,
             metavar="HOST...",
+            autocompletion=complete_aliases,
         ),
     ] = None,
     hosts_csv: Annotated[

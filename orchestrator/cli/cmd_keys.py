@@ -17,6 +17,7 @@ from orchestrator.models.errors import InputError
 from orchestrator.models.inventory import Host, load_inventory
 from orchestrator.onboard import keys as onboard
 from orchestrator.onboard.targets import (
+    complete_aliases,
     hosts_from_words,
     no_hosts_error,
     split_words,
@@ -66,6 +67,7 @@ def keys_command(
             "with -i, names of the inventory's hosts (default: all of them).",
             show_default=False,
             metavar="HOST...",
+            autocompletion=complete_aliases,
         ),
     ] = None,
     inventory: InventoryOpt = None,

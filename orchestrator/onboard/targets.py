@@ -58,3 +58,10 @@ def no_hosts_error(verb: str, aliases: Sequence[str]) -> InputError:
 
 def ssh_config_path() -> Path:
     return Path(SSH_CONFIG).expanduser()
+
+
+def complete_aliases(incomplete: str) -> list[str]:
+    """The `~/.ssh/config` aliases that start with `incomplete`, for shell completion."""
+    from orchestrator.transport.ssh import ssh_config_aliases
+
+    return [a for a in ssh_config_aliases(ssh_config_path()) if a.startswith(incomplete)]

@@ -310,3 +310,16 @@ def test_no_hosts_is_an_input_error_with_the_ssh_config_aliases(
     assert isinstance(result.exception, InputError)
     assert result.exception.message == "no hosts given (in ~/.ssh/config: gpu1, gpu2)"
     assert f"orch {verb} node1 node2" in result.exception.hint
+
+
+def test_shell_completion_offers_the_ssh_config_aliases(tmp_path: Path) -> None:
+    import sys
+
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text("Host gpu1 gpu2 box\n  User a\nHost g*\n  User b\n")
+    orch = str(Path(sys.executable).with_name("orch"))  # completion keys on the program name
+    for verb in ("keys", "init"):
+        env = {**os.environ, "HOME": str(tmp_path), "_ORCH_COMPLETE": "complete_bash"}
+        env.update(COMP_WORDS=f"orch {verb} g", COMP_CWORD="2")
+        done = subprocess.run([orch], env=env, capture_output=True, text=True, check=False)
+        assert done.stdout.split() == ["gpu1", "gpu2"], (verb, done)
