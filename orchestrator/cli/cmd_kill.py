@@ -6,11 +6,10 @@ from typing import Annotated
 
 import typer
 
+from orchestrator import api
 from orchestrator.cli.app import OptionalJobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.jobs.teardown import kill as kill_jobs
-from orchestrator.models.errors import InputError, MultiHostError
-from orchestrator.records.db import JobDB
+from orchestrator.models.errors import InputError, MultiHostError, OrchError
 
 
 @app.command()
@@ -25,8 +24,9 @@ def kill(
         raise InputError(
             "give a job id or --all, not both or neither", "orch kill JOB_ID  |  orch kill --all"
         )
-    outcomes = kill_jobs(JobDB(), None if all_jobs else job_id, ConsoleReporter())
-    unreachable = []
+    out = ConsoleReporter()
+    outcomes = api.kill_all(out) if job_id is None else [api.job(job_id, out).kill()]
+    unreachable: list[OrchError] = []
     for outcome in outcomes:
         if outcome.already is not None:
             typer.echo(

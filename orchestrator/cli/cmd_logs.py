@@ -6,12 +6,10 @@ from typing import Annotated
 
 import typer
 
+from orchestrator import api
 from orchestrator.cli.app import JobIdArg, ProgressEveryOpt, ProgressOpt, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.jobs.logs import LogFilter
-from orchestrator.jobs.logs import logs as show_logs
 from orchestrator.jobs.progress import PROGRESS_EVERY_S, ProgressMode
-from orchestrator.records.db import JobDB
 
 
 @app.command()
@@ -35,8 +33,7 @@ def logs(
     A progress bar's line shows in its last state; with -f, a bar that moves is
     redrawn in place on a terminal, else printed every --progress-every seconds.
     """
-    want = LogFilter(node=node, rank=rank, tail=tail)
     # What is already written prints as lines; only -f has bars that move.
     with ConsoleReporter(progress, progress_every, redraw=None if follow else False) as out:
-        code = show_logs(JobDB(), job_id, want, follow, out)
+        code = api.job(job_id).logs_to(out, follow, node=node, rank=rank, tail=tail)
     raise typer.Exit(code)

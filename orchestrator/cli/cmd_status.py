@@ -11,12 +11,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator import api
+from orchestrator.api import JobStatus
 from orchestrator.cli.app import OptionalJobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.jobs.reconcile import STILL_RUNNING
-from orchestrator.jobs.reconcile import status as job_status
 from orchestrator.models.states import JobState
-from orchestrator.records.db import JobDB, JobRecord
 
 
 @app.command()
@@ -25,7 +24,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Table of jobs, or one job's nodes; reconciled with the hosts."""
-    records = job_status(JobDB(), job_id, ConsoleReporter())
+    records = api.statuses(job_id, ConsoleReporter())
     if as_json:
         typer.echo(json.dumps([_job_json(r) for r in records], indent=2))
         return
@@ -77,23 +76,21 @@ def _exit_text(code: int | None) -> str:
     return str(code)
 
 
-def _attempt(record: JobRecord) -> str:
+def _attempt(record: JobStatus) -> str:
     """`, attempt 2 of 3 (attempt 1 failed on node2)` for a job with restarts."""
-    restarts = int(record.spec.get("restarts") or 0)
-    if not restarts:
+    if not record.restarts:
         return ""
-    attempt = int(record.spec.get("attempt") or 0)
     before = [
-        f"attempt {a['attempt'] + 1} {n['state']} on {n['host']}"
-        for a in record.spec.get("attempts", [])
-        for n in a["nodes"]
-        if n["state"] in ("failed", "lost")
+        f"attempt {a.attempt + 1} {state.value} on {host}"
+        for a in record.earlier
+        for host, state in a.nodes.items()
+        if state in (JobState.FAILED, JobState.LOST)
     ]
     earlier = f" ({'; '.join(before)})" if before else ""
-    return f", attempt {attempt + 1} of {restarts + 1}{earlier}"
+    return f", attempt {record.attempt + 1} of {record.restarts + 1}{earlier}"
 
 
-def _nodes_table(record: JobRecord) -> Table:
+def _nodes_table(record: JobStatus) -> Table:
     table = Table(
         "host",
         "node rank",
@@ -105,15 +102,15 @@ def _nodes_table(record: JobRecord) -> Table:
         title_justify="left",
     )
     for n in record.nodes:
-        ranks = str(n.first_rank) if n.nproc == 1 else f"{n.ranks.start}-{n.ranks.stop - 1}"
+        ranks = str(n.ranks.start) if len(n.ranks) == 1 else f"{n.ranks.start}-{n.ranks.stop - 1}"
         state = _state(n.state)
-        if n.error == STILL_RUNNING:
-            state += f" ({STILL_RUNNING})"
-        table.add_row(n.host.name, str(n.node_rank), ranks, state, _exit_text(n.exit_code))
+        if n.still_running:
+            state += f" ({n.error})"
+        table.add_row(n.host, str(n.node_rank), ranks, state, _exit_text(n.exit_code))
     return table
 
 
-def _job_json(r: JobRecord) -> dict[str, object]:
+def _job_json(r: JobStatus) -> dict[str, object]:
     return {
         "id": r.id,
         "name": r.name,
@@ -128,8 +125,8 @@ def _job_json(r: JobRecord) -> dict[str, object]:
         "spec": r.spec,
         "nodes": [
             {
-                "host": n.host.name,
-                "address": n.host.address,
+                "host": n.host,
+                "address": n.address,
                 "node_rank": n.node_rank,
                 "ranks": list(n.ranks),
                 "state": n.state.value,

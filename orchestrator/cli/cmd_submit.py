@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
+from orchestrator import api
 from orchestrator.cli.app import InventoryOpt, ProgressEveryOpt, ProgressOpt, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.jobs import submit as submitting
 from orchestrator.jobs.progress import PROGRESS_EVERY_S, ProgressMode
 from orchestrator.models.errors import InputError
 from orchestrator.models.job import Overrides
@@ -75,16 +75,22 @@ def submit(
         args=tuple(script_args or ()),
         replace_args=replace_args,
     )
-    sub = submitting.prepare(job, inventory, outputs_dir, overrides)
     if dry_run:
-        for line in describe(submitting.dry_run(sub)):
+        plan = api.plan(job, inventory, overrides=overrides)
+        for line in describe(plan):
             typer.echo(line)
-        files = collect_files(sub.job.workdir, sub.job.exclude)  # and its ignore files read
-        typer.echo(f"\npushes {len(files)} files from {sub.job.workdir}")
+        files = collect_files(plan.job.workdir, plan.job.exclude)  # and its ignore files read
+        typer.echo(f"\npushes {len(files)} files from {plan.job.workdir}")
         return
     with ConsoleReporter(progress, progress_every) as reporter:
-        code = submitting.submit(sub, reporter, detach=detach)
-    raise typer.Exit(code)
+        api.submit(
+            job,
+            inventory,
+            detach=detach,
+            overrides=overrides,
+            outputs_dir=outputs_dir,
+            reporter=reporter,
+        )  # returns once the job succeeded (detached: started); else raises
 
 
 def _pair(item: str) -> tuple[str, str]:

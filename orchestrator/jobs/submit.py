@@ -70,14 +70,14 @@ class Submission:
 
 
 def prepare(
-    job_path: Path,
+    job_path: Path | JobSpec,
     inventory_path: Path | None,
     outputs_dir: Path | None = None,
     overrides: Overrides | None = None,
 ) -> Submission:
-    """Load and check everything that needs no host: job (with the command line's
-    overrides), inventory, selection."""
-    job = load_job(job_path)
+    """Load and check everything that needs no host: job (a file, or one loaded
+    already, with the command line's overrides), inventory, selection."""
+    job = job_path if isinstance(job_path, JobSpec) else load_job(job_path)
     if overrides is not None:
         job = with_overrides(job, overrides)
     inventory = resolve_inventory(inventory_path, job.inventory)
