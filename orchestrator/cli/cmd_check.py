@@ -14,6 +14,7 @@ from orchestrator.check.run import run_check
 from orchestrator.cli.app import InventoryOpt, app
 from orchestrator.cli.check_view import bandwidth_table, bandwidth_title, host_table, summary_lines
 from orchestrator.cli.console import ConsoleReporter
+from orchestrator.cli.slurm_view import slurm_check
 from orchestrator.models.errors import EXIT_INFRA
 from orchestrator.models.inventory import resolve_inventory
 from orchestrator.models.job import load_job
@@ -31,6 +32,9 @@ def check(
         bool,
         typer.Option("--bandwidth", help="Also measure TCP throughput to the master and back."),
     ] = False,
+    compute: Annotated[
+        bool, typer.Option("--compute", help="Slurm: also probe a compute node through srun.")
+    ] = False,
 ) -> None:
     """Find what would make a job hang: a row per host, then each problem with its fix.
 
@@ -38,6 +42,8 @@ def check(
     """
     spec = load_job(job) if job else None
     found = resolve_inventory(inventory, spec.inventory if spec else None)
+    if found.slurm is not None:  # a Slurm cluster, through its login node
+        raise typer.Exit(slurm_check(found, spec, compute))
     notices = ConsoleReporter()
     with _progress("probing the job's hosts" if spec else f"probing {len(found.hosts)} hosts"):
         report = run_check(found, spec, bandwidth, ConnectOptions(notice=notices.notice))

@@ -16,6 +16,8 @@ from orchestrator.api import JobStatus
 from orchestrator.cli.app import OptionalJobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.models.states import JobState
+from orchestrator.slurm import jobs as slurm_jobs
+from orchestrator.slurm.jobs import note
 
 
 @app.command()
@@ -24,7 +26,8 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Table of jobs, or one job's nodes; reconciled with the hosts."""
-    records = api.statuses(job_id, ConsoleReporter())
+    reporter = ConsoleReporter()
+    records = slurm_jobs.statuses(api.statuses(job_id, reporter), JobStatus.of, reporter.notice)
     if as_json:
         typer.echo(json.dumps([_job_json(r) for r in records], indent=2))
         return
@@ -37,7 +40,7 @@ def status(
         table.add_row(
             r.id,
             r.name,
-            _state(r.state),
+            _state(r.state) + note(r.spec),
             str(len(r.nodes)),
             _when(r.started or r.created),
             _duration(r.duration),

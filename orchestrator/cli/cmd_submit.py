@@ -14,6 +14,7 @@ from orchestrator.jobs.progress import PROGRESS_EVERY_S, ProgressMode
 from orchestrator.models.errors import InputError
 from orchestrator.models.job import Overrides
 from orchestrator.plan import describe
+from orchestrator.slurm.submit import dry_run as slurm_dry_run
 from orchestrator.sync.ignore import collect_files
 
 
@@ -75,6 +76,9 @@ def submit(
         args=tuple(script_args or ()),
         replace_args=replace_args,
     )
+    if dry_run and (batch := slurm_dry_run(job, inventory, overrides)) is not None:
+        typer.echo("\n".join(batch))  # a Slurm inventory: the batch script and sbatch
+        return
     if dry_run:
         plan = api.plan(job, inventory, overrides=overrides)
         for line in describe(plan):

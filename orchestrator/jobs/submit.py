@@ -44,6 +44,9 @@ from orchestrator.plan import (
 )
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror
+from orchestrator.slurm.script import SlurmJob
+from orchestrator.slurm.submit import slurm_job
+from orchestrator.slurm.submit import submit as slurm_submit
 from orchestrator.sync.manifest import Tree, scan_workdir
 from orchestrator.sync.push import PushResult, push
 from orchestrator.sync.relay import Relay
@@ -67,6 +70,7 @@ class Submission:
     # Every host the job's selection matches, in order: `hosts` first; the others are
     # spares that a restart may take in place of a host that failed or went silent.
     candidates: Sequence[Host] = ()
+    slurm: SlurmJob | None = None  # a Slurm inventory: sbatch through `hosts[0]`, its login node
 
 
 def prepare(
@@ -81,6 +85,9 @@ def prepare(
     if overrides is not None:
         job = with_overrides(job, overrides)
     inventory = resolve_inventory(inventory_path, job.inventory)
+    if inventory.slurm is not None:  # a Slurm cluster: orchestrator/slurm
+        job_id = new_job_id(job.name)
+        return Submission(job, inventory.hosts, job_id, slurm=slurm_job(job, inventory, job_id))
     hosts = select_hosts(job, inventory)
     candidates = pick_hosts(inventory, job.hosts, job.labels) if job.restarts else hosts
     return Submission(job, hosts, new_job_id(job.name), outputs_dir, candidates)
@@ -111,6 +118,8 @@ def submit(
         Interrupted: Ctrl-C; the job was stopped on every node.
     """
     store = store or JobDB()
+    if sub.slurm is not None:
+        return slurm_submit(sub.slurm, sub.hosts[0], reporter, detach, store)
     tree = scan_workdir(sub.job.workdir, sub.job.exclude)
     hosts, attempt = list(sub.hosts), 0
     while True:

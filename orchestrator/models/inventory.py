@@ -19,6 +19,7 @@ from orchestrator.models.schema import (
     get_str_list,
     load_yaml,
 )
+from orchestrator.models.slurm import SlurmSection, load_slurm_section, login_where
 
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
 DEFAULT_WORKDIR = "~/.orch"
@@ -79,6 +80,8 @@ class Inventory:
 
     path: str
     hosts: tuple[Host, ...]
+    # A `slurm:` section: `hosts` is its login node alone, and jobs go through sbatch.
+    slurm: SlurmSection | None = None
 
     def names(self) -> list[str]:
         return [h.name for h in self.hosts]
@@ -108,10 +111,16 @@ def load_inventory(path: Path, local_python: str | None = None) -> Inventory:
     """
     shown = str(path)
     top = Where(shown, load_yaml(path, "inventory"))
-    check_keys(top, {"defaults": None, "hosts": None}, required=("hosts",))
+    slurm = "slurm" in top.mapping
+    check_keys(top, {"defaults": None, "hosts": None, "slurm": None}, () if slurm else ("hosts",))
     defaults = get_mapping(top, "defaults") or PosDict()
     dwhere = top.child(defaults, "defaults.")
     check_keys(dwhere, _DEFAULT_KEYS)
+    if slurm:  # a Slurm cluster, reached through its login node alone (models/slurm.py)
+        swhere = top.child(get_mapping(top, "slurm") or PosDict(), "slurm.")
+        section = load_slurm_section(swhere, "hosts" in top.mapping)
+        login = _load_host(login_where(swhere), dwhere, local_python or sys.executable)
+        return Inventory(shown, (login,), section)
     raw_hosts = top.mapping["hosts"]
     if not isinstance(raw_hosts, list) or not raw_hosts:
         raise top.error(

@@ -101,6 +101,12 @@ class JobRecord:
             return None
         return (self.ended or time.time()) - self.started
 
+    @property
+    def backend(self) -> str:
+        """Where the job runs: "ssh" (the nodes' records are its hosts), or "slurm"
+        (spec["slurm"] holds its Slurm job id and login node: orchestrator/slurm)."""
+        return str(self.spec.get("backend") or "ssh")
+
 
 def _node_rows(job: JobRecord) -> list[tuple[Any, ...]]:
     return [
@@ -225,6 +231,16 @@ class JobDB:
                 ),
             )
             db.executemany("INSERT INTO nodes VALUES (?,?,?,?,?,?,?,?,?,?)", _node_rows(job))
+            db.execute("COMMIT")
+
+    def update_spec(self, job_id: str, **changes: Any) -> None:
+        """Merge `changes` into a job's spec (a Slurm job's id, once sbatch gave one)."""
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            row = db.execute("SELECT spec FROM jobs WHERE id=?", (job_id,)).fetchone()
+            if row is not None:
+                spec = {**json.loads(row["spec"]), **changes}
+                db.execute("UPDATE jobs SET spec=? WHERE id=?", (json.dumps(spec), job_id))
             db.execute("COMMIT")
 
     def update_node(

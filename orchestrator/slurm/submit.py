@@ -1,0 +1,253 @@
+"""`orch submit` on a Slurm cluster: check -> push -> write the batch script -> sbatch
+-> follow. Nothing here prints: the user hears through the Reporter, as for SSH hosts.
+
+Everything goes through the login node's one SSH connection; the compute nodes are
+Slurm's, and see the code through the shared home.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.agent import protocol
+from orchestrator.jobs.reporter import ProgressReporter, Reporter, phase
+from orchestrator.models.errors import InputError, Interrupted, OrchError
+from orchestrator.models.inventory import Host, Inventory, resolve_inventory
+from orchestrator.models.job import PYTHON, JobSpec, Overrides, load_job, with_overrides
+from orchestrator.models.states import JobState
+from orchestrator.nodes import ops
+from orchestrator.nodes.group import HostGroup
+from orchestrator.nodes.shell import sh_path
+from orchestrator.records.db import JobDB, JobRecord
+from orchestrator.records.logmirror import LogMirror
+from orchestrator.slurm import node, script
+from orchestrator.slurm.follow import follow_job
+from orchestrator.slurm.login import LoginNode
+from orchestrator.slurm.queue import Partition
+from orchestrator.slurm.script import SlurmJob
+from orchestrator.sync.ignore import collect_files
+from orchestrator.sync.manifest import scan_workdir
+from orchestrator.sync.push import push
+from orchestrator.sync.store import setup_key
+from orchestrator.transport import ConnectOptions, Transport
+
+log = logging.getLogger(__name__)
+
+
+def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
+    """The job as Slurm will run it, once its keys make sense there.
+
+    Raises:
+        SpecError: a key that only makes sense for SSH hosts (exit 2), with the Slurm
+            way to say it in the hint.
+    """
+    assert inventory.slurm is not None
+    if job.hosts:
+        raise job.error(
+            "hosts",
+            f"hosts: names SSH hosts, but {inventory.path} is a Slurm cluster",
+            "let Slurm pick the nodes (nodes: N), or name them in the inventory: "
+            "slurm: {sbatch: [--nodelist=node1,node2]}",
+        )
+    if job.labels:
+        raise job.error(
+            "labels",
+            f"labels: selects SSH hosts, but {inventory.path} is a Slurm cluster",
+            "ask Slurm for node features in the inventory: slurm: {sbatch: [--constraint=a100]}",
+        )
+    if job.restarts:
+        raise job.error(
+            "restarts",
+            "restarts: is not supported on a Slurm cluster yet",
+            "let Slurm requeue the job: slurm: {sbatch: [--requeue]}, or leave restarts out",
+        )
+    if job.outputs:
+        raise job.error(
+            "outputs",
+            "outputs: is not brought back from a Slurm cluster yet",
+            "leave outputs: out; the job's ORCH_OUTPUT_DIR is on the shared home",
+        )
+    if job.launcher == PYTHON:
+        raise job.error(
+            "launcher",
+            "launcher: python is not supported on a Slurm cluster yet",
+            "leave launcher: out (torchrun)",
+        )
+    login = inventory.hosts[0]
+    root = protocol.job_root(login.workdir, job_id)
+    return SlurmJob(job, job_id, inventory.slurm, login.python, root, inventory.path)
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What ops.setup needs of a node: here the job root on the login node."""
+
+    host: Host
+    job_dir: str
+    node_rank: int = 0
+    argv: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def check_partition(sj: SlurmJob, partitions: dict[str, Partition]) -> str:
+    """The partition the job goes to, once it exists and has enough nodes.
+
+    Raises:
+        InputError: an unknown partition (naming the inventory), or more nodes than it has
+            (naming the job file's nodes:).
+    """
+    wanted = sj.slurm.partition
+    default = next((p.name for p in partitions.values() if p.default), None)
+    name = wanted or default
+    if name is None or name not in partitions:
+        known = ", ".join(sorted(partitions)) or "none"
+        what = f"partition '{wanted}'" if wanted else "a default partition"
+        raise InputError(
+            f"{sj.inventory}: slurm.partition: the cluster has no {what}",
+            f"partitions on {sj.slurm.login}: {known}",
+        )
+    found = partitions[name]
+    if sj.nodes > found.nodes:
+        raise sj.job.error(
+            "nodes",
+            f"nodes={sj.nodes} but Slurm partition '{name}' has {found.nodes} nodes",
+            f"lower nodes, or pick a larger partition in {sj.inventory} (sinfo lists them)",
+        )
+    return name
+
+
+def submit(
+    sj: SlurmJob,
+    login: Host,
+    reporter: Reporter,
+    detach: bool = False,
+    store: JobDB | None = None,
+) -> int:
+    """Submit a job through the login node and, unless detached, follow it to its end.
+
+    Returns:
+        0 when the job succeeded (or, detached, once Slurm accepted it).
+
+    Raises:
+        InputError: the partition, node count or sbatch refused it (nothing queued).
+        InfraError: the login node is unreachable or lacks Slurm's commands.
+        JobFailed: a rank failed (the allocation is gone) or Slurm ended the job.
+        Interrupted: Ctrl-C; the job was cancelled and its allocation is gone.
+    """
+    store = store or JobDB()
+    tree = scan_workdir(sj.job.workdir, sj.job.exclude)
+    with HostGroup([login], ConnectOptions(notice=reporter.notice)) as group:
+        phase(reporter, f"connecting to the login node {login.name}")
+        group.connect()
+        login_node = LoginNode(login, group.transports[login.name])
+        phase(reporter, "asking Slurm")
+        login_node.require_tools()
+        partition = check_partition(sj, login_node.partitions())
+        store.add(record_of(sj, partition, login))
+        reporter.job_started(sj.job_id)
+        try:
+            phase(reporter, f"pushing {tree.total_bytes / 1e6:.1f} MB of code")
+            keys = (
+                {login.name: setup_key(sj.job.setup, tree.digest, login.python)}
+                if sj.job.setup
+                else {}
+            )
+            progress = reporter.progress if isinstance(reporter, ProgressReporter) else None
+            pushed = push(group, tree, {login.name: sj.job_root}, keys, progress)
+            if sj.job.setup and not pushed[login.name].setup_done:
+                _setup(sj, login_node.transport, keys[login.name], tree.digest, reporter)
+            login_node.write_files(
+                {
+                    f"{sj.job_root}/{script.BATCH}": (script.batch_script(sj), 0o700),
+                    f"{sj.job_root}/{script.LAUNCHER}": (_launcher_source(), 0o600),
+                    f"{sj.job_root}/{script.SPEC}": (script.spec_json(sj), 0o600),
+                }
+            )
+            phase(reporter, "sbatch")
+            slurm_id = login_node.sbatch(script.sbatch_command(sj, sh_path(sj.job_root)))
+        except OrchError:
+            store.update_job(sj.job_id, JobState.FAILED, 1)
+            raise
+        except KeyboardInterrupt:
+            store.update_job(sj.job_id, JobState.KILLED, 1)
+            raise Interrupted("interrupted before the job was queued: nothing was") from None
+        store.update_spec(
+            sj.job_id, slurm={**_slurm_spec(sj, partition, login), "job_id": slurm_id}
+        )
+        reporter.notice(f"slurm job {slurm_id} on partition {partition}")
+        if detach:
+            return 0
+        mirror = LogMirror(store.home / "logs", sj.job_id, 0)
+        try:
+            return follow_job(
+                store.get(sj.job_id), login_node, reporter, store, mirror, attached=True
+            )
+        finally:
+            mirror.close()
+
+
+def record_of(sj: SlurmJob, partition: str, login: Host) -> JobRecord:
+    """The job's record before sbatch: no nodes (Slurm picks them), its Slurm details."""
+    spec = {
+        "path": sj.job.path,
+        "entry": sj.job.entry,
+        "args": list(sj.job.args),
+        "workdir": str(sj.job.workdir),
+        "backend": "slurm",
+        "slurm": _slurm_spec(sj, partition, login),
+    }
+    return JobRecord(sj.job_id, sj.job.name, JobState.PENDING, "", sj.job.rendezvous_port, spec)
+
+
+def _slurm_spec(sj: SlurmJob, partition: str, login: Host) -> dict[str, object]:
+    return {
+        "host": dataclasses.asdict(login),
+        "job_id": None,
+        "partition": partition,
+        "login": sj.slurm.login,
+        "job_root": sj.job_root,
+        "nodes": sj.nodes,
+        "nproc": sj.nproc,
+    }
+
+
+def _setup(sj: SlurmJob, transport: Transport, key: str, digest: str, reporter: Reporter) -> None:
+    """The job's `setup:` once per code version, on the login node: the compute nodes
+    share its home, as hosts sharing a filesystem share one setup."""
+    assert sj.job.setup is not None
+    host = Host(name=sj.slurm.login, address=sj.slurm.login, python=sj.python)
+    target = _Setup(host, sj.job_root, env=dict(sj.job.env))
+    reporter.notice(f"setup: running on the login node {sj.slurm.login}")
+
+    def line(text: str) -> None:
+        reporter.output(f"{sj.slurm.login} setup", None, (text + "\n").encode())
+
+    ops.setup(target, transport, sj.job.setup, key, digest, line)
+
+
+def _launcher_source() -> str:
+    """node.py's own text: what srun runs on every compute node."""
+    return Path(node.__file__).read_text(encoding="utf-8")
+
+
+def dry_run(
+    job_path: Path, inventory_path: Path | None, overrides: Overrides | None
+) -> list[str] | None:
+    """`orch submit --dry-run` for a Slurm inventory: the batch script and the sbatch
+    command, touching no host; None when the inventory is no Slurm cluster's.
+
+    Raises:
+        InputError: a bad job file, inventory or override.
+    """
+    job = load_job(job_path)
+    if overrides is not None:
+        job = with_overrides(job, overrides)
+    inventory = resolve_inventory(inventory_path, job.inventory)
+    if inventory.slurm is None:
+        return None
+    sj = slurm_job(job, inventory, f"{job.name}-<id>")
+    files = collect_files(job.workdir, job.exclude)
+    return [*script.describe(sj), "", f"pushes {len(files)} files from {job.workdir}"]
