@@ -21,6 +21,7 @@ COMMANDS = {
     "setup": "setup",
     "gc": "gc",
     "nettest": "nettest",
+    "lease": "leases",
     "top": "top",
 }
 USAGE = """usage: orch agent COMMAND ARGS...
@@ -38,6 +39,8 @@ USAGE = """usage: orch agent COMMAND ARGS...
   setup JOB_DIR                       (stdin: its spec) run the job's setup:, mark it done
   gc                                  (stdin: a frame) drop old snapshots and content
   nettest TEST ARGS...                listen, connect, bwserve, bwclient
+  lease poll|take|untake|go JOB_DIR   a node's place in line for its GPUs or slots
+  lease hosts                         every lease and ticket of this host
   top JOB_DIR                         (stdin: offsets) CPU, memory, GPUs, log growth of its ranks
 """
 

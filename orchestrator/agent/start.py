@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any
 
+from . import leases
 from .limits import raise_open_files
 from .proc import host_id, signal_group, start_time
 from .protocol import (
@@ -79,6 +80,10 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
     env["ORCH_OUTPUT_DIR"] = outputs
     argv = list(spec["argv"])
     argv[0] = os.path.expanduser(argv[0])
+    turn = leases.wait_turn(spec, ready_fd)  # its GPUs or slots: waits in line if busy
+    if turn is None:
+        return 1
+    env.update(turn.env())
     try:
         with open(TORCHRUN_LOG, "ab") as out:
             proc = subprocess.Popen(  # in the node's directory: each rank moves into code/
@@ -90,8 +95,10 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
                 start_new_session=True,
             )
     except (OSError, ValueError) as exc:
+        leases.release(turn)
         write_json(EXIT, {"returncode": 127, "error": str(exc), "ended": time.time()})
-        os.write(ready_fd, json.dumps({"error": f"cannot start {argv[0]}: {exc}"}).encode())
+        if not turn.reported:
+            os.write(ready_fd, json.dumps({"error": f"cannot start {argv[0]}: {exc}"}).encode())
         return 1
     # torchrun leads its own process group; the supervisor stays out of it so that it
     # survives a kill of the group and can record how torchrun ended.
@@ -104,9 +111,11 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
         "host": host_id(),
     }
     write_json(PIDS, started)
+    leases.attach(turn, proc.pid)
     signal.signal(signal.SIGTERM, lambda *_: signal_group(proc.pid, signal.SIGTERM))
-    os.write(ready_fd, json.dumps(started).encode())
-    os.close(ready_fd)
+    if not turn.reported:  # else the reply said queued, and the node started since
+        os.write(ready_fd, json.dumps({**started, "warnings": turn.warnings}).encode())
+        os.close(ready_fd)
     while True:
         try:
             returncode = proc.wait(HEARTBEAT_S)
@@ -116,5 +125,6 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
             # tells their gc that the node still runs (gc.snapshot_end).
             with contextlib.suppress(OSError):
                 os.utime(PIDS)
+    leases.release(turn)  # before the exit record: a job waiting for it may start at once
     write_json(EXIT, {"returncode": returncode, "ended": time.time()})
     return 0

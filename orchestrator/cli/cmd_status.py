@@ -13,8 +13,10 @@ from rich.table import Table
 
 from orchestrator import api
 from orchestrator.api import JobStatus
-from orchestrator.cli.app import OptionalJobIdArg, app
+from orchestrator.cli.app import InventoryOpt, OptionalJobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
+from orchestrator.cli.hosts_view import show_hosts
+from orchestrator.jobs.queue import positions
 from orchestrator.models.states import JobState
 from orchestrator.slurm import jobs as slurm_jobs
 from orchestrator.slurm.jobs import note
@@ -24,8 +26,15 @@ from orchestrator.slurm.jobs import note
 def status(
     job_id: OptionalJobIdArg = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    hosts: Annotated[
+        bool, typer.Option("--hosts", help="Each host's GPUs or slots: free or held by whom.")
+    ] = False,
+    inventory: InventoryOpt = None,
 ) -> None:
     """Table of jobs, or one job's nodes; reconciled with the hosts."""
+    if hosts:
+        show_hosts(inventory, as_json)
+        return
     reporter = ConsoleReporter()
     records = slurm_jobs.statuses(api.statuses(job_id, reporter), JobStatus.of, reporter.notice)
     if as_json:
@@ -36,11 +45,12 @@ def status(
         console.print(_nodes_table(records[0]))
         return
     table = Table("id", "name", "state", "nodes", "started", "duration", "exit", box=None)
+    queued = positions([r.id for r in records if r.state is JobState.PENDING])
     for r in records:
         table.add_row(
             r.id,
             r.name,
-            _state(r.state) + note(r.spec),
+            f"[cyan]{queued[r.id]}[/cyan]" if r.id in queued else _state(r.state) + note(r.spec),
             str(len(r.nodes)),
             _when(r.started or r.created),
             _duration(r.duration),

@@ -62,6 +62,10 @@ def submit(
     replace_args: Annotated[
         bool, typer.Option("--replace-args", help="Arguments after -- replace the job's args.")
     ] = False,
+    no_wait: Annotated[
+        bool,
+        typer.Option("--no-wait", help="Exit 3 at once where the GPUs or slots are held."),
+    ] = False,
 ) -> None:
     """Run a job on its hosts and stream every rank's output.
 
@@ -75,6 +79,7 @@ def submit(
         nproc_per_node=nproc_per_node,
         args=tuple(script_args or ()),
         replace_args=replace_args,
+        no_wait=no_wait,
     )
     if dry_run and (batch := slurm_dry_run(job, inventory, overrides)) is not None:
         typer.echo("\n".join(batch))  # a Slurm inventory: the batch script and sbatch

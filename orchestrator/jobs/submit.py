@@ -15,6 +15,7 @@ from pathlib import Path
 
 from orchestrator.check.run import preflight
 from orchestrator.jobs.pull import bring_outputs
+from orchestrator.jobs.queue import start_nodes
 from orchestrator.jobs.reporter import ProgressReporter, Reporter, phase
 from orchestrator.jobs.teardown import teardown
 from orchestrator.jobs.watch import watch_job
@@ -70,6 +71,7 @@ class Submission:
     # Every host the job's selection matches, in order: `hosts` first; the others are
     # spares that a restart may take in place of a host that failed or went silent.
     candidates: Sequence[Host] = ()
+    no_wait: bool = False  # GPUs or slots held: fail at once (QueueBusy), not wait in line
     slurm: SlurmJob | None = None  # a Slurm inventory: sbatch through `hosts[0]`, its login node
 
 
@@ -90,7 +92,8 @@ def prepare(
         return Submission(job, inventory.hosts, job_id, slurm=slurm_job(job, inventory, job_id))
     hosts = select_hosts(job, inventory)
     candidates = pick_hosts(inventory, job.hosts, job.labels) if job.restarts else hosts
-    return Submission(job, hosts, new_job_id(job.name), outputs_dir, candidates)
+    no_wait = overrides is not None and overrides.no_wait
+    return Submission(job, hosts, new_job_id(job.name), outputs_dir, candidates, no_wait)
 
 
 def dry_run(sub: Submission) -> LaunchPlan:
@@ -223,7 +226,8 @@ def _attempt(
             phase(reporter, f"pushing {tree.total_bytes / 1e6:.1f} MB of code")
             push_code(plan, group, tree, reporter)
             phase(reporter, f"starting {_count(plan.nodes, 'node')}")
-            group.each(start)
+            if start_nodes(plan, group, reporter, store, start, sub.no_wait, detach):
+                return 0  # detached and in line on its host: it starts there in its turn
             log.info("started torchrun on %d hosts", len(nodes))
         except OrchError:
             teardown(plan.job_id, plan.master_port, plan.nodes, group, reporter)

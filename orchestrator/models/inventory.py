@@ -67,6 +67,9 @@ class Host:
     shared_fs: bool | str | None = None
     # Seconds of confirmed silence before a node here is lost (None: the default).
     lost_after: int | None = None
+    # The inventory says how many GPUs or slots the host has: jobs lease them, and
+    # wait in line while they are held (jobs/queue.py).
+    leases: bool = False
 
     @property
     def is_local(self) -> bool:
@@ -191,6 +194,7 @@ def _load_host(where: Where, defaults: Where, local_python: str) -> Host:
         env=env,
         shared_fs=_load_shared_fs(_pick(where, defaults, "shared_fs")),
         lost_after=get_int(_pick(where, defaults, "lost_after"), "lost_after", minimum=3),
+        leases=any(k in w.mapping for w in (where, defaults) for k in ("gpus", "slots")),
     )
 
 

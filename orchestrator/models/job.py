@@ -48,6 +48,7 @@ _JOB_KEYS = {
     "local_rank_arg": None,
     "outputs": None,
     "restarts": None,
+    "gpus_per_node": None,
 }
 OUTPUTS_FROM = ("rank0", "all")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -79,6 +80,7 @@ class JobSpec:
     outputs: tuple[str, ...] = ()  # globs in ORCH_OUTPUT_DIR, copied back when the job ends
     outputs_from: str = "rank0"  # "rank0": node rank 0's; "all": every node's, per host
     restarts: int = 0  # whole-job restarts after a node failed or was lost
+    gpus_per_node: int | None = None  # GPUs each node leases (None: one per process)
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     def error(self, key: str, message: str, hint: str = "") -> SpecError:
@@ -194,6 +196,7 @@ def load_job(path: Path) -> JobSpec:
         outputs=outputs,
         outputs_from=outputs_from,
         restarts=get_int(where, "restarts", default=0, minimum=0) or 0,
+        gpus_per_node=get_int(where, "gpus_per_node", minimum=0),
         positions=dict(where.mapping.positions),
     )
 
@@ -355,6 +358,7 @@ class Overrides:
     nproc_per_node: int | None = None
     args: tuple[str, ...] = ()
     replace_args: bool = False
+    no_wait: bool = False  # where the GPUs or slots are held, fail at once (exit 3)
 
 
 def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:

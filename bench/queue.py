@@ -1,0 +1,152 @@
+"""Waiting in line (issue 13): many small jobs onto a few shared hosts.
+
+20 one-node jobs of 2 processes that each hold their slots for 2 s, submitted at
+once (`orch submit -d`, each its own process) onto 2 hosts with `slots: 4`, 10 per
+host (a job names its host: orch does not pick the least busy one). At most two
+jobs fit on a host at a time; the rest wait in the host's line and start there,
+without their controller, as slots free.
+
+Measured, against the ideal in the same run:
+- makespan: from the submits' start to the last job's end, against the ideal
+  (total slot-seconds / slots = 10 s), and from the first job's start to the last
+  job's end (what the line itself costs, without the submits' own launch);
+- slot free to next start: for every job that waited, from the end of the job
+  whose slots it took (its `end` line) to its own `start` line (target: median
+  under 1 s).
+
+Needs root (it starts the namespace test cluster). Usage:
+
+    .venv/bin/python bench/queue.py [--jobs 20] [--seconds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.report import machine, median, write_section
+from tests.cluster import REPO_ROOT, Cluster, Controller, orch_command
+
+HOSTS, SLOTS, NPROC = 2, 4, 2
+START = re.compile(r"start gpus=\S+ slots=(\S+) node=\S+ t=([\d.]+)")
+END = re.compile(r"end t=([\d.]+)")
+
+
+def orch(
+    controller: Controller, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*orch_command(), *args],
+        env=controller.env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run(cluster: Cluster, jobs: int, seconds: float, work: Path) -> dict[str, float]:
+    controller = cluster.new_controller()
+    inventory = cluster.write_inventory(work / "inv.yaml", defaults={"slots": SLOTS})
+    files = []
+    for i in range(jobs):
+        spec = {
+            "name": f"q{i:02d}",
+            "workdir": str(REPO_ROOT / "tests" / "fake_gpu"),
+            "script": "hold.py",
+            "launcher": "python",
+            "args": [str(seconds)],
+            "nproc_per_node": NPROC,
+            "hosts": [f"node{1 + i % HOSTS}"],
+        }
+        path = work / f"q{i:02d}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        files.append(path)
+    began = time.time()
+    procs = [
+        subprocess.Popen(
+            [*orch_command(), "submit", "-d", str(f), "-i", str(inventory)],
+            env=controller.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for f in files
+    ]
+    ids = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        if proc.returncode != 0:
+            raise SystemExit(f"submit failed: {err}")
+        ids.append(out.split()[1])
+    runs: dict[str, list[tuple[float, float, str]]] = {}
+    for job_id, path in zip(ids, files, strict=True):
+        followed = orch(controller, "logs", job_id, "-f", timeout=300)
+        start, end = START.search(followed.stdout), END.search(followed.stdout)
+        if not (start and end):
+            raise SystemExit(f"{job_id}: no start/end line: {followed.stdout}{followed.stderr}")
+        host = yaml.safe_load(path.read_text())["hosts"][0]
+        span = (float(start.group(2)), float(end.group(1)), start.group(1))
+        runs.setdefault(host, []).append(span)
+    gaps = []
+    for spans in runs.values():
+        for began_at, _, slots in spans:
+            # The job that held these slots last before this one: its end freed them.
+            before = [e for _, e, held in spans if held == slots and e <= began_at]
+            if before:
+                gaps.append(began_at - max(before))
+    starts = [s for spans in runs.values() for s, _, _ in spans]
+    ends = [e for spans in runs.values() for _, e, _ in spans]
+    ideal = jobs * NPROC * seconds / (HOSTS * SLOTS)
+    return {
+        "makespan": max(ends) - began,
+        "line": max(ends) - min(starts),
+        "ideal": ideal,
+        "gap_median": median(gaps) if gaps else float("nan"),
+        "gap_max": max(gaps) if gaps else float("nan"),
+        "waited": len(gaps),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=20)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    args = parser.parse_args()
+    with Cluster(HOSTS) as cluster, tempfile.TemporaryDirectory(prefix="orch-bench-q-") as tmp:
+        result = run(cluster, args.jobs, args.seconds, Path(tmp))
+    print(json.dumps(result, indent=2))
+    body = f"""## Waiting in line: {args.jobs} one-node jobs onto {HOSTS} hosts with {SLOTS} slots
+
+`{" ".join(["bench/queue.py", "--jobs", str(args.jobs), "--seconds", str(args.seconds)])}` on {machine()}.
+{args.jobs} jobs of {NPROC} processes holding their slots {args.seconds:g} s each, submitted at
+once with `orch submit -d` ({args.jobs // HOSTS} per host); two fit on a host at a time, the
+others wait in the host's line and start there without their controller.
+
+| measure | orch | ideal |
+|---|---|---|
+| makespan, from the submits' start | {result["makespan"]:.1f} s | {result["ideal"]:.1f} s (total work / slots) |
+| makespan, first job's start to last end | {result["line"]:.1f} s | {result["ideal"]:.1f} s |
+| slot free to next start, median of {result["waited"]} | {result["gap_median"]:.2f} s | target < 1 s |
+| slot free to next start, worst | {result["gap_max"]:.2f} s | |
+
+The first figure includes every submit's own launch (20 `orch` processes connecting,
+checking and pushing at once on this machine's {machine().split(", ")[1]}); the gap is a
+waiting supervisor's poll (0.1 s), its look under the host's lock, and the job's
+start.
+"""
+    write_section("queue", body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""`orch status --hosts`: each host's GPUs (or slots), free or held by which job and
+user since when, and the jobs waiting in its line."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.cli.console import ConsoleReporter
+from orchestrator.jobs.queue import host_views, queue_rows, unit_rows
+from orchestrator.models.errors import MultiHostError
+from orchestrator.models.inventory import resolve_inventory
+from orchestrator.nodes.group import connect_reachable
+
+
+def show_hosts(inventory_path: Path | None, as_json: bool) -> None:
+    """Print every inventory host's units and line; hosts that do not answer are
+    named, and make the exit code 3 once the rest is shown.
+
+    Raises:
+        OrchError: a host (or several) did not answer.
+    """
+    inventory = resolve_inventory(inventory_path, None)
+    reporter = ConsoleReporter()
+    group, failures = connect_reachable(list(inventory.hosts), reporter.notice)
+    with group:
+        views, more = host_views(group)
+    units: list[dict[str, Any]] = []
+    line: list[dict[str, Any]] = []
+    for host in inventory.hosts:
+        if host.name in views:
+            units += unit_rows(host, views[host.name])
+            line += queue_rows(host, views[host.name])
+    if as_json:
+        typer.echo(json.dumps({"units": units, "queue": line}, indent=2))
+    else:
+        _print_tables(units, line)
+    errors = [*failures, *more]
+    if errors:
+        raise errors[0] if len(errors) == 1 else MultiHostError(errors)
+
+
+def _print_tables(units: list[dict[str, Any]], line: list[dict[str, Any]]) -> None:
+    console = Console()
+    table = Table("host", "unit", "state", "job", "user", "since", box=None)
+    for row in units:
+        state = {"free": "[green]free[/green]", "held": "[cyan]held[/cyan]"}.get(
+            row["state"], "[red]busy (not orch)[/red]"
+        )
+        job = row.get("job") or (f"pid {row['pid']}" if "pid" in row else "")
+        table.add_row(
+            row["host"],
+            f"{'GPU' if row['kind'] == 'gpu' else 'slot'} {row['unit']}",
+            state,
+            job,
+            row.get("user") or "",
+            _since(row.get("since")),
+        )
+    console.print(table)
+    if line:
+        queue = Table("host", "#", "job", "user", "wants", "since", box=None, title="in line")
+        for row in line:
+            unit = "GPU" if row["kind"] == "gpu" else "slot"
+            queue.add_row(
+                row["host"],
+                str(row["position"]),
+                row["job"] or "",
+                row["user"] or "",
+                f"{row['count']} {unit}{'s' if row['count'] != 1 else ''}",
+                _since(row.get("since")),
+            )
+        console.print(queue)
+
+
+def _since(when: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(when)) if when else ""

@@ -1,0 +1,368 @@
+"""Waiting in line for GPUs and slots: the controller's side of agent/leases.py.
+
+A host whose inventory entry says how many GPUs or slots it has (`gpus:`,
+`slots:`) is shared: each node of a job leases what it uses there, and waits in
+the host's line while that is held. A job of one node waits on its host alone,
+so it needs no controller to start when its turn comes (`submit -d`). A job of
+several nodes must start on all of them or none: this side asks every host
+whether the job's turn came, takes all the leases at once, gives them back when
+one host refused, and says go only when it holds them all (leases.py says why
+that cannot deadlock).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from orchestrator.agent import protocol
+from orchestrator.jobs.reporter import Reporter
+from orchestrator.models.errors import HostError, InfraError, RemoteCommandError
+from orchestrator.models.inventory import Host
+from orchestrator.models.job import JobSpec
+from orchestrator.models.states import JobState
+from orchestrator.nodes import agent, ops
+from orchestrator.nodes.group import HostGroup
+from orchestrator.plan import LaunchPlan, NodeLaunch
+from orchestrator.records.db import JobDB
+from orchestrator.transport import Transport
+
+log = logging.getLogger(__name__)
+POLL_S = 0.5  # how often a waiting controller asks its hosts
+Reply = dict[str, Any]
+
+
+class QueueBusy(InfraError):
+    """`--no-wait`, and the job's GPUs or slots are held (exit 3)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(
+            f"not started: {text.removeprefix('queued: ')}",
+            "leave out --no-wait to wait in line; orch status --hosts shows who holds what",
+        )
+
+
+def lease_request(
+    job: JobSpec, node: NodeLaunch, ticket: tuple[float, str], wait: bool, self_start: bool
+) -> Reply | None:
+    """What a node leases on its host: GPUs where the inventory lists them (the job's
+    gpus_per_node, else one per process), else slots (one per process); None where
+    the inventory says neither (the host is not shared)."""
+    host = node.host
+    if not host.leases:
+        return None
+    if host.gpus:
+        kind, pool = "gpu", list(host.gpus)
+        count = job.gpus_per_node if job.gpus_per_node is not None else node.nproc
+    else:
+        kind, pool, count = "slot", list(range(host.slots)), node.nproc
+    return {
+        "kind": kind,
+        "pool": pool,
+        "count": count,
+        "job": ticket[1],
+        "ticket": list(ticket),
+        "wait": wait,
+        "self_start": self_start,
+    }
+
+
+def start_nodes(
+    plan: LaunchPlan,
+    group: HostGroup,
+    reporter: Reporter,
+    store: JobDB,
+    start_plain: Callable[[Host, Transport], None],
+    no_wait: bool = False,
+    detach: bool = False,
+) -> bool:
+    """Start every node of the plan, each once its GPUs or slots are its own.
+
+    Returns:
+        True when the job waits in line on its host (detached, one node): it starts
+        there when its turn comes; False once every node started.
+
+    Raises:
+        QueueBusy: `no_wait`, and a node would have to wait.
+        InfraError / HostError: a node could not start, or left the line.
+    """
+    if not any(n.host.leases for n in plan.nodes):
+        group.each(start_plain)
+        return False
+    nodes = {n.host.name: n for n in plan.nodes}
+    ticket = (time.time(), plan.job_id)
+    single = len(plan.nodes) == 1
+    # Nodes of several always wait: this side decides when none has to any more.
+    wait = not (no_wait and single)
+
+    def start(host: Host, transport: Transport) -> Reply:
+        node = nodes[host.name]
+        request = lease_request(plan.job, node, ticket, wait, single)
+        if request is None:  # a host that is not shared, in a job with some that are
+            request = {**_NO_UNITS, "job": plan.job_id, "ticket": list(ticket), "wait": wait}
+            request["self_start"] = single
+        return start_leased(node, transport, request)
+
+    replies = group.each(start)
+    busy = {name: r["busy"] for name, r in replies.items() if "busy" in r}
+    if busy:
+        raise QueueBusy(waiting_text(busy, nodes))
+    _started(plan, {n: r for n, r in replies.items() if "pid" in r}, reporter, store)
+    queued = {name: r["queued"] for name, r in replies.items() if "queued" in r}
+    if not queued:
+        return False
+    if not single:
+        _wait_all(plan, group, reporter, store, no_wait)
+        return False
+    text = waiting_text(queued, nodes)
+    if detach:
+        reporter.notice(
+            f"{text}; it starts when its turn comes, without this controller "
+            f"(orch status {plan.job_id})"
+        )
+        return True
+    _wait_one(plan, group, reporter, store, text)
+    return False
+
+
+_NO_UNITS = {"kind": "slot", "pool": [], "count": 0}
+
+
+def start_leased(node: NodeLaunch, transport: Transport, request: Reply) -> Reply:
+    """`start` with a lease request: the reply is Started's, or `queued` or `busy`
+    with what the node waits for.
+
+    Raises:
+        RemoteCommandError: the supervisor could not start.
+    """
+    spec = json.dumps({"argv": list(node.argv), "env": node.env, "lease": request})
+    command = agent.job_command(node.host, node.job_dir, "start", ".")
+    result = transport.run(command, stdin=spec.encode(), timeout=ops.START_TIMEOUT_S)
+    reply = protocol.last_json(result.stdout) or {}
+    if any(key in reply for key in ("pid", "queued", "busy")):
+        return reply
+    if result.exit_code in agent.SHELL_NOT_FOUND:
+        raise agent.python_not_found(node.host)
+    raise RemoteCommandError(
+        node.host.name,
+        "orch agent start",
+        result.exit_code,
+        result.stderr + str(reply.get("error", "")),
+        f"check free disk space and permissions of {node.host.workdir}, and that "
+        "/run/lock or /dev/shm is a sticky directory every user can write",
+    )
+
+
+def lease_command(node: NodeLaunch, transport: Transport, verb: str) -> Reply:
+    """One of the node's `lease` commands (poll, take, untake, go)."""
+    command = agent.job_command(node.host, node.job_dir, "lease", verb, ".")
+    result = transport.run(command, timeout=ops.STATUS_TIMEOUT_S + 60)
+    reply = protocol.last_json(result.stdout)
+    if reply is None:
+        raise RemoteCommandError(
+            node.host.name, f"orch agent lease {verb}", result.exit_code, result.stderr
+        )
+    return reply
+
+
+def _started(plan: LaunchPlan, replies: dict[str, Reply], reporter: Reporter, store: JobDB) -> None:
+    for name, reply in replies.items():
+        for warning in reply.get("warnings") or ():
+            reporter.notice(f"warning: {warning} (host {name})")
+        store.update_node(plan.job_id, name, JobState.RUNNING)
+
+
+def _wait_one(
+    plan: LaunchPlan, group: HostGroup, reporter: Reporter, store: JobDB, shown: str
+) -> None:
+    """Wait, saying what for, until the job's one node has started on its own."""
+    node = plan.nodes[0]
+    reporter.notice(shown)
+    while True:
+        time.sleep(POLL_S)
+        polled = group.each(lambda h, t: lease_command(node, t, "poll"))[node.host.name]
+        if polled["state"] == "started":
+            _started(plan, {node.host.name: polled}, reporter, store)
+            return
+        _check_in_line(node.host.name, polled)
+        if polled["state"] == "waiting":
+            text = waiting_text({node.host.name: polled["info"]}, {node.host.name: node})
+            if text != shown:
+                reporter.notice(text)
+                shown = text
+
+
+def _wait_all(
+    plan: LaunchPlan, group: HostGroup, reporter: Reporter, store: JobDB, no_wait: bool
+) -> None:
+    """Take the leases of every node at once when every host says the job's turn
+    came; give them back when one refused; then say go to all."""
+    nodes = {n.host.name: n for n in plan.nodes}
+    shown = ""
+    while True:
+        polled = group.each(lambda h, t: lease_command(nodes[h.name], t, "poll"))
+        for name, reply in polled.items():
+            _check_in_line(name, reply)
+        waiting = {n: r["info"] for n, r in polled.items() if r["state"] == "waiting"}
+        if not waiting:
+            taken = group.each(lambda h, t: lease_command(nodes[h.name], t, "take"))
+            refused = {n: r for n, r in taken.items() if r["state"] != "taken"}
+            if not refused:
+                started = group.each(lambda h, t: lease_command(nodes[h.name], t, "go"))
+                failed = {n: r for n, r in started.items() if "pid" not in r}
+                for name, reply in failed.items():
+                    raise HostError(name, f"the node did not start: {reply.get('error')}")
+                for name, reply in taken.items():
+                    for warning in reply.get("warnings") or ():
+                        reporter.notice(f"warning: {warning} (host {name})")
+                _started(plan, started, reporter, store)
+                return
+            group.each(
+                lambda h, t: lease_command(nodes[h.name], t, "untake"),
+                only=[n for n in taken if n not in refused],
+            )
+            waiting = {n: r["info"] for n, r in refused.items() if "info" in r}
+        text = waiting_text(waiting, nodes) if waiting else "queued: taking every node's lease"
+        if no_wait:
+            raise QueueBusy(text)
+        if text != shown:
+            reporter.notice(text)
+            shown = text
+        time.sleep(POLL_S)
+
+
+def _check_in_line(name: str, reply: Reply) -> None:
+    if reply["state"] in ("ended", "gone"):
+        ended = reply.get("ended") or {}
+        why = ended.get("error") or reply.get("error") or "it ended"
+        raise HostError(name, f"the node left the line before it started: {why}")
+
+
+def waiting_text(infos: dict[str, Reply], nodes: dict[str, NodeLaunch]) -> str:
+    """`queued: 4 GPUs on node2, node3 held by train-1a2b (alice) since 14:02; 1st in
+    line` from the hosts' answers."""
+    wants: dict[str, list[str]] = {}
+    holders: dict[str, str] = {}
+    ahead: dict[str, str] = {}
+    foreign: list[str] = []
+    position = 1
+    for name, info in infos.items():
+        if "want" not in info:
+            continue
+        unit = "GPU" if info.get("kind") == "gpu" else "slot"
+        wants.setdefault(f"{info['want']} {unit}{'s' if info['want'] != 1 else ''}", []).append(
+            name
+        )
+        for lease in info.get("holders") or ():
+            since = time.strftime("%H:%M", time.localtime(lease.get("since") or 0))
+            holders.setdefault(lease["job"], f"{lease['job']} ({lease['user']}) since {since}")
+        for ticket in info.get("ahead") or ():
+            ahead.setdefault(ticket["job"], f"{ticket['job']} ({ticket['user']})")
+        for found in info.get("foreign") or ():
+            foreign.append(f"GPU {found['gpu']} on {name}: pid {found['pid']} ({found['user']})")
+        position = max(position, int(info.get("position") or 1))
+    what = "; ".join(f"{want} on {', '.join(names)}" for want, names in wants.items())
+    text = f"queued: {what or 'waiting'}"
+    if holders:
+        text += " held by " + ", ".join(holders.values())
+    if foreign:
+        text += ", in use outside orch by " + ", ".join(foreign)
+    if ahead:
+        text += "; behind " + ", ".join(ahead.values())
+    return text + f"; {_ordinal(position)} in line"
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+# ---------------------------------------------------------------- looking at hosts
+
+
+def host_views(group: HostGroup) -> tuple[dict[str, Reply], list[Any]]:
+    """Every reachable host's leases and tickets (`lease hosts`), and the failures."""
+
+    def view(host: Host, transport: Transport) -> Reply:
+        return agent.run(host, transport, ["lease", "hosts"], timeout=ops.STATUS_TIMEOUT_S)
+
+    return group.try_each(view)
+
+
+def unit_rows(host: Host, view: Reply) -> list[Reply]:
+    """One row per GPU (or slot) the inventory lets orch hand out on `host`: free, or
+    who holds it since when; GPUs busy outside orch say by which pid and user."""
+    kind = "gpu" if host.gpus else "slot"
+    pool = list(host.gpus) if host.gpus else list(range(host.slots))
+    held = {
+        int(u): lease
+        for lease in view.get("leases", [])
+        if lease.get("kind") == kind
+        for u in lease.get("units", [])
+    }
+    foreign = {int(f["gpu"]): f for f in view.get("foreign", [])} if kind == "gpu" else {}
+    rows = []
+    for unit in pool:
+        row: Reply = {"host": host.name, "kind": kind, "unit": unit, "state": "free"}
+        if unit in held:
+            lease = held[unit]
+            row.update(
+                state="held", job=lease.get("job"), user=lease.get("user"), since=lease.get("since")
+            )
+        elif unit in foreign:
+            row.update(state="busy", pid=foreign[unit]["pid"], user=foreign[unit]["user"])
+        rows.append(row)
+    return rows
+
+
+def queue_rows(host: Host, view: Reply) -> list[Reply]:
+    """The host's line, first first."""
+    return [
+        {
+            "host": host.name,
+            "position": i + 1,
+            "job": t.get("job"),
+            "user": t.get("user"),
+            "kind": t.get("kind"),
+            "count": t.get("count"),
+            "since": t.get("since"),
+        }
+        for i, t in enumerate(view.get("tickets", []))
+    ]
+
+
+def positions(job_ids: Sequence[str], store: JobDB | None = None) -> dict[str, str]:
+    """For jobs not yet started: `queued, 2nd in line on node1` where a node waits."""
+    from orchestrator.nodes.group import connect_reachable
+
+    store = store or JobDB()
+    records = [store.get(job_id) for job_id in job_ids]
+    pending = [r for r in records if r.state is JobState.PENDING]
+    if not pending:
+        return {}
+    hosts = {n.host.name: n.host for r in pending for n in r.nodes}
+    group, _ = connect_reachable(list(hosts.values()), lambda _: None)
+    found: dict[str, str] = {}
+    with group:
+        for record in pending:
+            by_host = {n.host.name: n for n in record.nodes}
+
+            def poll(host: Host, transport: Transport, by_host: Any = by_host) -> Reply:
+                node = by_host[host.name]
+                command = agent.job_command(host, node.job_dir, "lease", "poll", ".")
+                return protocol.last_json(transport.run(command, timeout=30).stdout) or {}
+
+            replies, _ = group.try_each(poll, only=list(by_host))
+            places = [
+                f"{_ordinal(int(r['info'].get('position') or 1))} in line on {name}"
+                for name, r in replies.items()
+                if r.get("state") == "waiting" and "info" in r
+            ]
+            if places:
+                found[record.id] = "queued, " + ", ".join(places)
+            elif any(r.get("state") in ("ready", "starting") for r in replies.values()):
+                found[record.id] = "queued, its turn came"
+    return found

@@ -1,0 +1,328 @@
+"""Sharing hosts: jobs lease GPUs or slots on the real test cluster, wait in line
+while they are held, and get them back however the holder ended. GPUs come from a
+fake nvidia-smi (tests/fake_gpu) put on a host's PATH; jobs are python processes
+that sleep, no torch (launcher: python)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import REPO_ROOT, Cluster, OrchRunner
+from tests.support import job_id_of, wait_for, write_workdir_job
+
+pytestmark = pytest.mark.cluster
+
+FAKE_GPU = REPO_ROOT / "tests" / "fake_gpu"
+LEASES = "/run/lock/orch-leases"
+START = re.compile(r"start gpus=(\S+) slots=(\S+) node=\S+ t=([\d.]+)")
+END = re.compile(r"end t=([\d.]+)")
+
+
+def hold_job(tmp_path: Path, name: str, seconds: float, **keys: Any) -> Path:
+    """A job whose node prints the GPUs and slots it got, sleeps, prints its end."""
+    return write_workdir_job(
+        tmp_path, FAKE_GPU, "hold.py", name=name, launcher="python", args=[str(seconds)], **keys
+    )
+
+
+class Run:
+    """What one node of a hold job printed: its units and when it held them."""
+
+    def __init__(self, logs: str) -> None:
+        start, end = START.search(logs), END.search(logs)
+        assert start and end, logs
+        self.gpus, self.slots = start.group(1), start.group(2)
+        self.start, self.end = float(start.group(3)), float(end.group(1))
+
+
+def finished(orch: OrchRunner, job_id: str) -> Run:
+    """Follow a job to its end (it must succeed) and read what its node printed."""
+    followed = orch("logs", job_id, "-f", timeout=60)
+    assert followed.returncode == 0, followed.stderr
+    return Run(followed.stdout)
+
+
+def submit_together(orch: OrchRunner, *args_lists: list[Any]) -> list[tuple[int, str, str]]:
+    """Start every `orch ARGS` at once; each one's exit code, stdout and stderr."""
+    procs = [orch.popen(*args) for args in args_lists]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        results.append((proc.returncode, out, err))
+    return results
+
+
+def host_units(orch: OrchRunner, inventory: Path) -> list[dict[str, Any]]:
+    shown = orch("status", "--hosts", "--json", "-i", inventory, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    units: list[dict[str, Any]] = json.loads(shown.stdout)["units"]
+    return units
+
+
+@contextlib.contextmanager
+def fake_gpus(cluster: Cluster, i: int) -> Iterator[Path]:
+    """A fake nvidia-smi with 4 GPUs first on host i's PATH (an overlay on its
+    /usr/local/bin, in its own mount namespace); yields the file of processes
+    orch did not start (`GPU PID` lines), as this machine sees it."""
+    mounted = cluster.exec_on(
+        i,
+        [
+            "mount",
+            "-t",
+            "overlay",
+            "orch-fake-gpu",
+            "-o",
+            f"lowerdir={FAKE_GPU}:/usr/local/bin",
+            "/usr/local/bin",
+        ],
+    )
+    assert mounted.returncode == 0, mounted.stderr
+    cluster.exec_on(i, ["mkdir", "-p", "/run/fake-gpu"])
+    try:
+        seen = cluster.exec_on(i, ["sh", "-c", "nvidia-smi --query-gpu=index,uuid --format=csv"])
+        assert seen.stdout.count("GPU-fake-") == 4, seen
+        yield Path(f"/proc/{cluster.host(i).init_pid}/root/run/fake-gpu/apps")
+    finally:
+        cluster.exec_on(i, ["umount", "/usr/local/bin"])
+        cluster.exec_on(i, ["rm", "-rf", "/run/fake-gpu"])
+
+
+def test_four_slots_run_two_jobs_of_two_side_by_side_and_the_third_waits_its_turn(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[2], node2={"slots": 4})
+    jobs = [hold_job(tmp_path, f"slots{i}", 4, nproc_per_node=2) for i in range(3)]
+    results = submit_together(orch, *[["submit", "-d", job, "-i", inventory] for job in jobs])
+    assert [code for code, _, _ in results] == [0, 0, 0], [err for _, _, err in results]
+    ids = [job_id_of(out) for _, out, _ in results]
+    queued = [i for i, (_, _, err) in enumerate(results) if "queued: 2 slots on node2" in err]
+    assert len(queued) == 1, [err for _, _, err in results]
+    assert re.search(
+        r"held by slots\d-\w+ \(root\) since [\d:]+.*; \w+ in line", results[queued[0]][2]
+    )
+
+    refused = orch(
+        "submit",
+        "--no-wait",
+        hold_job(tmp_path, "nowait", 1, nproc_per_node=2),
+        "-i",
+        inventory,
+        timeout=60,
+    )
+    assert refused.returncode == 3, refused.stderr
+    assert "error: not started: 2 slots on node2 held by" in refused.stderr
+    assert "hint: leave out --no-wait" in refused.stderr
+    listed = orch("status", timeout=60, env={"COLUMNS": "200"})
+    assert "queued, 1st in line on node2" in listed.stdout, listed.stdout
+
+    runs = [finished(orch, job_id) for job_id in ids]
+    first, second = (runs[i] for i in range(3) if i != queued[0])
+    third = runs[queued[0]]
+    assert abs(first.start - second.start) < 2  # side by side
+    assert set(first.slots.split(",")).isdisjoint(second.slots.split(","))
+    freed = min(first.end, second.end)
+    assert freed <= third.start < freed + 2  # its turn, and soon
+    assert third.slots in (first.slots, second.slots) if first.end < second.end else True
+
+
+def test_gpus_are_leased_disjoint_and_busy_ones_outside_orch_are_named(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[1], node1={"gpus": 4})
+    with fake_gpus(cluster, 1) as foreign:
+        jobs = [hold_job(tmp_path, f"gpu{i}", 3, gpus_per_node=2) for i in range(3)]
+        results = submit_together(orch, *[["submit", "-d", job, "-i", inventory] for job in jobs])
+        assert [code for code, _, _ in results] == [0, 0, 0], [err for _, _, err in results]
+        runs = [finished(orch, job_id_of(out)) for _, out, _ in results]
+        waited = [r for r, (_, _, err) in zip(runs, results, strict=True) if "queued:" in err]
+        assert len(waited) == 1
+        ran = sorted((r for r in runs if r is not waited[0]), key=lambda r: r.end)
+        assert sorted(ran[0].gpus.split(",") + ran[1].gpus.split(",")) == ["0", "1", "2", "3"]
+        assert ran[0].end <= waited[0].start < ran[0].end + 2
+
+        foreign.write_text("0 1\n1 1\n2 1\n")  # pid 1 (the host's sshd, root) on GPUs 0-2
+        refused = orch(
+            "submit",
+            "--no-wait",
+            hold_job(tmp_path, "two", 1, gpus_per_node=2),
+            "-i",
+            inventory,
+            timeout=60,
+        )
+        assert refused.returncode == 3, refused.stderr
+        assert "in use outside orch by GPU 0 on node1: pid 1 (root)" in refused.stderr
+        units = {u["unit"]: u for u in host_units(orch, inventory)}
+        assert (units[0]["state"], units[0]["pid"], units[0]["user"]) == ("busy", 1, "root")
+        assert units[3]["state"] == "free"
+
+        one = orch(
+            "submit", hold_job(tmp_path, "one", 0.5, gpus_per_node=1), "-i", inventory, timeout=60
+        )
+        assert one.returncode == 0, one.stderr
+        assert "gpus=3 " in one.stdout
+        assert (
+            "warning: GPU 0 is in use by pid 1 (user root), which orch did not start" in one.stderr
+        )
+
+
+def test_a_sigkilled_supervisors_gpus_come_back_once_its_job_is_gone(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[1], node1={"gpus": 4})
+    with fake_gpus(cluster, 1):
+        started = orch(
+            "submit",
+            "-d",
+            hold_job(tmp_path, "victim", 60, gpus_per_node=4),
+            "-i",
+            inventory,
+            timeout=60,
+        )
+        assert started.returncode == 0, started.stderr
+        job_id = job_id_of(started.stdout)
+        pids = json.loads((cluster.home(1) / ".orch/jobs" / job_id / "node1/pid.json").read_text())
+        try:
+            assert {u["state"] for u in host_units(orch, inventory)} == {"held"}
+            cluster.exec_on(1, ["kill", "-9", str(pids["supervisor"])])
+            # Its job still runs on those GPUs: they stay held, by pid and start time.
+            assert {u["job"] for u in host_units(orch, inventory)} == {job_id}
+            cluster.exec_on(1, ["kill", "-9", str(pids["pid"])])
+            wait_for(
+                lambda: {u["state"] for u in host_units(orch, inventory)} == {"free"},
+                10,
+                "the dead holder's GPUs to be free",
+            )
+        finally:
+            orch("kill", job_id, timeout=60)
+
+
+def test_two_jobs_of_two_nodes_wanting_one_host_both_finish_one_after_the_other(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", defaults={"slots": 2})
+    left = hold_job(tmp_path, "left", 2, hosts=["node1", "node2"], nproc_per_node=2)
+    right = hold_job(tmp_path, "right", 2, hosts=["node2", "node3"], nproc_per_node=2)
+    results = submit_together(
+        orch, ["submit", left, "-i", inventory], ["submit", right, "-i", inventory]
+    )
+    assert [code for code, _, _ in results] == [0, 0], [err for _, _, err in results]
+    waited = [err for _, _, err in results if "queued: 2 slots on node2" in err]
+    assert len(waited) == 1, [err for _, _, err in results]
+    spans = []
+    for _, out, _ in results:
+        starts = [float(m.group(3)) for m in START.finditer(out)]
+        ends = [float(m.group(1)) for m in END.finditer(out)]
+        assert len(starts) == len(ends) == 2, out  # both nodes ran: all or nothing
+        assert max(starts) - min(starts) < 1.5  # and together
+        spans.append((min(starts), max(ends)))
+    spans.sort()
+    assert spans[0][1] <= spans[1][0]  # never both on node2 at once
+
+
+TWO_USERS = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from orchestrator.agent import leases
+os.chdir(sys.argv[2])
+read_fd, write_fd = os.pipe()
+req = {"kind": "slot", "pool": [0, 1, 2, 3], "count": 2, "ticket": [time.time(), sys.argv[3]],
+       "job": sys.argv[3]}
+turn = leases.wait_turn({"lease": req}, write_fd)
+root = leases.lease_dir()
+others = [n for n in os.listdir(root) if n.startswith("L-") and not n.startswith(f"L-{os.getuid()}-")]
+tried = {}
+for name in others:
+    for what, act in (("remove", lambda p: os.unlink(p)), ("write", lambda p: open(p, "a"))):
+        try:
+            act(os.path.join(root, name))
+            tried[what] = "done"
+        except PermissionError:
+            tried[what] = "refused"
+print(json.dumps({"units": turn.units, "others": others, "tried": tried}), flush=True)
+time.sleep(float(sys.argv[4]))
+leases.release(turn)
+"""
+
+
+def test_two_unix_users_share_the_leases_and_cannot_touch_each_others(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Users 4001 and 4002 (no login needed: setpriv) on node3 take slots from one
+    lease directory: each gets their own, sees the other's, can neither remove nor
+    change it, and the files say no more than who holds what."""
+    python = "/usr/bin/python3"
+    script = "/run/orch-two-users.py"
+    cluster.exec_on(3, ["sh", "-c", f"cat > {script}"], input=TWO_USERS)
+    for uid in (4001, 4002):
+        cluster.exec_on(3, ["install", "-d", "-o", str(uid), "-m", "700", f"/run/orch-u{uid}"])
+
+    def as_user(uid: int, job: str, hold: float) -> subprocess.Popen[str]:
+        argv = [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            python,
+            "-I",
+            script,
+            str(REPO_ROOT),
+            f"/run/orch-u{uid}",
+            job,
+            str(hold),
+        ]
+        host = cluster.host(3)
+        return subprocess.Popen(
+            ["nsenter", "-t", str(host.init_pid), "-n", "-p", "-m", "-u", "--", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd="/",
+        )
+
+    try:
+        first = as_user(4001, "alice-job", 4)
+        assert first.stdout is not None
+        said_first = json.loads(first.stdout.readline())
+        second = as_user(4002, "bob-job", 0)
+        out, err = second.communicate(timeout=30)
+        assert second.returncode == 0, err
+        said_second = json.loads(out)
+        assert said_first["units"] == [0, 1] and said_second["units"] == [2, 3]
+        assert said_second["others"] and said_second["tried"] == {
+            "remove": "refused",
+            "write": "refused",
+        }
+        listing = cluster.exec_on(3, ["sh", "-c", f"stat -c '%a %u %n' {LEASES} {LEASES}/L-*"])
+        lines = listing.stdout.split("\n")
+        assert lines[0].startswith("1777 ")
+        assert any(line.startswith("644 4001 ") for line in lines)
+        lease_text = cluster.exec_on(3, ["sh", "-c", f"cat {LEASES}/L-4001-*"]).stdout
+        assert set(json.loads(lease_text)) <= {
+            "kind",
+            "count",
+            "job",
+            "ticket",
+            "user",
+            "uid",
+            "holder",
+            "boot",
+            "host",
+            "pool",
+            "since",
+            "units",
+        }
+        first.communicate(timeout=30)
+        assert (
+            cluster.exec_on(3, ["sh", "-c", f"ls {LEASES} | grep -c '^L-' || true"]).stdout.strip()
+            == "0"
+        )
+    finally:
+        cluster.exec_on(3, ["rm", "-rf", script, "/run/orch-u4001", "/run/orch-u4002"])

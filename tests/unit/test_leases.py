@@ -1,0 +1,306 @@
+"""Leases of GPUs and slots (agent/leases.py) and the controller's view of the line
+(jobs/queue.py): who may take what, in which order, what is stale, and the files'
+modes. Real files in a real sticky directory, real pids."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.agent import leases, proc
+from orchestrator.agent.protocol import EXIT, read_json
+from orchestrator.jobs.queue import lease_request, waiting_text
+from orchestrator.models.inventory import Host
+from orchestrator.plan import build_plan
+from tests.unit.conftest import WriteFile, dedent
+
+ME = (os.getpid(), proc.start_time(os.getpid()))
+
+
+def ticket(name: str, when: float, job: str, count: int, kind: str = "slot") -> leases.Record:
+    return {"name": name, "ticket": [when, job], "count": count, "kind": kind, "job": job}
+
+
+def lease(name: str, units: list[int], job: str = "holder-1", kind: str = "slot") -> leases.Record:
+    return {"name": name, "units": units, "kind": kind, "job": job, "user": "alice", "since": 0}
+
+
+def request(count: int, pool: int = 4, kind: str = "slot") -> leases.Record:
+    return {"kind": kind, "pool": list(range(pool)), "count": count}
+
+
+# ---------------------------------------------------------------- who may take what
+
+
+def test_a_ticket_takes_the_first_free_units() -> None:
+    mine = ticket("T-a", 1.0, "a", 2)
+    held = [lease("L-x", [0, 2])]
+    assert leases.grant(request(2), mine, held, [mine], {}) == [1, 3]
+
+
+def test_two_jobs_of_two_fit_side_by_side_and_a_third_waits() -> None:
+    first = [lease("L-1", [0, 1]), lease("L-2", [2, 3])]
+    third = ticket("T-3", 3.0, "c", 2)
+    assert leases.grant(request(2), third, first, [third], {}) is None
+
+
+def test_an_older_ticket_keeps_its_turn_against_a_younger_smaller_one() -> None:
+    # 2 of 4 slots are free; the older job wants all 4, the younger 2: strict first
+    # come, first served, or a stream of small jobs would starve the big one.
+    held = [lease("L-x", [0, 1])]
+    older, younger = ticket("T-old", 1.0, "big", 4), ticket("T-new", 2.0, "small", 2)
+    line = [older, younger]
+    assert leases.grant(request(2), younger, held, line, {}) is None
+    assert leases.grant(request(4), older, held, line, {}) is None
+
+
+def test_a_younger_ticket_goes_beside_an_older_one_when_both_fit() -> None:
+    older, younger = ticket("T-old", 1.0, "a", 2), ticket("T-new", 2.0, "b", 2)
+    assert leases.grant(request(2), younger, [], [older, younger], {}) == [0, 1]
+
+
+def test_tickets_of_another_kind_do_not_hold_a_turn() -> None:
+    gpu_job, slot_job = ticket("T-g", 1.0, "g", 4, kind="gpu"), ticket("T-s", 2.0, "s", 4)
+    assert leases.grant(request(4), slot_job, [], [gpu_job, slot_job], {}) == [0, 1, 2, 3]
+
+
+def test_gpus_busy_outside_orch_are_not_handed_out() -> None:
+    mine = ticket("T-a", 1.0, "a", 2, kind="gpu")
+    busy = {1: {"gpu": 1, "pid": 4242, "user": "bob"}}
+    assert leases.grant(request(2, kind="gpu"), mine, [], [mine], busy) == [0, 2]
+    assert leases.grant(request(4, kind="gpu"), mine, [], [mine], busy) is None
+
+
+def test_only_the_inventorys_gpus_are_handed_out() -> None:
+    mine = ticket("T-a", 1.0, "a", 2, kind="gpu")
+    pool = {"kind": "gpu", "pool": [0, 2, 4], "count": 2}
+    assert leases.grant(pool, mine, [lease("L-x", [0], kind="gpu")], [mine], {}) == [2, 4]
+
+
+def test_tickets_order_by_submit_time_then_job_id_the_same_on_every_host() -> None:
+    line = [ticket("T-9", 2.0, "a", 1), ticket("T-1", 1.0, "z", 1), ticket("T-5", 1.0, "b", 1)]
+    assert [t["job"] for t in sorted(line, key=leases.ticket_key)] == ["b", "z", "a"]
+
+
+def test_why_waiting_names_holders_and_the_place_in_line() -> None:
+    held = [lease("L-x", [0, 1, 2, 3], job="train-1a2b")]
+    first, mine = ticket("T-1", 1.0, "a", 2), ticket("T-2", 2.0, "b", 2)
+    info = leases.why_waiting(request(2), mine, held, [first, mine], {})
+    assert info["position"] == 2 and info["free"] == 0 and info["want"] == 2
+    assert [h["job"] for h in info["holders"]] == ["train-1a2b"]
+    assert [a["job"] for a in info["ahead"]] == ["a"]
+
+
+# ---------------------------------------------------------------- stale or alive
+
+
+def live_record(**extra: object) -> leases.Record:
+    return {"boot": leases.boot_id(), "holder": list(ME), **extra}
+
+
+def test_a_lease_lives_while_its_holder_runs_with_the_recorded_start_time() -> None:
+    assert leases.is_live(live_record(), leases.boot_id())
+
+
+def test_a_reused_pid_does_not_keep_a_lease_alive() -> None:
+    record = live_record(holder=[ME[0], (ME[1] or 0) + 1])
+    assert not leases.is_live(record, leases.boot_id())
+
+
+def test_a_lease_from_before_a_reboot_is_stale() -> None:
+    assert not leases.is_live(live_record(boot="another-boot"), leases.boot_id())
+
+
+def test_torchrun_keeps_the_lease_alive_after_its_supervisor_died() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # gone, reaped: a pid and start time that name no process now
+    dead = [child.pid, 1]
+    record = live_record(holder=dead, torchrun=list(ME))
+    assert leases.is_live(record, leases.boot_id())
+    assert not leases.is_live(live_record(holder=dead), leases.boot_id())
+
+
+@pytest.fixture
+def lease_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "leases"
+    monkeypatch.setenv("ORCH_LEASE_DIR", str(root))
+    return root
+
+
+def test_the_lease_directory_is_sticky_and_writable_by_all(lease_dir: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        leases.open_dir(str(lease_dir))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(lease_dir.stat().st_mode) == 0o1777
+
+
+def test_a_lease_directory_that_is_not_sticky_is_refused(lease_dir: Path) -> None:
+    lease_dir.mkdir(mode=0o777)
+    os.chmod(lease_dir, 0o777)
+    with pytest.raises(leases.LeaseError, match="not 1777"):
+        leases.open_dir(str(lease_dir))
+
+
+def test_a_lease_directory_that_is_a_link_is_refused(lease_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    lease_dir.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(leases.LeaseError, match="not a directory"):
+        leases.open_dir(str(lease_dir))
+
+
+def test_lease_files_are_readable_by_all_and_hold_no_env(lease_dir: Path) -> None:
+    root = leases.open_dir(str(lease_dir))
+    leases.write_record(root, "L-x.json", {"job": "j", "units": [0]})
+    mode = stat.S_IMODE((lease_dir / "L-x.json").stat().st_mode)
+    assert mode == 0o644
+    assert not [p for p in lease_dir.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_scan_drops_my_stale_leases_and_ignores_anothers(lease_dir: Path) -> None:
+    root = leases.open_dir(str(lease_dir))
+    uid = os.getuid()
+    stale = {"boot": "old", "holder": [1, 1], "uid": uid, "kind": "slot", "units": [0]}
+    theirs = {**stale, "uid": uid + 1}
+    live = {**live_record(), "uid": uid, "kind": "slot", "units": [1]}
+    leases.write_record(root, "L-mine-stale.json", stale)
+    leases.write_record(root, "L-theirs-stale.json", theirs)
+    leases.write_record(root, "L-live.json", live)
+    held, _ = leases.scan(root)
+    assert [r["name"] for r in held] == ["L-live.json"]
+    assert not (lease_dir / "L-mine-stale.json").exists()
+    assert (lease_dir / "L-theirs-stale.json").exists()  # not ours to remove; counts for nothing
+
+
+# ---------------------------------------------------------------- the supervisor's turn
+
+
+def wait_turn(
+    job_dir: Path, lease_req: leases.Record
+) -> tuple[leases.Turn | None, dict[str, object]]:
+    """The supervisor's wait_turn in `job_dir`, and what it said on the start pipe."""
+    job_dir.mkdir(exist_ok=True)
+    os.chdir(job_dir)
+    read_fd, write_fd = os.pipe()
+    turn = leases.wait_turn({"lease": lease_req}, write_fd)
+    if turn is not None and not turn.reported:
+        os.close(write_fd)
+    said = os.read(read_fd, 65536)
+    os.close(read_fd)
+    return turn, (json.loads(said) if said else {})
+
+
+def test_a_free_host_gives_the_lease_at_once_and_release_frees_it(
+    lease_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    req = {"kind": "gpu", "pool": [0, 2, 4], "count": 2, "ticket": [1.0, "j"], "job": "j"}
+    turn, said = wait_turn(tmp_path / "node", req)
+    assert turn is not None and said == {}
+    assert turn.units == [0, 2]
+    assert turn.env()["CUDA_VISIBLE_DEVICES"] == "0,2"
+    held, line = leases.scan(str(lease_dir))
+    assert [r["units"] for r in held] == [[0, 2]] and line == []
+    leases.release(turn)
+    assert leases.scan(str(lease_dir)) == ([], [])
+
+
+def test_no_wait_on_a_busy_host_says_busy_and_records_why_the_node_ended(
+    lease_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    req = {"kind": "slot", "pool": [0, 1], "count": 2, "ticket": [1.0, "a"], "job": "a"}
+    holder, _ = wait_turn(tmp_path / "a", req)
+    assert holder is not None
+    try:
+        other = {**req, "ticket": [2.0, "b"], "job": "b", "wait": False}
+        turn, said = wait_turn(tmp_path / "b", other)
+        assert turn is None
+        busy = said["busy"]
+        assert isinstance(busy, dict) and busy["holders"][0]["job"] == "a"
+        ended = read_json(str(tmp_path / "b" / EXIT))
+        assert ended is not None and ended["returncode"] is None
+        assert leases.scan(str(lease_dir))[1] == []  # its ticket left the line
+    finally:
+        leases.release(holder)
+
+
+# ---------------------------------------------------------------- the controller's side
+
+
+def test_gpus_per_node_defaults_to_one_per_process(write: WriteFile, tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    job_path = write("job.yaml", "script: train.py\nnproc_per_node: 2\n")
+    from orchestrator.models.job import load_job
+
+    job = load_job(job_path)
+    host = Host("gpu1", "10.0.0.1", gpus=(0, 2, 4, 6), slots=4, leases=True)
+    plan = build_plan(job, [host], "j-1", "10.0.0.1", 29500)
+    req = lease_request(job, plan.nodes[0], (1.0, "j-1"), True, True)
+    assert req is not None
+    assert (req["kind"], req["pool"], req["count"]) == ("gpu", [0, 2, 4, 6], 2)
+
+
+def test_a_host_without_gpus_or_slots_in_the_inventory_leases_nothing(
+    write: WriteFile, tmp_path: Path
+) -> None:
+    (tmp_path / "train.py").write_text("")
+    from orchestrator.models.job import load_job
+
+    job = load_job(write("job.yaml", "script: train.py\n"))
+    plan = build_plan(job, [Host("n1", "10.0.0.1")], "j-1", "10.0.0.1", 29500)
+    assert lease_request(job, plan.nodes[0], (1.0, "j-1"), True, True) is None
+
+
+def test_the_inventory_declaring_slots_or_gpus_makes_the_host_shared(write: WriteFile) -> None:
+    from orchestrator.models.inventory import load_inventory
+
+    inv = load_inventory(
+        write(
+            "inv.yaml",
+            dedent("""
+            hosts:
+              - {name: a, address: 10.0.0.1, slots: 4}
+              - {name: b, address: 10.0.0.2, gpus: [0, 2, 4]}
+              - {name: c, address: 10.0.0.3}
+            """),
+        )
+    )
+    assert [h.leases for h in inv.hosts] == [True, True, False]
+
+
+def test_more_gpus_per_node_than_the_host_has_names_the_key(
+    write: WriteFile, tmp_path: Path
+) -> None:
+    (tmp_path / "train.py").write_text("")
+    from orchestrator.models.errors import SpecError
+    from orchestrator.models.job import load_job
+
+    job = load_job(write("job.yaml", "script: train.py\ngpus_per_node: 3\n"))
+    host = Host("gpu1", "10.0.0.1", gpus=(0, 2), slots=2, leases=True)
+    with pytest.raises(SpecError, match="gpus_per_node=3 but host gpu1 has 2 GPUs") as caught:
+        build_plan(job, [host], "j-1", "10.0.0.1", 29500)
+    assert caught.value.line == 2
+
+
+def test_the_queued_line_names_what_whom_since_when_and_the_place() -> None:
+    import time
+
+    since = time.mktime((2026, 1, 1, 14, 2, 0, 0, 0, -1))
+    info = {
+        "kind": "gpu",
+        "want": 4,
+        "holders": [{"job": "train-1a2b", "user": "alice", "since": since}],
+        "position": 1,
+    }
+    text = waiting_text({"node2": info, "node3": dict(info)}, {})
+    assert (
+        text == "queued: 4 GPUs on node2, node3 held by train-1a2b (alice) since 14:02; 1st in line"
+    )
