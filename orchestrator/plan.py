@@ -37,6 +37,9 @@ class NodeLaunch:
     # one included: they share one snapshot, which the first one's push builds. Empty
     # when the host shares it with no other node of the job.
     shares: tuple[str, ...] = ()
+    # What it was rendered from (node_template): a detached job's keeper renders the
+    # host's node of a later attempt from it.
+    template: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def ranks(self) -> range:
@@ -247,6 +250,7 @@ def build_plan(
                 tuple(argv),
                 env,
                 shares if len(shares) > 1 else (),
+                template,
             )
         )
     return LaunchPlan(job_id, job, master_addr, master_port, tuple(nodes))

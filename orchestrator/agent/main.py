@@ -22,6 +22,7 @@ COMMANDS = {
     "gc": "gc",
     "nettest": "nettest",
     "lease": "leases",
+    "keeper": "keeper",
     "top": "top",
 }
 USAGE = """usage: orch agent COMMAND ARGS...
@@ -39,6 +40,7 @@ USAGE = """usage: orch agent COMMAND ARGS...
   setup JOB_DIR                       (stdin: its spec) run the job's setup:, mark it done
   gc                                  (stdin: a frame) drop old snapshots and content
   nettest TEST ARGS...                listen, connect, bwserve, bwclient
+  keeper start|member|show|stop DIR   a detached job's restarts on its hosts (stdin: config)
   lease poll|take|untake|go JOB_DIR   a node's place in line for its GPUs or slots
   lease hosts                         every lease and ticket of this host
   top JOB_DIR                         (stdin: offsets) CPU, memory, GPUs, log growth of its ranks

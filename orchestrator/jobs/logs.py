@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.jobs import keep
 from orchestrator.jobs.follow import IDLE_TIMEOUT_S, NodeExit, Watcher
 from orchestrator.jobs.reporter import Reporter
 from orchestrator.jobs.watch import watch_job
@@ -60,7 +61,7 @@ def logs(store: JobDB, job_id: str, want: LogFilter, follow: bool, reporter: Rep
         HostError / MultiHostError: some hosts could not be reached; everything that
             could be shown was shown first (exit 3).
     """
-    record = store.get(job_id)
+    record = keep.sync(store, store.get(job_id), reporter).record  # attempts of a keeper's
     nodes = want.nodes(record)
     if follow:  # the job's end is known only from all of its nodes
         nodes = record.nodes

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from orchestrator.jobs import keep
 from orchestrator.jobs.reporter import Reporter
 from orchestrator.jobs.teardown import teardown
 from orchestrator.models.errors import HostError
@@ -33,6 +34,8 @@ def reconcile(store: JobDB, record: JobRecord, reporter: Reporter) -> JobRecord:
     """
     if record.state.is_terminal():
         return record
+    kept = keep.sync(store, record, reporter)  # a detached job's restarts, by its keeper
+    record = kept.record
     open_nodes = [n for n in record.nodes if n.state not in SETTLED]
     group, failures = connect_reachable([n.host for n in open_nodes], reporter.notice)
     with group:
@@ -54,7 +57,7 @@ def reconcile(store: JobDB, record: JobRecord, reporter: Reporter) -> JobRecord:
                 node.state = JobState.RUNNING
         failed = [n for n in record.nodes if n.state is JobState.FAILED]
         running = [n for n in record.nodes if n.state is JobState.RUNNING]
-        if failed and running:
+        if failed and running and not kept.acting:
             reporter.notice(
                 f"job {record.id}: node {failed[0].host.name} failed; stopping the others"
             )
@@ -63,6 +66,8 @@ def reconcile(store: JobDB, record: JobRecord, reporter: Reporter) -> JobRecord:
                 node.state = JobState.KILLED
                 store.update_node(record.id, node.host.name, JobState.KILLED)
     state = job_state([n.state for n in record.nodes])
+    if kept.acting and state.is_terminal():
+        state = JobState.RUNNING  # between two attempts: the keeper decides what follows
     # A host that does not answer keeps its node LOST in this answer only; the job
     # becomes lost only once every other node has ended.
     if state.is_terminal():

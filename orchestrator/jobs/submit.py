@@ -13,7 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from orchestrator.agent import placement
+from orchestrator.agent.placement import restart_delay
 from orchestrator.check.run import preflight
+from orchestrator.jobs.keep import keep_detached
 from orchestrator.jobs.pull import bring_outputs
 from orchestrator.jobs.queue import start_nodes
 from orchestrator.jobs.reporter import ProgressReporter, Reporter, phase
@@ -142,17 +145,6 @@ def submit(
                 raise Interrupted("interrupted before the job started again") from None
 
 
-RESTART_DELAY_S = (1.0, 60.0)  # the second restart's wait, doubled each time, up to this
-
-
-def restart_delay(attempt: int) -> float:
-    """The wait before `attempt` (1: the first restart). The first comes at once: the
-    failed host is replaced or the failure was the job's own; a job that fails again
-    waits 1 s, then 2, 4 ... up to a minute."""
-    first, most = RESTART_DELAY_S
-    return 0.0 if attempt <= 1 else float(min(most, first * 2 ** (attempt - 2)))
-
-
 class _Restart(Exception):
     """The attempt failed and the job starts again, on `hosts`."""
 
@@ -164,22 +156,11 @@ class _Restart(Exception):
 def next_hosts(
     current: Sequence[Host], candidates: Sequence[Host], bad: set[str], lost: set[str]
 ) -> list[Host] | None:
-    """The hosts of the next attempt: the current ones but those that failed (`bad`),
-    replaced by spares in the selection's order; where spares run short, a host whose
-    node failed is taken again (a process failed, the host may be fine), a lost one
-    never. None when too few are left."""
-    spares = [h for h in candidates if h.name not in bad and h not in current]
-    chosen = []
-    for host in current:
-        if host.name not in bad:
-            chosen.append(host)
-        elif spares:
-            chosen.append(spares.pop(0))
-        elif host.name not in lost:
-            chosen.append(host)
-        else:
-            return None
-    return chosen
+    """The hosts of the next attempt, by the rule a detached job's keeper follows too
+    (agent/placement.py: `next_hosts`); None when too few are left."""
+    by_name = {h.name: h for h in [*candidates, *current]}
+    names = placement.next_hosts([h.name for h in current], [h.name for h in candidates], bad, lost)
+    return None if names is None else [by_name[n] for n in names]
 
 
 def _attempt(
@@ -241,6 +222,9 @@ def _attempt(
             ) from None
         store.update_job(plan.job_id, JobState.RUNNING)
         if detach:
+            if sub.job.restarts:  # restarted without this controller: by a keeper on the hosts
+                push = lambda p, g: push_code(p, g, tree, reporter)  # noqa: E731
+                keep_detached(plan, sub.candidates, group, tree.digest, push, reporter, store)
             return 0
         mirror = LogMirror(store.home / "logs", plan.job_id, attempt)
         try:
@@ -265,9 +249,7 @@ def _restart_of(
     restarts allow one more; None otherwise."""
     if attempt >= sub.job.restarts or record.state is JobState.KILLED:
         return None
-    lost = {n.host.name for n in record.nodes if n.state is JobState.LOST}
-    # A lost host takes its peers' ranks down with it: those failed because of it.
-    failed = lost or {n.host.name for n in record.nodes if n.state is JobState.FAILED}
+    failed, lost = placement.failed_hosts({n.host.name: n.state.value for n in record.nodes})
     if not failed:
         return None
     chosen = next_hosts(hosts, sub.candidates or hosts, failed, lost)

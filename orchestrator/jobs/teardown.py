@@ -74,6 +74,10 @@ def kill(store: JobDB, job_id: str | None, reporter: Reporter) -> list[KillOutco
 
 
 def _kill_one(store: JobDB, record: JobRecord, reporter: Reporter) -> KillOutcome:
+    from orchestrator.jobs import keep  # keep starts with a teardown where it fails
+
+    # A detached job's keeper first: it stops its nodes and never restarts them.
+    record = keep.sync(store, record, reporter, stop=True).record
     outcome = KillOutcome(record.id)
     nodes = record.nodes
     if record.state.is_terminal():

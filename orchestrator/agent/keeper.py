@@ -1,0 +1,504 @@
+"""`keeper`: a detached job's restarts, run on its hosts, without the laptop (issue 14).
+
+An attached `orch submit` restarts its job itself. A detached one with `restarts:` gets,
+from the submit that started it:
+
+- a **keeper** on its master host (`keeper start NODE_DIR`, a daemon): it listens on
+  the master's address (the one the job's ranks reach it at) on a free port, decides
+  as keeping.py says, and writes what happened to NODE_DIR/keeper.json;
+- a **member** on every host the job may run on, spares included (`keeper member
+  DIR`, a daemon): it connects out to the keeper, says hello, sends a heartbeat every
+  second and its node's end, and does what the keeper asks: stop the node (the
+  agent's `kill`, as a teardown does), find a free port, start the next attempt in
+  `<host>.attempt<k>` (its snapshot built from the host's content store, its command
+  rendered from the host's template by placement.py), or leave.
+
+1. Only the job's hosts take part: the secret is new per job and travels on the SSH
+   channels' stdin, never in an argv or a file. The keeper greets with a fresh nonce;
+   a member answers HMAC(secret, nonce), and every message after, either way, carries
+   an HMAC over the nonce, its direction and its number: nothing can be injected,
+   replayed or reordered.
+2. The job's env (secrets, maybe) never crosses that wire: each member renders its own
+   node's command and env from its template; only placements travel.
+3. A member lives while its keeper does: it leaves on `bye`, when the connection
+   closes, or after PATIENCE_S without a word from the keeper. Neither carries the
+   job's tag (ORCH_JOB_ID), so that the kill of a node never takes them with it.
+4. `keeper show DIR` prints {"record", "alive"}; `keeper stop DIR` has the keeper stop
+   the job's nodes and dismiss its members (`orch kill`), waits for it, and prints the
+   same. The master host lost takes the keeper with it: the job is then judged as any
+   detached job is, by `orch status`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import queue
+import secrets
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import node, proc
+from .keeping import START_WAIT_S, STOP_WAIT_S, Keeping
+from .placement import render
+from .protocol import AGENT, RUN_SCRIPT, last_json, read_json, write_json
+
+GREETING = b"orch-keeper-1\n"
+NONCE_BYTES = 32
+MAC_BYTES = 32
+HEADER = struct.Struct(">I")
+MAX_MESSAGE = 1 << 20
+HB_S = 1.0  # heartbeats, both ways
+TICK_S = 0.2
+IO_TIMEOUT_S = 5.0
+PATIENCE_S = 30.0  # a member's wait for a word from its keeper, at least
+KILL_GRACE_S = 3.0
+KEEPER_FILE = "keeper.json"  # in the master's node directory of attempt 0
+KEEPER_LOG = "keeper.log"
+MEMBER_LOG = "member.log"
+
+
+def main(args: list[str]) -> int:
+    verbs: dict[str, Callable[[str], int]] = {
+        "start": start_keeper,
+        "member": start_member,
+        "show": show,
+        "stop": stop,
+    }
+    if len(args) != 2 or args[0] not in verbs:
+        sys.stderr.write("usage: keeper start|member|show|stop DIR\n")
+        return 2
+    return verbs[args[0]](os.path.expanduser(args[1]))
+
+
+# ---------------------------------------------------------------- wire
+
+
+class Channel:
+    """One authenticated connection between the keeper and a member (point 1)."""
+
+    def __init__(self, sock: socket.socket, secret: bytes, nonce: bytes, keeper: bool) -> None:
+        self.sock, self.secret, self.nonce = sock, secret, nonce
+        self.mine, self.theirs = (b"k", b"m") if keeper else (b"m", b"k")
+        self.sent = self.received = 0
+        self.host: str | None = None  # the member's host, once it said hello
+        self.closed = False
+        self._lock = threading.Lock()
+        self._buffer = b""
+        sock.settimeout(IO_TIMEOUT_S)
+
+    def _mac(self, direction: bytes, number: int, payload: bytes) -> bytes:
+        data = direction + self.nonce + struct.pack(">Q", number) + payload
+        return hmac.new(self.secret, data, hashlib.sha256).digest()
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Raises OSError when the connection is gone."""
+        payload = json.dumps(message).encode()
+        with self._lock:
+            mac = self._mac(self.mine, self.sent, payload)
+            self.sent += 1
+            self.sock.sendall(HEADER.pack(len(payload)) + mac + payload)
+
+    def receive(self) -> dict[str, Any]:
+        """The next message. Raises EOFError (closed) or ValueError (not authentic)."""
+        (size,) = HEADER.unpack(self._read(HEADER.size))
+        if size > MAX_MESSAGE:
+            raise ValueError(f"message of {size} bytes")
+        mac, payload = self._read(MAC_BYTES), self._read(size)
+        if not hmac.compare_digest(mac, self._mac(self.theirs, self.received, payload)):
+            raise ValueError("a message failed its authentication")
+        self.received += 1
+        message = json.loads(payload)
+        if not isinstance(message, dict):
+            raise ValueError("not a message")
+        return message
+
+    def _read(self, n: int) -> bytes:
+        while len(self._buffer) < n:
+            try:
+                chunk = self.sock.recv(65536)
+            except socket.timeout:  # noqa: UP041 (TimeoutError only from 3.10; hosts: 3.8)
+                if self.closed:
+                    raise EOFError("closed") from None
+                continue
+            except OSError as exc:
+                raise EOFError(str(exc)) from None
+            if not chunk:
+                raise EOFError("the connection closed")
+            self._buffer += chunk
+        data, self._buffer = self._buffer[:n], self._buffer[n:]
+        return data
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def proof(secret: bytes, nonce: bytes) -> bytes:
+    return hmac.new(secret, b"orch-keeper-member" + nonce, hashlib.sha256).digest()
+
+
+def greet(sock: socket.socket, secret: bytes) -> Channel | None:
+    """The keeper's side of a handshake: a Channel, or None for a stranger."""
+    nonce = secrets.token_bytes(NONCE_BYTES)
+    channel = Channel(sock, secret, nonce, keeper=True)
+    try:
+        sock.sendall(GREETING + nonce)
+        if hmac.compare_digest(channel._read(MAC_BYTES), proof(secret, nonce)):
+            return channel
+    except (OSError, EOFError):
+        pass
+    channel.close()
+    return None
+
+
+def join(addr: str, port: int, secret: bytes) -> Channel:
+    """The member's side: connect and prove it knows the job's secret.
+
+    Raises:
+        OSError / EOFError / ValueError: no keeper there, or not this job's.
+    """
+    sock = socket.create_connection((addr, port), IO_TIMEOUT_S)
+    channel = Channel(sock, secret, b"", keeper=False)
+    greeting = channel._read(len(GREETING) + NONCE_BYTES)
+    if not greeting.startswith(GREETING):
+        channel.close()
+        raise ValueError(f"not an orch keeper at {addr}:{port}")
+    channel.nonce = greeting[len(GREETING) :]
+    sock.sendall(proof(secret, channel.nonce))
+    return channel
+
+
+def read_messages(channel: Channel, put: Callable[[Channel, dict[str, Any] | None], None]) -> None:
+    """Hand every message to `put`, then None once the channel is gone."""
+    try:
+        while True:
+            put(channel, channel.receive())
+    except (EOFError, ValueError, OSError):
+        put(channel, None)
+
+
+# ---------------------------------------------------------------- daemons
+
+
+def daemonize(log_name: str, body: Callable[[int], int]) -> int:
+    """Run `body(ready_fd)` in a daemon that outlives the SSH channel (as the node's
+    supervisor does, start.py); print what it writes to `ready_fd` (a JSON reply)."""
+    ready_r, ready_w = os.pipe()
+    if os.fork() == 0:
+        os.close(ready_r)
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        log = os.open(log_name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(devnull, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        code = 1
+        try:
+            code = body(ready_w)
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    report = b""
+    while chunk := os.read(ready_r, 4096):
+        report += chunk
+    print(report.decode() or json.dumps({"error": "the daemon died before it was ready"}))
+    return 0 if report and b'"error"' not in report else 1
+
+
+def ready(fd: int, reply: dict[str, Any]) -> None:
+    os.write(fd, json.dumps(reply).encode())
+    os.close(fd)
+
+
+def start_keeper(directory: str) -> int:
+    """`keeper start DIR` (stdin: the config, its secret in hex): the keeper daemon,
+    listening on config["bind"]; prints {"port", "pid"}."""
+    os.chdir(directory)
+    config = json.loads(sys.stdin.read())
+    secret = bytes.fromhex(str(config.pop("secret")))
+    try:
+        family = socket.AF_INET6 if ":" in str(config["bind"]) else socket.AF_INET
+        listener = socket.create_server((str(config["bind"]), 0), family=family, backlog=64)
+    except OSError as exc:
+        print(json.dumps({"error": f"cannot listen on {config['bind']}: {exc}"}))
+        return 1
+    port = int(listener.getsockname()[1])
+
+    def body(ready_fd: int) -> int:
+        keeper = KeeperDaemon(config, secret, listener, port)
+        keeper.save()
+        ready(ready_fd, {"port": port, "pid": os.getpid()})
+        keeper.run()
+        return 0
+
+    return daemonize(KEEPER_LOG, body)
+
+
+class KeeperDaemon:
+    """Runs Keeping: accepts members, feeds it their messages and the clock, sends
+    what it answers, heartbeats, and writes its record whenever that changed."""
+
+    def __init__(
+        self, config: dict[str, Any], secret: bytes, listener: socket.socket, port: int
+    ) -> None:
+        self.keeping = Keeping(config, time.monotonic())
+        self.secret, self.listener, self.port = secret, listener, port
+        self.events: queue.Queue[tuple[Channel, dict[str, Any] | None]] = queue.Queue()
+        self.channels: dict[str, Channel] = {}
+        self.stopping = False
+        self.saved: dict[str, Any] | None = None
+
+    def save(self) -> None:
+        record = self.keeping.record()
+        if record != self.saved:
+            pid = os.getpid()
+            write_json(
+                KEEPER_FILE,
+                {**record, "pid": pid, "start_time": proc.start_time(pid), "port": self.port},
+            )
+            self.saved = record
+
+    def accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(sock,), daemon=True).start()
+
+    def serve(self, sock: socket.socket) -> None:
+        channel = greet(sock, self.secret)
+        if channel is not None:
+            read_messages(channel, lambda c, m: self.events.put((c, m)))
+
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_term)
+        threading.Thread(target=self.accept, daemon=True).start()
+        beat = 0.0
+        while not self.keeping.done:
+            now = time.monotonic()
+            sends = self.keeping.stop(now) if self.stopping else []
+            try:
+                channel, message = self.events.get(timeout=TICK_S)
+                sends += self.handle(channel, message, time.monotonic())
+            except queue.Empty:
+                pass
+            sends += self.keeping.tick(time.monotonic())
+            if now - beat >= HB_S:
+                sends += [(h, {"k": "hb"}) for h in self.channels]
+                beat = now
+            for host, message in sends:
+                self.send(host, message)
+            self.save()
+        self.save()
+        time.sleep(0.2)  # the members read their bye
+        for channel in list(self.channels.values()):
+            channel.close()
+        self.listener.close()
+
+    def _on_term(self, *_: object) -> None:
+        self.stopping = True
+
+    def handle(
+        self, channel: Channel, message: dict[str, Any] | None, now: float
+    ) -> list[tuple[str, dict[str, Any]]]:
+        if message is None:  # the channel is gone
+            if channel.host is not None and self.channels.get(channel.host) is channel:
+                del self.channels[channel.host]
+                self.keeping.gone(channel.host)
+            return []
+        if message.get("k") == "hello" and channel.host is None:
+            channel.host = str(message.get("host"))
+            old = self.channels.get(channel.host)
+            if old is not None:
+                old.close()
+            self.channels[channel.host] = channel
+        if channel.host is None:
+            return []
+        return self.keeping.hear(channel.host, message, now)
+
+    def send(self, host: str, message: dict[str, Any]) -> None:
+        channel = self.channels.get(host)
+        if channel is None:
+            return
+        try:
+            channel.send(message)
+        except OSError:
+            channel.close()
+
+
+def start_member(directory: str) -> int:
+    """`keeper member DIR` (stdin: the config, its secret in hex): the member daemon of
+    this host, once connected to the keeper; prints {"pid"}."""
+    os.chdir(directory)
+    config = json.loads(sys.stdin.read())
+    secret = bytes.fromhex(str(config.pop("secret")))
+
+    def body(ready_fd: int) -> int:
+        try:
+            channel = join(str(config["addr"]), int(config["port"]), secret)
+            channel.send({"k": "hello", "host": config["template"]["host"]})
+        except (OSError, EOFError, ValueError) as exc:
+            where = f"{config['addr']}:{config['port']}"
+            ready(ready_fd, {"error": f"cannot reach the job's keeper at {where}: {exc}"})
+            return 1
+        ready(ready_fd, {"pid": os.getpid()})
+        Member(config, channel).run()
+        return 0
+
+    return daemonize(MEMBER_LOG, body)
+
+
+class Member:
+    """One host's member (point 3): reports its node, does what the keeper asks."""
+
+    def __init__(self, config: dict[str, Any], channel: Channel) -> None:
+        self.config, self.channel = config, channel
+        self.template: dict[str, Any] = config["template"]
+        given = config.get("node_dir")
+        self.node_dir = os.path.expanduser(given) if given else None
+        self.attempt = int(config.get("attempt") or 0)
+        self.reported = False
+        self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.patience = max(PATIENCE_S, 3 * float(config.get("lost_after") or 0))
+
+    def run(self) -> None:
+        threading.Thread(
+            target=read_messages, args=(self.channel, lambda _c, m: self.inbox.put(m)), daemon=True
+        ).start()
+        threading.Thread(target=self.beat, daemon=True).start()
+        heard = time.monotonic()
+        while time.monotonic() - heard < self.patience:
+            try:
+                message = self.inbox.get(timeout=0.5)
+            except queue.Empty:
+                message = {"k": "idle"}
+            if message is None or message.get("k") == "bye":
+                break
+            if message.get("k") != "idle":
+                heard = time.monotonic()
+            try:
+                self.handle(message)
+                self.report_end()
+            except OSError:
+                break
+        self.channel.close()
+
+    def beat(self) -> None:
+        while not self.channel.closed:
+            try:
+                self.channel.send({"k": "hb"})
+            except OSError:
+                return
+            time.sleep(HB_S)
+
+    def handle(self, message: dict[str, Any]) -> None:
+        kind = message.get("k")
+        if kind == "stop":
+            if message.get("attempt") == self.attempt and self.node_dir:
+                self.kill()
+            self.channel.send({"k": "stopped", "attempt": message.get("attempt")})
+        elif kind == "port":
+            with socket.socket() as sock:
+                sock.bind(("", 0))
+                self.channel.send({"k": "port", "port": sock.getsockname()[1]})
+        elif kind == "start":
+            place = message["place"]
+            error = self.start(place)
+            reply = {"k": "started", "attempt": place["attempt"], "ok": error is None}
+            self.channel.send({**reply, "error": error})
+
+    def report_end(self) -> None:
+        if self.node_dir is None or self.reported:
+            return
+        os.chdir(self.node_dir)
+        ended = node.ended()
+        if ended is not None:
+            self.channel.send({"k": "end", "attempt": self.attempt, **ended})
+            self.reported = True
+
+    def agent(self, node_dir: str, *args: str) -> list[str]:
+        return [sys.executable, "-I", "-S", os.path.join(node_dir, AGENT, RUN_SCRIPT), *args]
+
+    def kill(self) -> None:
+        """Stop the node as a teardown does: the agent's kill, in its directory."""
+        assert self.node_dir is not None
+        job_id = str(self.template["job_id"])
+        command = self.agent(self.node_dir, "kill", self.node_dir, str(KILL_GRACE_S), job_id)
+        try:
+            subprocess.run(command, capture_output=True, timeout=STOP_WAIT_S)
+        except (OSError, subprocess.SubprocessError) as exc:
+            print(f"kill in {self.node_dir} failed: {exc}", flush=True)
+
+    def start(self, place: dict[str, Any]) -> str | None:
+        """Start this host's node of a new attempt; None, or what went wrong."""
+        from .store import ContentStore
+        from .sync import make_snapshot
+
+        argv, env, job_dir = render(self.template, place)
+        job_dir = os.path.expanduser(job_dir)
+        store = ContentStore(os.path.expanduser(str(self.config["store"])))
+        try:
+            built = make_snapshot(store, {"digest": self.config["digest"], "job_dir": job_dir})
+        except (OSError, ValueError) as exc:
+            return f"cannot build the job's code in {job_dir}: {exc}"
+        if not built.get("snapshot"):
+            return f"the job's code is not whole in this host's store ({store.root})"
+        self.node_dir, self.attempt, self.reported = job_dir, int(place["attempt"]), False
+        try:
+            done = subprocess.run(
+                self.agent(job_dir, "start", "."),
+                cwd=job_dir,
+                input=json.dumps({"argv": argv, "env": env}).encode(),
+                capture_output=True,
+                timeout=START_WAIT_S,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"cannot start the node: {exc}"
+        reply = last_json(done.stdout.decode("utf-8", "replace")) or {}
+        if "pid" not in reply:
+            return str(reply.get("error") or done.stderr.decode("utf-8", "replace")[-500:])
+        return None
+
+
+# ---------------------------------------------------------------- show, stop
+
+
+def show(directory: str) -> int:
+    """`keeper show DIR`: the keeper's record, and whether it runs."""
+    print(json.dumps(_look(directory)))
+    return 0
+
+
+def stop(directory: str) -> int:
+    """`keeper stop DIR`: the keeper stops the job's nodes and leaves; waits for it."""
+    found = _look(directory)
+    if found["alive"]:
+        proc.signal_pid(int(found["record"]["pid"]), signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT_S + 10
+        while _look(directory)["alive"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        found = _look(directory)
+    print(json.dumps(found))
+    return 0
+
+
+def _look(directory: str) -> dict[str, Any]:
+    record = read_json(os.path.join(directory, KEEPER_FILE))
+    alive = False
+    if record is not None and isinstance(record.get("pid"), int):
+        pid = int(record["pid"])
+        alive = proc.alive(pid) and proc.start_time(pid) == record.get("start_time")
+    return {"record": record, "alive": alive}

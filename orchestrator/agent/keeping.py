@@ -1,0 +1,298 @@
+"""What a detached job's keeper decides (keeper.py runs it): pure, fed the members'
+messages and the clock, answering with the messages to send. No I/O, so that the unit
+tests drive it with fake messages.
+
+A keeper follows one job through its attempts:
+
+    running --a node failed or was lost--> stopping --all stopped--> waiting (the
+    restart delay) --> port (a free rendezvous port from the new master's member)
+    --> starting --all started--> running (the next attempt)
+
+and ends `succeeded` (every node of an attempt succeeded), `failed` (it failed and no
+restart is left, or too few hosts are), or `killed` (`orch kill`: `stop()`, or a node
+found killed by someone else). It never restarts after a kill.
+
+Messages are dicts, their kind in "k". From a member: hello, hb, end {attempt,
+returncode, killed, error}, started {attempt, ok, error}, stopped {attempt}, port
+{port}. To a member: stop {attempt}, start {place}, port, bye.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .placement import failed_hosts, next_hosts, placement, restart_delay
+from .protocol import job_dir
+
+RUNNING, STOPPING, WAITING, PORT, STARTING, KILLING, DONE = (
+    "running",
+    "stopping",
+    "waiting",
+    "port",
+    "starting",
+    "killing",
+    "done",
+)
+STOP_WAIT_S = 40.0  # for the members to stop their nodes (the kill's grace, and more)
+START_WAIT_S = 120.0  # for the members to build the snapshot and start torchrun
+PORT_WAIT_S = 30.0
+ACTIVE = ("starting", "running")  # a node's states while it may run
+
+if TYPE_CHECKING:  # a runtime alias would need Python 3.9; hosts may run 3.8
+    Send = list[tuple[str, dict[str, Any]]]  # (host, message) to send
+
+
+class Keeping:
+    """The keeper's state: the attempt, its nodes and how each ended, the earlier
+    attempts, and which members are connected and when each was last heard from.
+
+    Args:
+        config: job_id, restarts, lost_after, rendezvous_port (None: ask the master),
+            place (attempt 0's placement), candidates [{host, nproc, addr, workdir}]
+            in the selection's order.
+        now: the clock (monotonic seconds); every member gets `lost_after` from now
+            to say hello.
+    """
+
+    def __init__(self, config: dict[str, Any], now: float) -> None:
+        self.job_id = str(config["job_id"])
+        self.restarts = int(config["restarts"])
+        self.lost_after = float(config["lost_after"])
+        self.pinned_port = config.get("rendezvous_port")
+        self.candidates = {c["host"]: c for c in config["candidates"]}
+        self.order = [c["host"] for c in config["candidates"]]
+        self.place: dict[str, Any] = config["place"]
+        self.attempt = int(self.place["attempt"])
+        self.nodes = {h: self._node("running") for h in self.place["hosts"]}
+        self.heard = {h: now for h in self.order}
+        self.connected: set[str] = set()
+        self.history: list[dict[str, Any]] = []  # the earlier attempts, as `record` shows them
+        self.phase = RUNNING
+        self.outcome: str | None = None  # once DONE: succeeded, failed or killed
+        self.reason: str | None = None  # why the last attempt ended
+        self.pending: set[str] = set()  # whose stop or start is awaited
+        self.deadline = 0.0
+        self.chosen: list[str] = []
+
+    @staticmethod
+    def _node(state: str) -> dict[str, Any]:
+        return {"state": state, "exit_code": None, "error": None}
+
+    @property
+    def done(self) -> bool:
+        return self.phase == DONE
+
+    # ------------------------------------------------------------ events
+
+    def hear(self, host: str, msg: dict[str, Any], now: float) -> Send:
+        """A message from `host`'s member."""
+        if host not in self.heard:
+            return []
+        self.heard[host] = now
+        kind = msg.get("k")
+        if kind == "hello":
+            self.connected.add(host)
+        elif kind == "end":
+            return self._ended(host, msg, now)
+        elif kind == "stopped" and msg.get("attempt") == self.attempt:
+            node = self.nodes.get(host)
+            if node is not None and node["state"] in ACTIVE:
+                node["state"] = "killed"
+            self.pending.discard(host)
+            return self._after_stop(now)
+        elif kind == "started" and msg.get("attempt") == self.attempt:
+            return self._started(host, msg, now)
+        elif kind == "port" and self.phase == PORT and self.chosen and host == self.chosen[0]:
+            return self._start(int(msg["port"]), now)
+        return []
+
+    def gone(self, host: str) -> None:
+        """`host`'s member closed its connection: it is silent from now on."""
+        self.connected.discard(host)
+
+    def tick(self, now: float) -> Send:
+        """The clock moved: nodes silent too long are lost; waits run out."""
+        silent = {h for h, t in self.heard.items() if now - t > self.lost_after}
+        if self.phase in (RUNNING, STARTING):
+            for host in sorted(silent & set(self.nodes)):
+                node = self.nodes[host]
+                if node["state"] in ACTIVE:
+                    node.update(state="lost", error=f"silent for {self.lost_after:.0f} s")
+            if any(n["state"] == "lost" for n in self.nodes.values()):
+                if self.phase == STARTING:
+                    self.pending -= silent
+                    return self._after_start(now)
+                return self._stop_attempt(now)
+        elif self.phase in (STOPPING, KILLING):
+            for host in list(self.pending):
+                if host in silent or now > self.deadline:
+                    self.nodes[host].update(state="lost", error="did not stop")
+                    self.pending.discard(host)
+            return self._after_stop(now)
+        elif self.phase == WAITING and now >= self.deadline:
+            if self.pinned_port:
+                return self._start(int(self.pinned_port), now)
+            self.phase, self.deadline = PORT, now + PORT_WAIT_S
+            return [(self.chosen[0], {"k": "port"})]
+        elif self.phase == PORT and now > self.deadline:
+            self.reason = f"{self.chosen[0]} gave no port for attempt {self.attempt + 2}"
+            return self._finish("failed")
+        elif self.phase == STARTING and now > self.deadline:
+            for host in self.pending:
+                self.nodes[host].update(state="failed", error="did not start in time")
+            self.pending.clear()
+            return self._after_start(now)
+        return []
+
+    def stop(self, now: float) -> Send:
+        """`orch kill`: stop the attempt's nodes, never start another."""
+        if self.phase in (DONE, KILLING):
+            return []
+        self.phase, self.deadline = KILLING, now + STOP_WAIT_S
+        return self._send_stops()
+
+    # ------------------------------------------------------------ transitions
+
+    def _ended(self, host: str, msg: dict[str, Any], now: float) -> Send:
+        node = self.nodes.get(host)
+        if msg.get("attempt") != self.attempt or node is None or node["state"] not in ACTIVE:
+            return []
+        code = msg.get("returncode")
+        state = "killed" if msg.get("killed") else "succeeded" if code == 0 else "failed"
+        node.update(state=state, exit_code=code, error=msg.get("error"))
+        if self.phase in (STOPPING, KILLING):
+            self.pending.discard(host)
+            return self._after_stop(now)
+        if state == "killed":  # orch kill reached the node before the keeper: no restart
+            return self.stop(now)
+        if self.phase == STARTING:
+            return []  # judged once every start answered
+        if all(n["state"] == "succeeded" for n in self.nodes.values()):
+            return self._finish("succeeded")
+        if state == "failed":
+            return self._stop_attempt(now)
+        return []
+
+    def _stop_attempt(self, now: float) -> Send:
+        """The attempt failed: stop its nodes still running, then decide."""
+        states = {h: n["state"] for h, n in self.nodes.items()}
+        bad, lost = failed_hosts(states)
+        what = "lost" if bad and bad <= lost else "failed"
+        self.reason = f"attempt {self.attempt + 1} {what} on {', '.join(sorted(bad))}"
+        self.phase, self.deadline = STOPPING, now + STOP_WAIT_S
+        sends = self._send_stops()
+        return sends + self._after_stop(now)
+
+    def _send_stops(self) -> Send:
+        self.pending = set()
+        for host, node in self.nodes.items():
+            if node["state"] not in ACTIVE:
+                continue
+            if host in self.connected:
+                self.pending.add(host)
+            else:
+                node.update(state="lost", error="member not connected")
+        return [(h, {"k": "stop", "attempt": self.attempt}) for h in sorted(self.pending)]
+
+    def _after_stop(self, now: float) -> Send:
+        if self.pending or self.phase not in (STOPPING, KILLING):
+            return []
+        if self.phase == KILLING:
+            return self._finish("killed")
+        if self.attempt >= self.restarts:
+            return self._finish("failed")
+        states = {h: n["state"] for h, n in self.nodes.items()}
+        bad, lost = failed_hosts(states)
+        silent = {h for h, t in self.heard.items() if now - t > self.lost_after}
+        absent = {h for h in self.order if h not in self.connected} | silent
+        chosen = next_hosts(self.place["hosts"], self.order, bad | absent, lost | absent)
+        if chosen is None:
+            self.reason = f"{self.reason}; too few hosts left to start again"
+            return self._finish("failed")
+        self.chosen = chosen
+        self.phase, self.deadline = WAITING, now + restart_delay(self.attempt + 1)
+        return self.tick(now)
+
+    def _start(self, port: int, now: float) -> Send:
+        """Start the next attempt on the chosen hosts, its master at `port`."""
+        self.history.append(self._attempt_record())
+        counts = [int(self.candidates[h]["nproc"]) for h in self.chosen]
+        master_addr = str(self.candidates[self.chosen[0]]["addr"])
+        self.place = placement(self.chosen, counts, master_addr, port, self.attempt + 1)
+        self.attempt += 1
+        self.nodes = {h: self._node("starting") for h in self.chosen}
+        self.phase, self.deadline = STARTING, now + START_WAIT_S
+        self.pending = set(self.chosen)
+        return [(h, {"k": "start", "place": self.place}) for h in self.chosen]
+
+    def _started(self, host: str, msg: dict[str, Any], now: float) -> Send:
+        node = self.nodes.get(host)
+        if node is None or self.phase != STARTING:
+            return []
+        if node["state"] == "starting":
+            if msg.get("ok"):
+                node["state"] = "running"
+            else:
+                node.update(state="failed", error=msg.get("error") or "could not start")
+        self.pending.discard(host)
+        return self._after_start(now)
+
+    def _after_start(self, now: float) -> Send:
+        if self.pending:
+            return []
+        self.phase = RUNNING
+        if all(n["state"] == "succeeded" for n in self.nodes.values()):
+            return self._finish("succeeded")
+        if any(n["state"] in ("failed", "lost") for n in self.nodes.values()):
+            return self._stop_attempt(now)
+        if any(n["state"] == "killed" for n in self.nodes.values()):
+            return self.stop(now)
+        return []
+
+    def _finish(self, outcome: str) -> Send:
+        self.phase, self.outcome = DONE, outcome
+        return [(h, {"k": "bye"}) for h in sorted(self.connected)]
+
+    # ------------------------------------------------------------ record
+
+    def _attempt_record(self) -> dict[str, Any]:
+        """The attempt as `record` lists it: its nodes, where, how each ended."""
+        counts = self.place["nprocs"]
+        nodes = []
+        for rank, host in enumerate(self.place["hosts"]):
+            node = self.nodes[host]
+            workdir = str(self.candidates[host]["workdir"])
+            nodes.append(
+                {
+                    "host": host,
+                    "node_rank": rank,
+                    "first_rank": sum(counts[:rank]),
+                    "nproc": counts[rank],
+                    "job_dir": job_dir(workdir, self.job_id, host, self.attempt),
+                    **node,
+                }
+            )
+        return {
+            "attempt": self.attempt,
+            "master_addr": self.place["master_addr"],
+            "master_port": self.place["master_port"],
+            "nodes": nodes,
+            "reason": self.reason,
+        }
+
+    def record(self) -> dict[str, Any]:
+        """What the keeper writes for `orch status`: `state` (running, restarting,
+        stopping, or how it ended), the current attempt and the earlier ones. An
+        attempt shows once every node of it started: until then the last one is the
+        current one, `restarting`."""
+        if self.phase == STARTING:
+            *earlier, current = self.history
+            state = "restarting"
+        else:
+            earlier, current = self.history, self._attempt_record()
+            state = {
+                RUNNING: "running",
+                KILLING: "stopping",
+                DONE: str(self.outcome),
+            }.get(self.phase, "restarting")
+        return {"job_id": self.job_id, "state": state, "current": current, "attempts": earlier}

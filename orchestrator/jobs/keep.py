@@ -1,0 +1,365 @@
+"""A detached job's keeper (agent/keeper.py), from the controller's side.
+
+`orch submit -d` of a job with `restarts:` starts, once the job runs, a keeper on its
+master host and a member on each of its hosts and spares (the spares get the code and
+`setup:` first), so that a node's failure or loss restarts the job without the laptop.
+`orch status`, `orch logs` and `orch kill` read the keeper's record through `sync` and
+bring the local record up to date, one `JobDB.restart` per attempt the keeper started,
+with each ended attempt's logs copied into its own local mirror: they then show the
+attempt and its marked lines exactly as for an attached submit's restarts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.agent import placement, protocol
+from orchestrator.jobs.contact import LOST_AFTER_S
+from orchestrator.jobs.follow import Watcher
+from orchestrator.jobs.reporter import Reporter
+from orchestrator.jobs.teardown import teardown
+from orchestrator.models.errors import OrchError, RemoteCommandError
+from orchestrator.models.facts import HostFacts
+from orchestrator.models.inventory import Host
+from orchestrator.models.states import JobState
+from orchestrator.nodes import agent
+from orchestrator.nodes.group import HostGroup, connect_reachable
+from orchestrator.nodes.probe import probe
+from orchestrator.plan import LaunchPlan, build_plan, fs_groups, node_count, node_template
+from orchestrator.records.db import JobDB, JobRecord, NodeRecord, _host_from_json, _host_to_json
+from orchestrator.records.logmirror import LogMirror
+from orchestrator.transport import Transport
+
+log = logging.getLogger(__name__)
+KEEPER_TIMEOUT_S = 90.0  # `keeper stop` waits for the nodes' kill, and more
+ACTING = ("running", "restarting", "stopping")  # the keeper's states while it decides
+
+Push = Callable[[LaunchPlan, HostGroup], None]
+
+
+def keep_detached(
+    plan: LaunchPlan,
+    candidates: Sequence[Host],
+    group: HostGroup,
+    digest: str,
+    push: Push,
+    reporter: Reporter,
+    store: JobDB,
+) -> None:
+    """`start_keeper`; where that fails, the job is stopped on every node and failed:
+    a detached job with `restarts:` does not run without its keeper.
+
+    Raises:
+        OrchError: what kept the keeper from starting.
+    """
+    try:
+        start_keeper(plan, candidates, group, digest, push, reporter, store)
+    except OrchError:
+        teardown(plan.job_id, plan.master_port, plan.nodes, group, reporter)
+        store.update_job(plan.job_id, JobState.FAILED)
+        raise
+
+
+def start_keeper(
+    plan: LaunchPlan,
+    candidates: Sequence[Host],
+    group: HostGroup,
+    digest: str,
+    push: Push,
+    reporter: Reporter,
+    store: JobDB,
+) -> None:
+    """Start the keeper of a running detached job, and a member on each of its hosts
+    and spares. A spare that cannot be reached or used is left out, with a warning.
+
+    Args:
+        candidates: every host of the job's selection, its hosts first (Submission).
+        group: the job's hosts, connected.
+        digest: the code's manifest: a member builds a later attempt's snapshot from it.
+        push: builds the code snapshot (and runs setup:) on the hosts of a plan.
+
+    Raises:
+        OrchError: the keeper, or the member of one of the job's hosts, could not
+            start; the keeper was stopped again (the caller tears the job down).
+    """
+    job, master = plan.job, plan.master
+    templates = {n.host.name: dict(n.template) for n in plan.nodes}
+    templates[master.host.name]["addr"] = plan.master_addr
+    homes = {n.host.name: n.job_dir for n in plan.nodes}
+    spares = [h for h in candidates if h.name not in homes]
+    with HostGroup(spares, group.options) as spare_group:
+        if spares:
+            _prepare_spares(plan, spares, spare_group, push, templates, homes, reporter)
+        hosts = [h for h in candidates if h.name in templates]
+        secret = secrets.token_hex(32)
+        lost_after = float(job.lost_after or max(h.lost_after or LOST_AFTER_S for h in hosts))
+        config = {
+            "secret": secret,
+            "job_id": plan.job_id,
+            "restarts": job.restarts,
+            "lost_after": lost_after,
+            "rendezvous_port": job.rendezvous_port,
+            "bind": plan.master_addr,
+            "place": placement.placement(
+                [n.host.name for n in plan.nodes],
+                [n.nproc for n in plan.nodes],
+                plan.master_addr,
+                plan.master_port,
+            ),
+            "candidates": [
+                {
+                    "host": h.name,
+                    "nproc": node_count(job, h),
+                    "addr": templates[h.name]["addr"],
+                    "workdir": h.workdir,
+                }
+                for h in hosts
+            ],
+        }
+        keeper_dir = master.job_dir
+        started = _run(master.host, group.transports[master.host.name], keeper_dir, "start", config)
+        log.info("[job=%s] keeper on %s, port %s", plan.job_id, master.host.name, started["port"])
+        store.update_spec(
+            plan.job_id,
+            keeper={
+                "host": master.host.name,
+                "dir": keeper_dir,
+                "hosts": {
+                    h.name: json.loads(_host_to_json(_recorded(h, job.lost_after))) for h in hosts
+                },
+            },
+        )
+
+        def member(host: Host, transport: Transport) -> None:
+            node_dir = homes[host.name] if host.name in {n.host.name for n in plan.nodes} else None
+            _run(
+                host,
+                transport,
+                homes[host.name],
+                "member",
+                {
+                    "secret": secret,
+                    "addr": plan.master_addr,
+                    "port": started["port"],
+                    "template": templates[host.name],
+                    "store": protocol.store_dir(host.workdir),
+                    "digest": digest,
+                    "node_dir": node_dir,
+                    "lost_after": lost_after,
+                },
+            )
+
+        try:
+            group.each(member)
+        except OrchError:
+            _stop_quietly(master.host, group.transports[master.host.name], keeper_dir)
+            raise
+        if spare_group.transports:
+            _, failures = spare_group.try_each(member)
+            for failure in failures:
+                reporter.notice(f"warning: spare left out of restarts: {failure.message}")
+    names = ", ".join(h.name for h in spares if h.name in templates)
+    reporter.notice(
+        f"restarts: a keeper on {master.host.name} restarts the job up to {job.restarts} "
+        f"time(s) without this controller" + (f"; spares: {names}" if names else "")
+    )
+
+
+def _prepare_spares(
+    plan: LaunchPlan,
+    spares: Sequence[Host],
+    group: HostGroup,
+    push: Push,
+    templates: dict[str, dict[str, Any]],
+    homes: dict[str, str],
+    reporter: Reporter,
+) -> None:
+    """Probe the spares, push the code to those that can run the job, and note their
+    templates and directories (where their members live)."""
+    for failure in group.connect(tolerate=True):
+        reporter.notice(f"warning: spare left out of restarts: {failure.message}")
+    reached = [h for h in spares if h.name in group.transports]
+    probes, failures = group.try_each(
+        lambda h, t: probe(h, t, plan.master_addr), only=[h.name for h in reached]
+    )
+    for failure in failures:
+        reporter.notice(f"warning: spare left out of restarts: {failure.message}")
+    usable = [h for h in reached if h.name in probes]
+    if not usable:
+        return
+    facts: dict[str, HostFacts] = {name: p.facts for name, p in probes.items()}
+    first = facts[usable[0].name].local_addr or usable[0].address
+    standby = build_plan(
+        plan.job, usable, plan.job_id, first, None, facts, fs_groups(usable, facts)
+    )
+    push(standby, group)
+    for node in standby.nodes:
+        templates[node.host.name] = node_template(
+            plan.job, node.host, facts[node.host.name], plan.job_id
+        )
+        homes[node.host.name] = node.job_dir
+
+
+def _recorded(host: Host, lost_after: int | None) -> Host:
+    return dataclasses.replace(host, lost_after=lost_after or host.lost_after)
+
+
+def _run(
+    host: Host, transport: Transport, directory: str, verb: str, config: dict[str, Any]
+) -> dict[str, Any]:
+    """Run `keeper VERB DIR` with the job's pinned agent, its config (and secret) on
+    stdin, never in an argv.
+
+    Raises:
+        RemoteCommandError: it did not start; names the host and what it said.
+    """
+    command = agent.job_command(host, directory, "keeper", verb, ".")
+    result = transport.run(command, stdin=json.dumps(config).encode(), timeout=60)
+    reply = protocol.last_json(result.stdout) or {}
+    if not result.ok or "pid" not in reply:
+        raise RemoteCommandError(
+            host.name,
+            f"orch agent keeper {verb}",
+            result.exit_code,
+            result.stderr + str(reply.get("error", "")),
+            "hosts must reach the master's address as the job's ranks do (orch check)",
+        )
+    return reply
+
+
+def _stop_quietly(host: Host, transport: Transport, directory: str) -> None:
+    try:
+        agent.run(host, transport, ["keeper", "stop", directory], timeout=KEEPER_TIMEOUT_S)
+    except OrchError as exc:
+        log.info("could not stop the keeper on %s: %s", host.name, exc.message)
+
+
+# ---------------------------------------------------------------- sync
+
+
+@dataclass
+class Kept:
+    """A job's record after `sync`, and whether its keeper runs it: then only the
+    keeper tears it down and restarts it, and nodes that ended do not end the job."""
+
+    record: JobRecord
+    acting: bool = False
+
+
+def sync(store: JobDB, record: JobRecord, reporter: Reporter, stop: bool = False) -> Kept:
+    """Bring a detached job's record up to date with its keeper's (when it has one):
+    every attempt the keeper started since becomes the record's, through
+    `JobDB.restart`, each ended attempt's logs copied into its local mirror.
+
+    Args:
+        stop: `orch kill`: first have the keeper stop the job's nodes and leave.
+
+    Returns:
+        The record as it now is; `acting` when the keeper still runs the job.
+    """
+    keeper = record.spec.get("keeper")
+    if not isinstance(keeper, dict) or record.state.is_terminal():
+        return Kept(record)
+    hosts = {name: _host_from_json(json.dumps(h)) for name, h in keeper["hosts"].items()}
+    master = hosts[keeper["host"]]
+    group, _ = connect_reachable([master], lambda _: None)
+    with group:
+        if master.name not in group.transports:
+            return Kept(record)  # the master lost: the keeper with it (README)
+        verb = "stop" if stop else "show"
+        try:
+            reply = agent.run(
+                master,
+                group.transports[master.name],
+                ["keeper", verb, str(keeper["dir"])],
+                timeout=KEEPER_TIMEOUT_S,
+            )
+        except OrchError as exc:
+            reporter.notice(f"could not ask the job's keeper on {master.name}: {exc.message}")
+            return Kept(record)
+    found = reply.get("record")
+    if not isinstance(found, dict) or not isinstance(found.get("current"), dict):
+        return Kept(record)
+    record = _apply(store, record, found, hosts, reporter)
+    return Kept(record, bool(reply.get("alive")) and found.get("state") in ACTING)
+
+
+def _apply(
+    store: JobDB,
+    record: JobRecord,
+    found: dict[str, Any],
+    hosts: dict[str, Host],
+    reporter: Reporter,
+) -> JobRecord:
+    """Record the attempts the keeper started beyond the record's own."""
+    known = int(record.spec.get("attempt") or 0)
+    attempts = {int(a["attempt"]): a for a in [*found.get("attempts", []), found["current"]]}
+    latest = int(found["current"]["attempt"])
+    for attempt in range(known, latest):
+        ended, following = attempts.get(attempt), attempts.get(attempt + 1)
+        if ended is None or following is None:
+            break
+        for node in ended["nodes"]:
+            store.update_node(
+                record.id,
+                str(node["host"]),
+                JobState.parse(node["state"]),
+                node.get("exit_code"),
+                node.get("error"),
+            )
+        earlier = store.get(record.id).nodes
+        nodes = [
+            NodeRecord(
+                hosts[n["host"]],
+                int(n["node_rank"]),
+                int(n["first_rank"]),
+                int(n["nproc"]),
+                str(n["job_dir"]),
+            )
+            for n in following["nodes"]
+        ]
+        store.restart(
+            JobRecord(
+                record.id,
+                record.name,
+                JobState.PENDING,
+                str(following["master_addr"]),
+                following["master_port"],
+                {"attempt": attempt + 1},
+                nodes,
+            )
+        )
+        _copy_logs(store, record.id, attempt, earlier)
+        restarts = int(record.spec.get("restarts") or 0)
+        reporter.notice(
+            f"job {record.id}: {ended.get('reason') or f'attempt {attempt + 1} ended'}: "
+            f"its keeper started it again as attempt {attempt + 2} of {restarts + 1}, on "
+            + ", ".join(n.host.name for n in nodes)
+        )
+    return store.get(record.id)
+
+
+def _copy_logs(store: JobDB, job_id: str, attempt: int, nodes: list[NodeRecord]) -> None:
+    """Copy what an ended attempt's nodes logged into its local mirror (what `orch
+    logs` shows under the attempt's marker); hosts that do not answer are skipped."""
+    group, _ = connect_reachable([n.host for n in nodes], lambda _: None)
+    mirror = LogMirror(store.home / "logs", job_id, attempt)
+    try:
+        with group:
+            reachable = [n for n in nodes if n.host.name in group.transports]
+            watcher = Watcher(reachable, group.transports, mirror, once=True)
+            try:
+                for _event in watcher.events():
+                    pass
+            finally:
+                watcher.close()
+    except OrchError as exc:
+        log.info("[job=%s] logs of attempt %d: %s", job_id, attempt, exc.message)
+    finally:
+        mirror.close()

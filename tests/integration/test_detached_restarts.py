@@ -1,0 +1,142 @@
+"""A detached job restarts without the laptop (issue 14): a keeper on the master host
+and a member on each host and spare stop a failed attempt and start the next, with no
+orch process on the controller; `orch status` and `orch logs` then show the attempts
+as for an attached submit; `orch kill` stops the keeper and its members too."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import Cluster, OrchRunner
+from tests.support import assert_no_job_left, job_id_of, status_json, wait_for, write_job
+
+pytestmark = pytest.mark.cluster
+
+
+def submit_detached(orch: OrchRunner, job: Path, inventory: Path) -> str:
+    done = orch("submit", "-d", job, "-i", inventory, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert "a keeper on node1 restarts the job" in done.stderr, done.stderr
+    return job_id_of(done.stdout)
+
+
+def keeper_record(cluster: Cluster, job_id: str) -> dict[str, Any]:
+    """The keeper's record on the master host (node1), read from its disk."""
+    path = cluster.home(1) / ".orch" / "jobs" / job_id / "node1" / "keeper.json"
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data
+
+
+def controller_processes(orch: OrchRunner) -> list[int]:
+    """Processes on this machine that run as this test's controller (its ORCH_HOME)."""
+    tag = f"ORCH_HOME={orch.controller.state_dir}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if tag in environ:
+                found.append(int(entry))
+    return found
+
+
+def test_a_detached_job_whose_rank_fails_restarts_with_no_controller_running(
+    orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
+) -> None:
+    job = write_job(
+        tmp_path,
+        "detached_restart",
+        "fail_once.py",
+        nodes=2,
+        restarts=1,
+        nproc_per_node=1,
+        env={"FAIL_RANK": "1"},
+        hosts=["node1", "node2"],
+    )
+    job_id = submit_detached(orch, job, inventory)
+    seen: list[str] = []
+
+    def restarted() -> bool:
+        assert controller_processes(orch) == [], "an orch process runs on the controller"
+        record = keeper_record(cluster, job_id)
+        seen.append(str(record.get("state")))
+        return record.get("state") == "succeeded"
+
+    wait_for(restarted, 40, "the keeper to finish attempt 2", poll=0.2)
+    assert "restarting" in seen or keeper_record(cluster, job_id)["attempts"], seen
+    shown = orch("status", job_id, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "succeeded, attempt 2 of 2 (attempt 1 failed on node2)" in " ".join(shown.stdout.split())
+    logs = orch("logs", job_id, timeout=60)
+    assert logs.returncode == 0, logs.stderr
+    assert "--- attempt 1 (node1 killed, node2 failed) ---" in logs.stderr, logs.stderr
+    assert "--- attempt 2 ---" in logs.stderr
+    lines = logs.stdout.splitlines()
+    assert lines.index("[node2 r1] attempt 0 rank 1") < lines.index("[node1 r0] finished attempt 1")
+    assert "[node2 r1] finished attempt 1" in lines
+    wait_for(lambda: not any(n for i in (1, 2, 3) for n in _left(cluster, i)), 10, "no process")
+
+
+def _left(cluster: Cluster, i: int) -> list[tuple[int, str]]:
+    return [(p, c) for p, c in cluster.host_pids(i) if p != 1 and not c.startswith("sshd")]
+
+
+def test_a_detached_job_finishes_on_a_spare_after_its_host_crashed(
+    orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
+) -> None:
+    job = write_job(
+        tmp_path, "restart", "steps.py", nodes=2, restarts=1, lost_after=3, nproc_per_node=1
+    )
+    job_id = submit_detached(orch, job, inventory)
+    rank_log = cluster.home(1) / ".orch" / "jobs" / job_id / "node1" / "logs" / "rank-0.log"
+    wait_for(lambda: rank_log.exists() and "step 2 attempt 0" in rank_log.read_text(), 60, "step 2")
+    cluster.crash(2)
+    wait_for(
+        lambda: keeper_record(cluster, job_id).get("state") == "succeeded", 60, "attempt 2's end"
+    )
+    record = status_json(orch, job_id)
+    assert record["state"] == "succeeded", record
+    assert [n["host"] for n in record["nodes"]] == ["node1", "node3"]
+    assert record["spec"]["attempt"] == 1
+    assert [n["host"] for n in record["spec"]["attempts"][0]["nodes"]] == ["node1", "node2"]
+    logs = orch("logs", job_id, timeout=60).stdout
+    resumed = [line for line in logs.splitlines() if "resumed at step" in line]
+    assert len(resumed) == 1 and int(resumed[0].split()[-1]) >= 2, logs
+    assert "[node1 r0] finished attempt 1" in logs
+    assert any(line.startswith("[node1 r0] step 6 attempt 1 world 2") for line in logs.splitlines())
+    assert_no_job_left(cluster, [1, 3])
+
+
+def test_orch_kill_stops_the_keeper_and_its_members_and_nothing_restarts(
+    orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
+) -> None:
+    job = write_job(
+        tmp_path, "detached_restart", "fail_once.py", nodes=2, restarts=1, nproc_per_node=1
+    )
+    job_id = submit_detached(orch, job, inventory)
+    port = keeper_record(cluster, job_id)["port"]
+    listening = cluster.exec_on(1, ["ss", "-Hltn", f"sport = :{port}"]).stdout
+    assert str(port) in listening  # the keeper listens
+    assert any("keeper member" in c for _, c in _left(cluster, 3))  # the spare's member
+    killed = orch("kill", job_id, timeout=60)
+    assert killed.returncode == 0, killed.stderr
+    assert_no_job_left(cluster, [1, 2, 3])
+    assert cluster.exec_on(1, ["ss", "-Hltn", f"sport = :{port}"]).stdout.strip() == ""
+    assert keeper_record(cluster, job_id)["state"] == "killed"
+    master = cluster.home(1) / ".orch" / "jobs" / job_id / "node1"
+    spare = cluster.home(3) / ".orch" / "jobs" / job_id / "node3"
+    for path in (master / "keeper.json", master / "keeper.log", spare / "member.log"):
+        assert path.stat().st_mode & 0o077 == 0, f"{path} is not owner-only"
+    record = status_json(orch, job_id)
+    assert record["state"] == "killed" and record["spec"]["attempt"] == 0
+    assert not record["spec"].get("attempts")
