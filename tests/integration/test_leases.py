@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.cluster import REPO_ROOT, Cluster, OrchRunner
-from tests.support import job_id_of, wait_for, write_workdir_job
+from tests.support import job_id_of, status_json, wait_for, write_workdir_job
 
 pytestmark = pytest.mark.cluster
 
@@ -95,42 +95,46 @@ def fake_gpus(cluster: Cluster, i: int) -> Iterator[Path]:
         cluster.exec_on(i, ["rm", "-rf", "/run/fake-gpu"])
 
 
-def test_four_slots_run_two_jobs_of_two_side_by_side_and_the_third_waits_its_turn(
+def test_four_slots_run_two_jobs_of_two_side_by_side_the_third_waits_its_turn_a_killed_one_leaves(
     cluster: Cluster, orch: OrchRunner, tmp_path: Path
 ) -> None:
     inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[2], node2={"slots": 4})
-    jobs = [hold_job(tmp_path, f"slots{i}", 4, nproc_per_node=2) for i in range(3)]
+    jobs = [hold_job(tmp_path, f"slots{i}", 7, nproc_per_node=2) for i in range(2)]
     results = submit_together(orch, *[["submit", "-d", job, "-i", inventory] for job in jobs])
-    assert [code for code, _, _ in results] == [0, 0, 0], [err for _, _, err in results]
+    assert [code for code, _, _ in results] == [0, 0], [err for _, _, err in results]
+    assert not [err for _, _, err in results if "queued" in err]
     ids = [job_id_of(out) for _, out, _ in results]
-    queued = [i for i, (_, _, err) in enumerate(results) if "queued: 2 slots on node2" in err]
-    assert len(queued) == 1, [err for _, _, err in results]
+    third = orch("submit", "-d", hold_job(tmp_path, "third", 1, nproc_per_node=2), "-i", inventory)
+    assert third.returncode == 0, third.stderr
     assert re.search(
-        r"held by slots\d-\w+ \(root\) since [\d:]+.*; \w+ in line", results[queued[0]][2]
-    )
+        r"queued: 2 slots on node2 held by slots\d-\w+ \(root\) since [\d:]+, slots\d-\w+ "
+        r"\(root\) since [\d:]+; 1st in line",
+        third.stderr,
+    ), third.stderr
 
     refused = orch(
-        "submit",
-        "--no-wait",
-        hold_job(tmp_path, "nowait", 1, nproc_per_node=2),
-        "-i",
-        inventory,
-        timeout=60,
+        "submit", "--no-wait", hold_job(tmp_path, "nowait", 1, nproc_per_node=2), "-i", inventory
     )
     assert refused.returncode == 3, refused.stderr
     assert "error: not started: 2 slots on node2 held by" in refused.stderr
     assert "hint: leave out --no-wait" in refused.stderr
+    late = orch("submit", "-d", hold_job(tmp_path, "late", 1, nproc_per_node=2), "-i", inventory)
+    assert late.returncode == 0 and "2nd in line" in late.stderr, late.stderr
     listed = orch("status", timeout=60, env={"COLUMNS": "200"})
     assert "queued, 1st in line on node2" in listed.stdout, listed.stdout
+    assert "queued, 2nd in line on node2" in listed.stdout, listed.stdout
+    assert orch("kill", job_id_of(late.stdout), timeout=60).returncode == 0
+    line = json.loads(orch("status", "--hosts", "--json", "-i", inventory).stdout)["queue"]
+    assert [row["job"] for row in line] == [job_id_of(third.stdout)]  # the killed one left
+    assert status_json(orch, job_id_of(late.stdout))["state"] == "killed"
 
-    runs = [finished(orch, job_id) for job_id in ids]
-    first, second = (runs[i] for i in range(3) if i != queued[0])
-    third = runs[queued[0]]
+    first, second = (finished(orch, job_id) for job_id in ids)
+    waited = finished(orch, job_id_of(third.stdout))
     assert abs(first.start - second.start) < 2  # side by side
     assert set(first.slots.split(",")).isdisjoint(second.slots.split(","))
-    freed = min(first.end, second.end)
-    assert freed <= third.start < freed + 2  # its turn, and soon
-    assert third.slots in (first.slots, second.slots) if first.end < second.end else True
+    freed = min(first, second, key=lambda run: run.end)
+    assert freed.end <= waited.start < freed.end + 2  # its turn, and soon
+    assert waited.slots == freed.slots
 
 
 def test_gpus_are_leased_disjoint_and_busy_ones_outside_orch_are_named(
