@@ -54,6 +54,13 @@ def slurm_id_of(record: JobRecord) -> str:
     return str(slurm_id)
 
 
+def note_slurm(store: JobDB, record: JobRecord, **changes: object) -> None:
+    """Merge `changes` into the job's Slurm details, in the store and in `record`."""
+    info = {**store.get(record.id).spec.get("slurm", {}), **changes}
+    store.update_spec(record.id, slurm=info)
+    record.spec["slurm"] = info
+
+
 def nodes_of(record: JobRecord, login: Host, nodelist: str) -> list[NodeRecord]:
     """The job's nodes in node-rank order (SLURM_NODEID follows the node list's order),
     each reached through the login node, in its directory of the job root."""
@@ -135,6 +142,8 @@ def follow_job(
         found = wait_until_started(record, login, reporter, store)
         if found.state is JobState.RUNNING:
             store.update_job(record.id, JobState.RUNNING)
+        if found.nodelist:  # for orch logs, once squeue has forgotten the job
+            note_slurm(store, record, nodelist=found.nodelist, state=found.slurm_state)
         nodes = nodes_of(record, login.host, found.nodelist)
         if nodes:
             login.prepare_node_dirs(
@@ -256,11 +265,11 @@ def conclude(
     failed = [e for e in exits.values() if not e.ok and not e.killed]
     if state is JobState.SUCCEEDED and not failed:
         store.update_job(record.id, JobState.SUCCEEDED, 0)
-        store.update_spec(record.id, slurm={**record.spec["slurm"], "state": slurm_state})
+        note_slurm(store, record, state=slurm_state)
         return 0
     final = JobState.KILLED if state is JobState.KILLED else JobState.FAILED
     store.update_job(record.id, final, 1)
-    store.update_spec(record.id, slurm={**record.spec["slurm"], "state": slurm_state})
+    note_slurm(store, record, state=slurm_state)
     first = _first_failure(failed)
     if first is not None and final is JobState.FAILED:
         record.nodes = nodes
@@ -296,5 +305,5 @@ def cancel(record: JobRecord, login: LoginNode, store: JobDB) -> bool:
     login.scancel(slurm_id)
     gone = login.wait_gone(slurm_id, root)
     store.update_job(record.id, JobState.KILLED, 1)
-    store.update_spec(record.id, slurm={**record.spec["slurm"], "state": "CANCELLED"})
+    note_slurm(store, record, state="CANCELLED")
     return gone

@@ -206,8 +206,10 @@ def logs(
                     if want.wants(node.host.name, rank_of(stream)):
                         data = mirror.read(node.host.name, stream, want.tail)
                         reporter.output(node.host.name, rank_of(stream), data)
-            if not follow or record.state.is_terminal():
+            if not follow:
                 return 0
+            if record.state.is_terminal():
+                return 0 if record.state is JobState.SUCCEEDED else 1
             try:
                 return follow_job(
                     record, login, _Filtered(reporter, want), store, mirror, attached=False

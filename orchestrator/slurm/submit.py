@@ -32,7 +32,7 @@ from orchestrator.sync.ignore import collect_files
 from orchestrator.sync.manifest import scan_workdir
 from orchestrator.sync.push import push
 from orchestrator.sync.store import setup_key
-from orchestrator.transport import ConnectOptions, Transport
+from orchestrator.transport import ConnectOptions
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def submit(
             progress = reporter.progress if isinstance(reporter, ProgressReporter) else None
             pushed = push(group, tree, {login.name: sj.job_root}, keys, progress)
             if sj.job.setup and not pushed[login.name].setup_done:
-                _setup(sj, login_node.transport, keys[login.name], tree.digest, reporter)
+                _setup(sj, login_node, keys[login.name], tree.digest, reporter)
             login_node.write_files(
                 {
                     f"{sj.job_root}/{script.BATCH}": (script.batch_script(sj), 0o700),
@@ -214,18 +214,17 @@ def _slurm_spec(sj: SlurmJob, partition: str, login: Host) -> dict[str, object]:
     }
 
 
-def _setup(sj: SlurmJob, transport: Transport, key: str, digest: str, reporter: Reporter) -> None:
+def _setup(sj: SlurmJob, login: LoginNode, key: str, digest: str, reporter: Reporter) -> None:
     """The job's `setup:` once per code version, on the login node: the compute nodes
     share its home, as hosts sharing a filesystem share one setup."""
     assert sj.job.setup is not None
-    host = Host(name=sj.slurm.login, address=sj.slurm.login, python=sj.python)
-    target = _Setup(host, sj.job_root, env=dict(sj.job.env))
-    reporter.notice(f"setup: running on the login node {sj.slurm.login}")
+    target = _Setup(login.host, sj.job_root, env=dict(sj.job.env))
+    reporter.notice(f"setup: running on the login node {login.host.name}")
 
     def line(text: str) -> None:
-        reporter.output(f"{sj.slurm.login} setup", None, (text + "\n").encode())
+        reporter.output(f"{login.host.name} setup", None, (text + "\n").encode())
 
-    ops.setup(target, transport, sj.job.setup, key, digest, line)
+    ops.setup(target, login.transport, sj.job.setup, key, digest, line)
 
 
 def _launcher_source() -> str:

@@ -1,0 +1,87 @@
+"""The login node's file work and the launcher's pieces, run for real with /bin/sh and
+this interpreter (a LocalTransport): the files' modes, the nodes' directories, the
+rendezvous port handed from node rank 0 to the others, how a job's end is judged."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import threading
+from pathlib import Path
+
+from orchestrator.agent.protocol import ExitRecord
+from orchestrator.jobs.follow import NodeExit
+from orchestrator.models.inventory import Host
+from orchestrator.slurm import node
+from orchestrator.slurm.follow import _first_failure
+from orchestrator.slurm.login import LoginNode
+from orchestrator.transport.local import LocalTransport
+
+
+def login_in(tmp_path: Path) -> LoginNode:
+    host = Host(name="login", address="localhost", python=sys.executable, workdir=str(tmp_path))
+    return LoginNode(host, LocalTransport("login"))
+
+
+def test_files_land_with_their_modes_in_new_owner_only_directories(tmp_path: Path) -> None:
+    login = login_in(tmp_path)
+    root = tmp_path / "jobs" / "j1"
+    login.write_files(
+        {
+            f"{root}/slurm/batch.sh": ("#!/bin/sh\necho hi\n", 0o700),
+            f"{root}/slurm/spec.json": ('{"TOKEN": "s3cret"}', 0o600),
+        }
+    )
+    assert (root / "slurm" / "batch.sh").read_text() == "#!/bin/sh\necho hi\n"
+    assert stat.S_IMODE((root / "slurm" / "spec.json").stat().st_mode) == 0o600
+    assert stat.S_IMODE((root / "slurm" / "batch.sh").stat().st_mode) == 0o700
+    assert stat.S_IMODE((root / "slurm").stat().st_mode) == 0o700
+
+
+def test_node_directories_link_to_the_jobs_code_and_agent_and_keep_a_launchers_spec(
+    tmp_path: Path,
+) -> None:
+    login = login_in(tmp_path)
+    root = tmp_path / "jobs" / "j1"
+    (root / "code").mkdir(parents=True)
+    login.prepare_node_dirs(str(root), ["node2", "code"])
+    assert os.readlink(root / "node2" / "code") == "../code"
+    assert os.readlink(root / "node2" / "agent") == "../agent"
+    assert (root / "node2" / "logs").is_dir() and (root / "node-code" / "node.json").exists()
+    (root / "node2" / "node.json").write_text('{"argv": ["torchrun"]}')
+    login.prepare_node_dirs(str(root), ["node2"])  # again: the launcher's spec stays
+    assert json.loads((root / "node2" / "node.json").read_text()) == {"argv": ["torchrun"]}
+
+
+def test_node_rank_0_hands_its_free_port_to_the_others_through_the_shared_home(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "slurm").mkdir()
+    got: list[int] = []
+    waiter = threading.Thread(
+        target=lambda: got.append(node.rendezvous_port(str(tmp_path), "7", 1, "127.0.0.1"))
+    )
+    waiter.start()
+    port = node.rendezvous_port(str(tmp_path), "7", 0, "127.0.0.1")
+    waiter.join(10)
+    assert got == [port] and 1024 < port < 65536
+    record = json.loads((tmp_path / "slurm" / "rdzv-7.json").read_text())
+    assert record == {"port": port, "master_addr": "127.0.0.1"}
+
+
+def test_the_route_to_this_machine_itself_leaves_by_the_interface_that_holds_it() -> None:
+    address, iface = node.route_to("127.0.0.1")
+    assert address == "127.0.0.1"
+    assert iface in ("lo", None)  # None only where the ip tool is missing
+
+
+def test_the_first_failure_is_a_nodes_own_exit_code_before_one_slurms_kill_gave() -> None:
+    killed_first = NodeExit("node2", 0, ExitRecord(returncode=-9, ended=100.0, error="stopped by Slurm"))
+    own = NodeExit("node4", 2, ExitRecord(returncode=1, ended=101.0))
+    later = NodeExit("node3", 1, ExitRecord(returncode=1, ended=102.0))
+    first = _first_failure([killed_first, later, own])
+    assert first is own
+    assert _first_failure([killed_first]) is killed_first
+    assert _first_failure([]) is None
