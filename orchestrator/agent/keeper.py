@@ -7,7 +7,7 @@ from the submit that started it:
   the master's address (the one the job's ranks reach it at) on a free port, decides
   as keeping.py says, and writes what happened to NODE_DIR/keeper.json;
 - a **member** on every host the job may run on, spares included (`keeper member
-  DIR`, a daemon): it connects out to the keeper, says hello, sends a heartbeat every
+  DIR`, a daemon: member.py): it connects out to the keeper, says hello, sends a heartbeat every
   second and its node's end, and does what the keeper asks: stop the node (the
   agent's `kill`, as a teardown does), find a free port, start the next attempt in
   `<host>.attempt<k>` (its snapshot built from the host's content store, its command
@@ -41,17 +41,15 @@ import secrets
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from . import node, proc
-from .keeping import START_WAIT_S, STOP_WAIT_S, Keeping
-from .placement import render
-from .protocol import AGENT, RUN_SCRIPT, last_json, read_json, write_json
+from . import proc
+from .keeping import STOP_WAIT_S, Keeping
+from .protocol import read_json, write_json
 
 GREETING = b"orch-keeper-1\n"
 NONCE_BYTES = 32
@@ -69,6 +67,8 @@ MEMBER_LOG = "member.log"
 
 
 def main(args: list[str]) -> int:
+    from .member import start_member  # member.py imports this module's wire
+
     verbs: dict[str, Callable[[str], int]] = {
         "start": start_keeper,
         "member": start_member,
@@ -337,140 +337,6 @@ class KeeperDaemon:
             channel.send(message)
         except OSError:
             channel.close()
-
-
-def start_member(directory: str) -> int:
-    """`keeper member DIR` (stdin: the config, its secret in hex): the member daemon of
-    this host, once connected to the keeper; prints {"pid"}."""
-    os.chdir(directory)
-    config = json.loads(sys.stdin.read())
-    secret = bytes.fromhex(str(config.pop("secret")))
-
-    def body(ready_fd: int) -> int:
-        try:
-            channel = join(str(config["addr"]), int(config["port"]), secret)
-            channel.send({"k": "hello", "host": config["template"]["host"]})
-        except (OSError, EOFError, ValueError) as exc:
-            where = f"{config['addr']}:{config['port']}"
-            ready(ready_fd, {"error": f"cannot reach the job's keeper at {where}: {exc}"})
-            return 1
-        ready(ready_fd, {"pid": os.getpid()})
-        Member(config, channel).run()
-        return 0
-
-    return daemonize(MEMBER_LOG, body)
-
-
-class Member:
-    """One host's member (point 3): reports its node, does what the keeper asks."""
-
-    def __init__(self, config: dict[str, Any], channel: Channel) -> None:
-        self.config, self.channel = config, channel
-        self.template: dict[str, Any] = config["template"]
-        given = config.get("node_dir")
-        self.node_dir = os.path.expanduser(given) if given else None
-        self.attempt = int(config.get("attempt") or 0)
-        self.reported = False
-        self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self.patience = max(PATIENCE_S, 3 * float(config.get("lost_after") or 0))
-
-    def run(self) -> None:
-        threading.Thread(
-            target=read_messages, args=(self.channel, lambda _c, m: self.inbox.put(m)), daemon=True
-        ).start()
-        threading.Thread(target=self.beat, daemon=True).start()
-        heard = time.monotonic()
-        while time.monotonic() - heard < self.patience:
-            try:
-                message = self.inbox.get(timeout=0.5)
-            except queue.Empty:
-                message = {"k": "idle"}
-            if message is None or message.get("k") == "bye":
-                break
-            if message.get("k") != "idle":
-                heard = time.monotonic()
-            try:
-                self.handle(message)
-                self.report_end()
-            except OSError:
-                break
-        self.channel.close()
-
-    def beat(self) -> None:
-        while not self.channel.closed:
-            try:
-                self.channel.send({"k": "hb"})
-            except OSError:
-                return
-            time.sleep(HB_S)
-
-    def handle(self, message: dict[str, Any]) -> None:
-        kind = message.get("k")
-        if kind == "stop":
-            if message.get("attempt") == self.attempt and self.node_dir:
-                self.kill()
-            self.channel.send({"k": "stopped", "attempt": message.get("attempt")})
-        elif kind == "port":
-            with socket.socket() as sock:
-                sock.bind(("", 0))
-                self.channel.send({"k": "port", "port": sock.getsockname()[1]})
-        elif kind == "start":
-            place = message["place"]
-            error = self.start(place)
-            reply = {"k": "started", "attempt": place["attempt"], "ok": error is None}
-            self.channel.send({**reply, "error": error})
-
-    def report_end(self) -> None:
-        if self.node_dir is None or self.reported:
-            return
-        os.chdir(self.node_dir)
-        ended = node.ended()
-        if ended is not None:
-            self.channel.send({"k": "end", "attempt": self.attempt, **ended})
-            self.reported = True
-
-    def agent(self, node_dir: str, *args: str) -> list[str]:
-        return [sys.executable, "-I", "-S", os.path.join(node_dir, AGENT, RUN_SCRIPT), *args]
-
-    def kill(self) -> None:
-        """Stop the node as a teardown does: the agent's kill, in its directory."""
-        assert self.node_dir is not None
-        job_id = str(self.template["job_id"])
-        command = self.agent(self.node_dir, "kill", self.node_dir, str(KILL_GRACE_S), job_id)
-        try:
-            subprocess.run(command, capture_output=True, timeout=STOP_WAIT_S)
-        except (OSError, subprocess.SubprocessError) as exc:
-            print(f"kill in {self.node_dir} failed: {exc}", flush=True)
-
-    def start(self, place: dict[str, Any]) -> str | None:
-        """Start this host's node of a new attempt; None, or what went wrong."""
-        from .store import ContentStore
-        from .sync import make_snapshot
-
-        argv, env, job_dir = render(self.template, place)
-        job_dir = os.path.expanduser(job_dir)
-        store = ContentStore(os.path.expanduser(str(self.config["store"])))
-        try:
-            built = make_snapshot(store, {"digest": self.config["digest"], "job_dir": job_dir})
-        except (OSError, ValueError) as exc:
-            return f"cannot build the job's code in {job_dir}: {exc}"
-        if not built.get("snapshot"):
-            return f"the job's code is not whole in this host's store ({store.root})"
-        self.node_dir, self.attempt, self.reported = job_dir, int(place["attempt"]), False
-        try:
-            done = subprocess.run(
-                self.agent(job_dir, "start", "."),
-                cwd=job_dir,
-                input=json.dumps({"argv": argv, "env": env}).encode(),
-                capture_output=True,
-                timeout=START_WAIT_S,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            return f"cannot start the node: {exc}"
-        reply = last_json(done.stdout.decode("utf-8", "replace")) or {}
-        if "pid" not in reply:
-            return str(reply.get("error") or done.stderr.decode("utf-8", "replace")[-500:])
-        return None
 
 
 # ---------------------------------------------------------------- show, stop

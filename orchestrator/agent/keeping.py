@@ -36,6 +36,7 @@ RUNNING, STOPPING, WAITING, PORT, STARTING, KILLING, DONE = (
 STOP_WAIT_S = 40.0  # for the members to stop their nodes (the kill's grace, and more)
 START_WAIT_S = 120.0  # for the members to build the snapshot and start torchrun
 PORT_WAIT_S = 30.0
+HELLO_WAIT_S = 30.0
 ACTIVE = ("starting", "running")  # a node's states while it may run
 
 if TYPE_CHECKING:  # a runtime alias would need Python 3.9; hosts may run 3.8
@@ -66,6 +67,7 @@ class Keeping:
         self.nodes = {h: self._node("running") for h in self.place["hosts"]}
         self.heard = {h: now for h in self.order}
         self.connected: set[str] = set()
+        self.greeted: set[str] = set()  # members that said hello once
         self.history: list[dict[str, Any]] = []  # the earlier attempts, as `record` shows them
         self.phase = RUNNING
         self.outcome: str | None = None  # once DONE: succeeded, failed or killed
@@ -92,6 +94,7 @@ class Keeping:
         kind = msg.get("k")
         if kind == "hello":
             self.connected.add(host)
+            self.greeted.add(host)
         elif kind == "end":
             return self._ended(host, msg, now)
         elif kind == "stopped" and msg.get("attempt") == self.attempt:
@@ -112,7 +115,7 @@ class Keeping:
 
     def tick(self, now: float) -> Send:
         """The clock moved: nodes silent too long are lost; waits run out."""
-        silent = {h for h, t in self.heard.items() if now - t > self.lost_after}
+        silent = self._silent(now)
         if self.phase in (RUNNING, STARTING):
             for host in sorted(silent & set(self.nodes)):
                 node = self.nodes[host]
@@ -143,6 +146,16 @@ class Keeping:
             self.pending.clear()
             return self._after_start(now)
         return []
+
+    def _silent(self, now: float) -> set[str]:
+        """The hosts not heard from for lost_after (a member that never said hello yet
+        gets HELLO_WAIT_S: many hosts' members start one SSH command each)."""
+        return {
+            h
+            for h, t in self.heard.items()
+            if now - t
+            > (self.lost_after if h in self.greeted else max(self.lost_after, HELLO_WAIT_S))
+        }
 
     def stop(self, now: float) -> Send:
         """`orch kill`: stop the attempt's nodes, never start another."""
@@ -203,7 +216,7 @@ class Keeping:
             return self._finish("failed")
         states = {h: n["state"] for h, n in self.nodes.items()}
         bad, lost = failed_hosts(states)
-        silent = {h for h, t in self.heard.items() if now - t > self.lost_after}
+        silent = self._silent(now)
         absent = {h for h in self.order if h not in self.connected} | silent
         chosen = next_hosts(self.place["hosts"], self.order, bad | absent, lost | absent)
         if chosen is None:

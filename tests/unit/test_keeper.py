@@ -222,3 +222,23 @@ def test_a_member_without_the_secret_gets_no_channel() -> None:
     b.sendall(b"x" * 32)
     assert keeper.greet(a, b"s" * 32) is None
     b.close()
+
+
+def test_a_member_gets_longer_to_say_hello_than_to_keep_talking() -> None:
+    config = {
+        "job_id": "j-1",
+        "restarts": 1,
+        "lost_after": 3,
+        "rendezvous_port": None,
+        "place": placement.placement(["node1", "node2"], [1, 1], "10.0.0.1", 29500),
+        "candidates": [
+            {"host": h, "nproc": 1, "addr": "x", "workdir": "~"} for h in ("node1", "node2")
+        ],
+    }
+    kept = Keeping(config, now=0.0)
+    kept.hear("node1", {"k": "hello", "host": "node1"}, 0.5)
+    for t in range(1, 30, 2):
+        kept.hear("node1", {"k": "hb"}, float(t))
+        assert kept.tick(float(t)) == []
+    assert kinds(kept.tick(31.0)) == [("node1", "stop")]
+    assert kept.nodes["node2"]["state"] == "lost"
