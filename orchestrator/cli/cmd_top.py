@@ -87,36 +87,29 @@ def top(
 
 
 def render(view: TopView) -> Group:
-    """The table of one refresh, with a title line that names who falls behind."""
-    title = Text(f"job {view.job_id} ({view.name}): {view.state}, every {view.interval_s:g} s")
+    """One refresh: a title, a line per node that falls behind (with why), the table
+    (80 columns suffice: the GPU column is `index:util% used/totalG`, silences are short)
+    and a line per node that could not be sampled."""
+    lines = [Text(f"job {view.job_id} ({view.name}): {view.state}, every {view.interval_s:g} s")]
+    lines += [
+        Text(f"behind: {n.host} {n.behind}", style=BEHIND_STYLE) for n in view.nodes if n.behind
+    ]
+    table = Table(box=None, header_style="bold")
+    for header in ("node", "rank", "CPU%", "RSS", "GPU", "lines/s", "silent", ""):
+        right = header in ("CPU%", "RSS", "lines/s", "silent")
+        table.add_column(header, justify="right" if right else "left", no_wrap=True)
+    notes = []
     for node in view.nodes:
-        if node.behind:
-            title.append(f"\nbehind: {node.host} {node.behind}", style=BEHIND_STYLE)
-    table = Table(
-        "node",
-        "rank",
-        "CPU %",
-        "RSS",
-        "GPU",
-        "GPU mem",
-        "lines/s",
-        "last line",
-        "",
-        box=None,
-        header_style="bold",
-    )
-    for column in table.columns[2:8]:
-        column.justify = "right"
-    for node in view.nodes:
-        _node_rows(table, node)
-    return Group(title, table)
+        notes += _node_rows(table, node)
+    return Group(*lines, table, *notes)
 
 
-def _node_rows(table: Table, node: NodeView) -> None:
+def _node_rows(table: Table, node: NodeView) -> list[Text]:
+    """Add the node's rows; returns what is said of it below the table."""
     style = BEHIND_STYLE if node.behind else None
     if node.state != "running" and not node.ranks:
-        table.add_row(node.host, "", *[""] * 6, node.error or node.state, style=style or "dim")
-        return
+        table.add_row(node.host, "", "", "", "", "", "", node.state, style="dim")
+        return [Text(f"{node.host}: {node.error}", style="dim")] if node.error else []
     gpus = {g.index: g for g in node.gpus or ()}
     for i, rank in enumerate(node.ranks):
         table.add_row(
@@ -124,8 +117,7 @@ def _node_rows(table: Table, node: NodeView) -> None:
             rank.label,
             _num(rank.cpu_percent, "{:.0f}"),
             _bytes(rank.rss_bytes),
-            _gpu_use(rank, gpus, node.gpus is None),
-            _gpu_mem(rank, gpus, node.gpus is None),
+            _gpu(rank, gpus),
             _num(rank.lines_per_s, "{:.1f}"),
             _seconds(rank.idle_s),
             "◀ behind" if rank.behind else node.state if i == 0 and node.state != "running" else "",
@@ -134,8 +126,9 @@ def _node_rows(table: Table, node: NodeView) -> None:
     if node.launcher_rss_bytes:
         cpu = _num(node.launcher_cpu_percent, "{:.0f}")
         table.add_row("", "torchrun", cpu, _bytes(node.launcher_rss_bytes), style="dim")
-    if node.gpu_error:
-        table.add_row("", "", *[""] * 6, f"nvidia-smi: {node.gpu_error}", style="dim")
+    return (
+        [Text(f"{node.host}: nvidia-smi: {node.gpu_error}", style="dim")] if node.gpu_error else []
+    )
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -144,32 +137,29 @@ def _num(value: float | None, fmt: str) -> str:
 
 def _bytes(n: int) -> str:
     if n >= 1 << 30:
-        return f"{n / (1 << 30):.1f} GiB"
-    return f"{n / (1 << 20):.0f} MiB"
+        return f"{n / (1 << 30):.1f}G"
+    return f"{n / (1 << 20):.0f}M"
 
 
 def _seconds(value: float | None) -> str:
+    """Seconds since the last line: `-` before the first."""
     if value is None:
         return "-"
     if value < 60:
-        return f"{value:.1f} s ago"
+        return f"{value:.1f}s"
     minutes, secs = divmod(int(value), 60)
-    return f"{minutes}m{secs:02d}s ago"
+    return f"{minutes}m{secs:02d}s"
 
 
-def _gpu_use(rank: RankView, gpus: dict[int | None, GpuView], no_smi: bool) -> str:
+def _gpu(rank: RankView, gpus: dict[int | None, GpuView]) -> str:
+    """`0:97% 40/80G` for each GPU the rank holds memory on (its own memory there, of
+    the GPU's total); `-` for none, or no nvidia-smi on the host."""
     used = [gpus[i] for i in rank.gpus if i in gpus]
-    if no_smi or not used:
+    if not used:
         return "-"
-    return " ".join(
+    util = " ".join(
         f"{g.index}:" + ("?" if g.utilization_percent is None else f"{g.utilization_percent}%")
         for g in used
     )
-
-
-def _gpu_mem(rank: RankView, gpus: dict[int | None, GpuView], no_smi: bool) -> str:
-    used = [gpus[i] for i in rank.gpus if i in gpus]
-    if no_smi or not used:
-        return "-"
     total = sum(g.memory_total_mib or 0 for g in used)
-    return f"{rank.gpu_memory_mib / 1024:.1f}/{total / 1024:.0f} GiB"
+    return f"{util} {rank.gpu_memory_mib / 1024:.0f}/{total / 1024:.0f}G"
