@@ -207,7 +207,7 @@ class SlurmCluster:
         return [
             (pid, cmdline)
             for pid, cmdline in self.cluster.host_pids(index)
-            if not any(Path(cmdline.split(" ", 1)[0]).name == name for name in INFRASTRUCTURE)
+            if Path(cmdline.split(" ", 1)[0].rstrip(":")).name not in INFRASTRUCTURE
         ]
 
     def wait_for(self, predicate: Any, what: str, timeout: float = 30) -> None:

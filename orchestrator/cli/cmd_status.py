@@ -111,7 +111,8 @@ def _nodes_table(record: JobStatus) -> Table:
         "state",
         "exit",
         box=None,
-        title=f"job {record.id} ({record.name}): {record.state.value}{_attempt(record)}",
+        title=f"job {record.id} ({record.name}): {record.state.value}{_attempt(record)}"
+        + note(record.spec),
         title_justify="left",
     )
     for n in record.nodes:

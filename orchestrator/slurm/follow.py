@@ -235,6 +235,7 @@ def _reconnect(login: LoginNode, transports: dict[str, Transport]) -> Callable[[
         transport = open_transport(login.host, ConnectOptions(connect_timeout=3.0))
         transport.connect()
         transports[host.name] = transport
+        login.transport = transport  # squeue and scancel go over it too from now on
         return transport
 
     return fresh

@@ -48,7 +48,11 @@ class LoginNode:
 
     def missing_tools(self) -> list[str]:
         """Which of Slurm's commands orch needs are not on the login node's PATH."""
-        checks = " ; ".join(f"command -v {tool} >/dev/null || echo {tool}" for tool in TOOLS)
+        # command -v alone names a file that is there but cannot run (bash does).
+        checks = " ; ".join(
+            f'{{ p=$(command -v {tool}) && [ -f "$p" ] && [ -x "$p" ]; }} || echo {tool}'
+            for tool in TOOLS
+        )
         result = self.run(checks)
         return result.stdout.split()
 
