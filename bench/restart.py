@@ -146,6 +146,41 @@ def restart_round(
     return result
 
 
+def detached_round(cluster: Cluster, controller: Controller, tmp: Path, inventory: Path) -> float:
+    """The crash of `restart_round`, the job detached: timed from the crash to both
+    ranks of attempt 2 running (their logs on the hosts), with no orch process on the
+    controller; the job's keeper on node1 restarts it."""
+    job = write_job(tmp, JOB, restarts=1, nodes=2, nproc_per_node=1, lost_after=3)
+    submitted = subprocess.run(
+        [*orch_command(), "submit", "-d", str(job), "-i", str(inventory)],
+        env=controller.env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    job_id = submitted.stdout.split()[1]
+
+    def running(node: str, rank: int) -> Path:
+        host = 3 if node.startswith("node3") else int(node[4])
+        return cluster.home(host) / ".orch/jobs" / job_id / node / "logs" / f"rank-{rank}.log"
+
+    def wait(paths: list[Path], text: str) -> float:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if all(p.exists() and text in p.read_text() for p in paths):
+                return time.monotonic()
+            time.sleep(0.02)
+        raise RuntimeError(f"no {text!r} in {paths} within 120 s")
+
+    wait([running("node1", 0), running("node2", 1)], "running attempt 0")
+    crashed = time.monotonic()
+    cluster.crash(2)
+    ran = wait([running("node1.attempt1", 0), running("node3.attempt1", 1)], "attempt 1")
+    subprocess.run([*orch_command(), "kill", job_id], env=controller.env(), capture_output=True)
+    cluster.ensure_healthy()
+    return ran - crashed
+
+
 def pull_rounds(
     cluster: Cluster, controller: Controller, tmp: Path, inventory: Path, repeat: int
 ) -> tuple[list[float], list[float]]:
@@ -208,6 +243,7 @@ def main() -> None:
             work = Path(tmp) / f"r{r}"
             work.mkdir()
             rounds.append(restart_round(cluster, controller, work, inventory))
+            rounds[-1]["detached"] = detached_round(cluster, controller, work, inventory)
             print({k: round(v, 2) for k, v in rounds[-1].items()}, flush=True)
         orch_s, rsync_s = pull_rounds(cluster, controller, Path(tmp), inventory, args.repeat)
     med = {k: median([r[k] for r in rounds]) for k in rounds[0]}
@@ -217,6 +253,8 @@ def main() -> None:
         "|---|---:|---:|",
         f"| restart: node crash to every rank of attempt 2 running (spare host) | {med['restart']:.2f} "
         f"| {med['restart'] / (med['teardown'] + med['launch']):.2f}x teardown + launch |",
+        f"| detached (orch submit -d): the same, restarted by the job's keeper on node1 | "
+        f"{med['detached']:.2f} | {med['detached'] / (med['teardown'] + med['launch']):.2f}x teardown + launch |",
         f"| teardown: node crash to the job stopped everywhere (restarts: 0) | {med['teardown']:.2f} | |",
         f"| launch: orch submit to every rank running | {med['launch']:.2f} | |",
         f"| orch pull, 50 MB in 200 files, into an empty directory | {pull_o:.2f} | {pull_o / pull_r:.2f}x rsync |",
@@ -233,7 +271,10 @@ def main() -> None:
             "same crash with `restarts: 0` until the job is stopped everywhere (teardown), then a new "
             "`orch submit` until both ranks print (launch). Then `orch pull` of 50 MB of outputs (200 "
             "files of random bytes) from node1 into an empty directory, against `rsync -az` of the "
-            "same directory, alternating which goes first.",
+            "same directory, alternating which goes first. Detached: the same crash of a job "
+            "submitted with `orch submit -d`, timed from the crash to both ranks of attempt 2 "
+            "writing to their logs on the hosts, with no orch process on the controller: the job's "
+            "keeper on node1 restarts it.",
             "",
             f"Median of {args.repeat} runs; {machine()}. Target: the restart at most teardown + launch.",
             "",
