@@ -44,7 +44,10 @@ class LoginNode:
         self.transport = transport
 
     def run(self, command: str, stdin: bytes | None = None) -> CommandResult:
-        return self.transport.run(command, stdin=stdin, timeout=COMMAND_TIMEOUT_S)
+        """Run a /bin/sh command line with umask 077: what it creates, sbatch's job and
+        its files included (Slurm hands the submitting umask to the job), is the user's
+        alone."""
+        return self.transport.run(f"umask 077; {command}", stdin=stdin, timeout=COMMAND_TIMEOUT_S)
 
     def missing_tools(self) -> list[str]:
         """Which of Slurm's commands orch needs are not on the login node's PATH."""

@@ -178,6 +178,7 @@ def _link(target: str, name: str) -> None:
 
 
 def main(args: list[str]) -> int:
+    os.umask(0o077)  # the node's directory, logs and records are the user's alone
     root = os.path.abspath(os.path.expanduser(args[0]))
     with open(os.path.join(root, "slurm", SPEC)) as f:
         spec = json.load(f)

@@ -9,7 +9,10 @@ import os
 import stat
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from orchestrator.agent.protocol import ExitRecord
 from orchestrator.jobs.follow import NodeExit
@@ -18,6 +21,14 @@ from orchestrator.slurm import node
 from orchestrator.slurm.follow import _first_failure
 from orchestrator.slurm.login import LoginNode
 from orchestrator.transport.local import LocalTransport
+
+
+@pytest.fixture(autouse=True)
+def _lax_umask() -> Iterator[None]:
+    """A login shell's usual umask: the owner-only modes must not come from this one."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
 
 
 def login_in(tmp_path: Path) -> LoginNode:
@@ -50,6 +61,8 @@ def test_node_directories_link_to_the_jobs_code_and_agent_and_keep_a_launchers_s
     assert os.readlink(root / "node2" / "code") == "../code"
     assert os.readlink(root / "node2" / "agent") == "../agent"
     assert (root / "node2" / "logs").is_dir() and (root / "node-code" / "node.json").exists()
+    assert stat.S_IMODE((root / "node2").stat().st_mode) == 0o700  # whatever umask the login has
+    assert stat.S_IMODE((root / "node2" / "node.json").stat().st_mode) == 0o600
     (root / "node2" / "node.json").write_text('{"argv": ["torchrun"]}')
     login.prepare_node_dirs(str(root), ["node2"])  # again: the launcher's spec stays
     assert json.loads((root / "node2" / "node.json").read_text()) == {"argv": ["torchrun"]}
@@ -78,7 +91,9 @@ def test_the_route_to_this_machine_itself_leaves_by_the_interface_that_holds_it(
 
 
 def test_the_first_failure_is_a_nodes_own_exit_code_before_one_slurms_kill_gave() -> None:
-    killed_first = NodeExit("node2", 0, ExitRecord(returncode=-9, ended=100.0, error="stopped by Slurm"))
+    killed_first = NodeExit(
+        "node2", 0, ExitRecord(returncode=-9, ended=100.0, error="stopped by Slurm")
+    )
     own = NodeExit("node4", 2, ExitRecord(returncode=1, ended=101.0))
     later = NodeExit("node3", 1, ExitRecord(returncode=1, ended=102.0))
     first = _first_failure([killed_first, later, own])

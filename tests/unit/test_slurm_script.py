@@ -15,7 +15,7 @@ from orchestrator.models.job import load_job
 from orchestrator.slurm import node, script
 from orchestrator.slurm.queue import Partition
 from orchestrator.slurm.submit import check_partition, slurm_job
-from tests.unit.conftest import WriteFile, expect_input_error
+from tests.unit.conftest import Orch, WriteFile, expect_input_error
 
 HPC = """
 defaults: {user: alice, identity_file: ~/.ssh/id_ed25519}
@@ -198,3 +198,18 @@ def test_the_partition_must_exist_and_hold_the_jobs_nodes(write: WriteFile, work
 def test_node_directories_never_take_the_name_of_the_job_roots_own_files() -> None:
     assert node.node_dir_name("gpu07") == "gpu07"
     assert node.node_dir_name("code") == "node-code"
+
+
+def test_the_cli_dry_run_prints_the_batch_script_and_refuses_ssh_keys(
+    orch: Orch, write: WriteFile, workdir: Path
+) -> None:
+    inventory = write("hpc.yaml", HPC)
+    result = orch("submit", write("job.yaml", job_text()), "-i", inventory, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --nodes=3" in result.stdout and "sbatch --parsable" in result.stdout
+    assert result.stdout.rstrip().endswith(f"pushes 3 files from {workdir}")  # train.py, yamls
+    bad = write("bad.yaml", job_text("labels: [a100]\n").replace("nodes: 3\n", ""))
+    refused = orch("submit", bad, "-i", inventory, "--dry-run")
+    assert refused.returncode == 2
+    assert "labels: selects SSH hosts" in refused.stderr
+    assert "hint: ask Slurm for node features" in refused.stderr
