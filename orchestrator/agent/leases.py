@@ -386,7 +386,15 @@ def wait_turn(spec: Record, ready_fd: int) -> Turn | None:
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     while True:
-        info = try_take(turn) if request.get("self_start", True) else taken_by_controller(turn)
+        try:
+            info = try_take(turn) if request.get("self_start", True) else taken_by_controller(turn)
+        except OSError as exc:  # the lock file is not readable (another user's doing)
+            remove(turn.root, turn.ticket_name)
+            if not turn.reported:
+                refuse(turn, ready_fd, f"cannot use the lease directory {turn.root}: {exc}")
+            else:
+                end_in_line(f"cannot use the lease directory {turn.root}: {exc}")
+            return None
         if info is None:
             break
         if not request.get("wait", True):
@@ -547,7 +555,9 @@ def poll(take_it: bool = False) -> Record:
         return {"state": "gone", "error": "the node's supervisor vanished while in line"}
     with locked(root):
         leases, tickets = scan(root)
-        busy = busy_units(request, leases)
+        busy: dict[int, Record] = {}
+        if grant(request, ticket, leases, tickets, busy) is not None:
+            busy = busy_units(request, leases)  # nvidia-smi: only when it may matter
         units = grant(request, ticket, leases, tickets, busy)
         if units is None:
             return {"state": "waiting", "info": why_waiting(request, ticket, leases, tickets, busy)}

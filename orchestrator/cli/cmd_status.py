@@ -38,7 +38,9 @@ def status(
     reporter = ConsoleReporter()
     records = slurm_jobs.statuses(api.statuses(job_id, reporter), JobStatus.of, reporter.notice)
     if as_json:
-        typer.echo(json.dumps([_job_json(r) for r in records], indent=2))
+        queued = positions([r.id for r in records if r.state is JobState.PENDING])
+        shown = [{**_job_json(r), "queued": queued.get(r.id)} for r in records]
+        typer.echo(json.dumps(shown, indent=2))
         return
     console = Console()
     if job_id:

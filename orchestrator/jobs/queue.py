@@ -115,6 +115,11 @@ def start_nodes(
     if not queued:
         return False
     if not single:
+        if detach and not no_wait:  # its nodes start at once: a controller says when
+            reporter.notice(
+                "a job of several nodes waits in line with this orch submit: it returns once "
+                "every node started (Ctrl-C takes the job out of the line)"
+            )
         _wait_all(plan, group, reporter, store, no_wait)
         return False
     text = waiting_text(queued, nodes)

@@ -123,6 +123,7 @@ def test_four_slots_run_two_jobs_of_two_side_by_side_the_third_waits_its_turn_a_
     listed = orch("status", timeout=60, env={"COLUMNS": "200"})
     assert "queued, 1st in line on node2" in listed.stdout, listed.stdout
     assert "queued, 2nd in line on node2" in listed.stdout, listed.stdout
+    assert status_json(orch, job_id_of(late.stdout))["queued"] == "queued, 2nd in line on node2"
     assert orch("kill", job_id_of(late.stdout), timeout=60).returncode == 0
     line = json.loads(orch("status", "--hosts", "--json", "-i", inventory).stdout)["queue"]
     assert [row["job"] for row in line] == [job_id_of(third.stdout)]  # the killed one left

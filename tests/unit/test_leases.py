@@ -304,3 +304,46 @@ def test_the_queued_line_names_what_whom_since_when_and_the_place() -> None:
     assert (
         text == "queued: 4 GPUs on node2, node3 held by train-1a2b (alice) since 14:02; 1st in line"
     )
+
+
+def test_host_rows_show_each_inventory_gpu_free_held_or_busy_outside_orch() -> None:
+    from orchestrator.jobs.queue import queue_rows, unit_rows
+
+    host = Host("gpu1", "10.0.0.1", gpus=(0, 2, 4), slots=3, leases=True)
+    view = {
+        "leases": [{"kind": "gpu", "units": [2], "job": "a-1", "user": "alice", "since": 5.0}],
+        "tickets": [{"kind": "gpu", "count": 2, "job": "b-2", "user": "bob", "since": 6.0}],
+        "foreign": [{"gpu": 4, "pid": 4242, "user": "carol"}, {"gpu": 1, "pid": 7, "user": "x"}],
+    }
+    rows = {r["unit"]: r for r in unit_rows(host, view)}
+    assert sorted(rows) == [0, 2, 4]  # GPU 1 is not the inventory's to hand out
+    assert rows[0]["state"] == "free"
+    assert (rows[2]["state"], rows[2]["job"], rows[2]["user"]) == ("held", "a-1", "alice")
+    assert (rows[4]["state"], rows[4]["pid"], rows[4]["user"]) == ("busy", 4242, "carol")
+    assert queue_rows(host, view) == [
+        {
+            "host": "gpu1",
+            "position": 1,
+            "job": "b-2",
+            "user": "bob",
+            "kind": "gpu",
+            "count": 2,
+            "since": 6.0,
+        }
+    ]
+
+
+def test_the_queued_line_names_gpus_in_use_outside_orch_and_who_is_ahead() -> None:
+    info = {
+        "kind": "gpu",
+        "want": 1,
+        "holders": [],
+        "ahead": [{"job": "big-9", "user": "bob"}],
+        "foreign": [{"gpu": 0, "pid": 4242, "user": "carol"}],
+        "position": 2,
+    }
+    text = waiting_text({"node1": info}, {})
+    assert text == (
+        "queued: 1 GPU on node1, in use outside orch by GPU 0 on node1: pid 4242 (carol); "
+        "behind big-9 (bob); 2nd in line"
+    )
