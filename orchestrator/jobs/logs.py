@@ -61,7 +61,8 @@ def logs(store: JobDB, job_id: str, want: LogFilter, follow: bool, reporter: Rep
         HostError / MultiHostError: some hosts could not be reached; everything that
             could be shown was shown first (exit 3).
     """
-    record = keep.sync(store, store.get(job_id), reporter).record  # attempts of a keeper's
+    kept = keep.sync(store, store.get(job_id), reporter)  # attempts of a keeper's
+    record = kept.record
     nodes = want.nodes(record)
     if follow:  # the job's end is known only from all of its nodes
         nodes = record.nodes
@@ -74,7 +75,7 @@ def logs(store: JobDB, job_id: str, want: LogFilter, follow: bool, reporter: Rep
             failures += drain(record, reachable, group, mirror, store)
             _print_mirror(nodes, mirror, want, reporter)
             if follow and not failures:
-                return _follow(store, record, group, mirror, want, reporter)
+                return _follow(store, record, group, mirror, want, reporter, kept.acting)
     finally:
         mirror.close()
     if failures:
@@ -178,14 +179,25 @@ def _follow(
     mirror: LogMirror,
     want: LogFilter,
     reporter: Reporter,
+    kept: bool = False,
 ) -> int:
+    """Follow the job until it ends; `kept`: its keeper runs it (it stops and restarts
+    the job: this follow only watches)."""
     fresh = store.get(record.id)
     if all(n.state.is_terminal() for n in fresh.nodes):
         return 0 if job_state([n.state for n in fresh.nodes]) is JobState.SUCCEEDED else 1
     try:
-        return watch_job(fresh, group, _Filtered(reporter, want), store, mirror, attached=False)
+        filtered = _Filtered(reporter, want)
+        return watch_job(
+            fresh, group, filtered, store, mirror, attached=False, stop_others=not kept
+        )
     except OrchError as exc:
         if exc.exit_code == 1:  # the job failed: its summary, then its exit code
             reporter.notice(exc.message)
+            if kept:
+                reporter.notice(
+                    f"the job's keeper restarts it as its restarts allow: orch status {record.id}; "
+                    f"orch logs -f {record.id} follows the next attempt"
+                )
             return 1
         raise

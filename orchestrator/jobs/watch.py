@@ -32,12 +32,15 @@ def watch_job(
     store: JobDB,
     mirror: LogMirror,
     attached: bool,
+    stop_others: bool = True,
 ) -> int:
     """Stream a job's output until every node ended; tear the job down when one fails.
 
     Args:
         attached: the submit that started the job: Ctrl-C kills the job (else it only
             stops following).
+        stop_others: tear the job down when a node fails; False where another owns
+            that (a detached job's keeper, which restarts it).
 
     Returns:
         0 when every node succeeded.
@@ -83,6 +86,8 @@ def watch_job(
             if event.ok or failure is not None:
                 continue
             failure = event
+            if not stop_others:
+                continue
             others = [
                 n for n in record.nodes if n.host.name != event.host and not n.state.is_terminal()
             ]
@@ -114,7 +119,7 @@ def watch_job(
     if lost and attached:
         stop_when_reachable(record, lost, group, reporter, store)
     final = job_state([n.state for n in record.nodes])
-    if final.is_terminal():
+    if final.is_terminal() and stop_others:  # else the job's keeper says how it ends
         store.update_job(record.id, final, 0 if final is JobState.SUCCEEDED else 1)
     if failure is None and final is JobState.SUCCEEDED:
         return 0

@@ -140,3 +140,28 @@ def test_orch_kill_stops_the_keeper_and_its_members_and_nothing_restarts(
     record = status_json(orch, job_id)
     assert record["state"] == "killed" and record["spec"]["attempt"] == 0
     assert not record["spec"].get("attempts")
+
+
+def test_orch_logs_f_follows_a_failed_attempt_and_leaves_the_restart_to_the_keeper(
+    orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
+) -> None:
+    job = write_job(
+        tmp_path,
+        "detached_restart",
+        "fail_once.py",
+        nodes=2,
+        restarts=1,
+        nproc_per_node=1,
+        env={"FAIL_RANK": "1", "SLEEP": "60"},
+        hosts=["node1", "node2"],
+    )
+    job_id = submit_detached(orch, job, inventory)
+    followed = orch("logs", "-f", job_id, timeout=60)
+    assert followed.returncode == 1, followed.stderr
+    assert "[node1 r0] attempt 0 rank 0" in followed.stdout
+    assert "the job's keeper restarts it" in followed.stderr, followed.stderr
+    wait_for(
+        lambda: keeper_record(cluster, job_id).get("state") == "succeeded", 30, "attempt 2's end"
+    )
+    assert keeper_record(cluster, job_id)["attempts"][0]["reason"] == "attempt 1 failed on node2"
+    assert status_json(orch, job_id)["state"] == "succeeded"
