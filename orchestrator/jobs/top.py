@@ -323,7 +323,9 @@ def judged(nodes: Sequence[NodeView], silent_s: float = SILENT_S) -> tuple[NodeV
 @dataclass
 class Sampler:
     """Samples a job's nodes over a connected group, remembering what rates need: each
-    host's last sample, its logs' offsets, and which ranks were seen printing."""
+    host's last sample, its logs' offsets, and which ranks were seen printing. A host
+    whose sample fails shows as unreachable from then on: asking it again would hold
+    every later refresh for up to SAMPLE_TIMEOUT_S (a new `orch top` tries again)."""
 
     record: JobRecord
     group: HostGroup

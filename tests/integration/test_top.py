@@ -34,6 +34,21 @@ while time.monotonic() < end:
         pass
     time.sleep(0.008 if rank == 0 else 0.5)
 """
+# A stand-in nvidia-smi, on node2's PATH only (the inventory's env for it): one GPU at
+# 55%, and every rank of the node on it, as the agent (which runs it in the node's job
+# directory) reads them from logs/rank-N.pid.
+FAKE_SMI = """\
+#!/bin/sh
+case "$1" in
+  --query-gpu=*) echo "0, GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0, 55, 20480, 81559" ;;
+  --query-compute-apps=*)
+    for f in logs/rank-*.pid; do
+      read -r pid rest < "$f"
+      echo "$pid, GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0, 20470"
+    done ;;
+esac
+"""
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def test_top_shows_every_rank_and_marks_the_slow_node_behind(
@@ -42,8 +57,14 @@ def test_top_shows_every_rank_and_marks_the_slow_node_behind(
     work = tmp_path / "work"
     work.mkdir()
     (work / "ranks.py").write_text(RANKS)
-    inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[1, 2])
-    hush = tmp_path / "hush"  # the hosts see this machine's /tmp: only /root is theirs
+    fake_bin = tmp_path / "bin"  # the hosts see this machine's /tmp: only /root is theirs
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text(FAKE_SMI)
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    inventory = cluster.write_inventory(
+        tmp_path / "inv.yaml", hosts=[1, 2], node2={"env": {"PATH": f"{fake_bin}:{HOST_PATH}"}}
+    )
+    hush = tmp_path / "hush"
     job = write_workdir_job(tmp_path, work, "ranks.py", name="top", nodes=2, args=["60", str(hush)])
     submitted = orch("submit", "-d", job, "-i", inventory, timeout=60)
     assert submitted.returncode == 0, submitted.stderr
@@ -72,7 +93,11 @@ def test_top_shows_every_rank_and_marks_the_slow_node_behind(
         assert view["behind"] == ["node2"], view["behind"]
         assert "lines/s" in view["nodes"][1]["behind"]
         assert view["nodes"][0]["behind"] is None
-        assert all(n["gpus"] is None for n in view["nodes"]), "no nvidia-smi here: null"
+        assert view["nodes"][0]["gpus"] is None, "no nvidia-smi on node1: null"
+        (gpu,) = view["nodes"][1]["gpus"]
+        assert (gpu["index"], gpu["utilization_percent"], gpu["ranks"]) == (0, 55, [1])
+        assert (slow["gpus"], slow["gpu_memory_mib"]) == ([0], 20470)
+        assert (fast["gpus"], fast["gpu_memory_mib"]) == ([], 0)
         if shutil.which("tmux"):
             assert_live_view_in_a_terminal(orch, job_id, tmp_path, hush)
     finally:
@@ -119,7 +144,7 @@ def assert_live_view_in_a_terminal(
 
         try:
             wait_for(lambda: shows("behind: node2"), 15, "node2 behind, slower", poll=0.3)
-            for cell in ("node1", "node2", "r0", "r1", "lines/s", "CPU %", "(others:"):
+            for cell in ("node1", "node2", "r0", "r1", "lines/s", "(others:", "0:55%"):
                 assert cell in screen
             hush.touch()
             wait_for(lambda: shows("r1 silent for"), 15, "rank 1 marked silent", poll=0.3)
