@@ -8,6 +8,7 @@ import json
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from orchestrator.models.errors import InfraError, OrchError
 from orchestrator.models.inventory import Inventory
@@ -88,8 +89,6 @@ def run_check(
 
 def _probe_job(inventory: Inventory) -> JobSpec:
     """A one-node job: what the partition check needs when no job file was given."""
-    from pathlib import Path
-
     return JobSpec(inventory.path, "check", Path("."), script="-", module=None, nodes=1)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
@@ -130,6 +131,16 @@ def test_three_node_job_streams_every_rank_prefixed_and_exits_0(
         for i in range(3):  # every line once: none lost, none doubled
             assert sum(line.endswith(f" line {i} of rank {rank}") for line in lines) == 1
     assert [j["state"] for j in slurm.squeue() if j["id"] == slurm_id[1]] == ["COMPLETED"]
+    assert slurm.home is not None
+    root = slurm.home / ".orch" / "jobs" / job_id
+    made = [root, *root.rglob("*")]
+    assert len(made) > 10 and (root / "node4" / "logs" / "rank-2.log").exists()
+    shared = [
+        f"{path.relative_to(root)} {stat.S_IMODE(path.lstat().st_mode):o}"
+        for path in made
+        if not path.is_symlink() and path.lstat().st_mode & 0o077
+    ]
+    assert shared == []  # everything orch or its launcher made is the user's alone
     status = status_table(orch)
     assert re.search(rf"{job_id}\s+ddp\s+succeeded \(slurm {slurm_id[1]}\)", status.stdout)
     one = orch("status", job_id, env={"COLUMNS": "250"})
@@ -160,11 +171,14 @@ def test_a_raising_rank_fails_the_job_and_slurm_frees_every_node(
 def test_ctrl_c_cancels_the_slurm_job_and_exits_130(
     slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
 ) -> None:
-    job = job_file(tmp_path, "interrupted", env={"SLEEP": "120"})
+    secret = f"s3cret-{time.monotonic_ns()}"
+    job = job_file(tmp_path, "interrupted", env={"SLEEP": "120", "TOKEN": secret})
     proc = orch.popen("submit", job, "-i", hpc)
     assert proc.stdout is not None and proc.stderr is not None
     out, err = Lines(proc.stdout), Lines(proc.stderr)
     out.wait_for("line 2 of rank 2", timeout=60)
+    for host in slurm.hosts:  # the job's env is in no process's argv, on any host
+        assert not [cmd for _, cmd in slurm.cluster.host_pids(host.index) if secret in cmd]
     os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=60) == 130, err.text()
     assert "cancelled, its allocation gone" in err.text()
