@@ -58,6 +58,7 @@ GO = "go"  # in the node's directory: the controller took its leases; start
 POLL_S = 0.1  # how often a supervisor in line looks again
 GO_WAIT_S = 120.0  # a node of several waits this long for its controller's next poll
 NVIDIA_SMI_S = 10.0
+HOST = os.uname().nodename  # pids mean something on this host only (a shared /dev/shm)
 
 Record = Dict[str, Any]  # noqa: UP006 (run at import: hosts may have Python 3.8)
 
@@ -166,8 +167,8 @@ def runs(pair: Any) -> bool:
 def is_live(record: Record, boot: str) -> bool:
     """A lease lives while its supervisor or its torchrun runs, on this boot; a ticket
     while its supervisor does."""
-    if record.get("boot") != boot:
-        return False
+    if record.get("boot") != boot or record.get("host", HOST) != HOST:
+        return False  # another boot, or another host whose directory this is too
     return runs(record.get("holder")) or runs(record.get("torchrun"))
 
 
@@ -357,7 +358,7 @@ class Turn:
             "uid": os.getuid(),
             "holder": list(self.holder),
             "boot": boot_id(),
-            "host": os.uname().nodename,
+            "host": HOST,
             "pool": request.get("pool", []),
             "since": time.time(),
             **({"units": self.units} if kind == "L" else {}),

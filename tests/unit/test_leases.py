@@ -347,3 +347,8 @@ def test_the_queued_line_names_gpus_in_use_outside_orch_and_who_is_ahead() -> No
         "queued: 1 GPU on node1, in use outside orch by GPU 0 on node1: pid 4242 (carol); "
         "behind big-9 (bob); 2nd in line"
     )
+
+
+def test_a_lease_recorded_by_another_host_in_a_shared_directory_holds_nothing_here() -> None:
+    assert not leases.is_live(live_record(host="elsewhere"), leases.boot_id())
+    assert leases.is_live(live_record(host=leases.HOST), leases.boot_id())
