@@ -174,7 +174,8 @@ def is_live(record: Record, boot: str) -> bool:
 
 def scan(root: str) -> tuple[list[Record], list[Record]]:
     """The live leases and tickets of the host; this user's stale ones are removed
-    (another user's stay, as the sticky directory wants: they count for nothing)."""
+    (another user's stay, as the sticky directory wants: they count for nothing, and
+    so do another host's, in a directory that hosts share: they are its to remove)."""
     boot, me = boot_id(), os.getuid()
     leases: list[Record] = []
     tickets: list[Record] = []
@@ -186,7 +187,7 @@ def scan(root: str) -> tuple[list[Record], list[Record]]:
             continue
         record["name"] = name
         if not is_live(record, boot):
-            if record.get("uid") == me:
+            if record.get("uid") == me and record.get("host", HOST) == HOST:
                 remove(root, name)
             continue
         (leases if name.startswith("L-") else tickets).append(record)
@@ -222,7 +223,12 @@ def grant(
         for t in tickets
         if t.get("kind") == kind and t["name"] != mine["name"] and ticket_key(t) < key
     ]
-    reserved = sum(int(t.get("count", 0)) for t in older)
+    # An older ticket keeps back only what it could take of these units: entries of one
+    # machine in the inventory lease slots of their own (jobs/queue.py slot_offsets).
+    reserved = sum(
+        min(int(t.get("count", 0)), len(set(free) & set(map(int, t.get("pool") or free))))
+        for t in older
+    )
     if len(free) - reserved < count:
         return None
     return free[:count]

@@ -46,11 +46,17 @@ class QueueBusy(InfraError):
 
 
 def lease_request(
-    job: JobSpec, node: NodeLaunch, ticket: tuple[float, str], wait: bool, self_start: bool
+    job: JobSpec,
+    node: NodeLaunch,
+    ticket: tuple[float, str],
+    wait: bool,
+    self_start: bool,
+    first_slot: int = 0,
 ) -> Reply | None:
     """What a node leases on its host: GPUs where the inventory lists them (the job's
-    gpus_per_node, else one per process), else slots (one per process); None where
-    the inventory says neither (the host is not shared)."""
+    gpus_per_node, else one per process), else slots (one per process) numbered from
+    `first_slot` (`slot_offsets`); None where the inventory says neither (the host is
+    not shared)."""
     host = node.host
     if not host.leases:
         return None
@@ -58,7 +64,8 @@ def lease_request(
         kind, pool = "gpu", list(host.gpus)
         count = job.gpus_per_node if job.gpus_per_node is not None else node.nproc
     else:
-        kind, pool, count = "slot", list(range(host.slots)), node.nproc
+        kind, count = "slot", node.nproc
+        pool = list(range(first_slot, first_slot + host.slots))
     return {
         "kind": kind,
         "pool": pool,
@@ -68,6 +75,21 @@ def lease_request(
         "wait": wait,
         "self_start": self_start,
     }
+
+
+def slot_offsets(hosts: Sequence[Host]) -> dict[str, int]:
+    """Where each host's slots start counting. Entries of the inventory that name one
+    machine (the same address: `local1` and `local2` on localhost, as `make demo`
+    runs) share its lease directory; each gets slots of its own after the previous
+    entry's, so that the nodes of one job there never wait for each other. GPUs need
+    no such thing: their indices are the machine's own."""
+    taken: dict[str, int] = {}
+    offsets = {}
+    for host in hosts:
+        machine = "localhost" if host.is_local else host.address
+        offsets[host.name] = taken.get(machine, 0)
+        taken[machine] = offsets[host.name] + host.slots
+    return offsets
 
 
 def start_nodes(
@@ -98,9 +120,11 @@ def start_nodes(
     # Nodes of several always wait: this side decides when none has to any more.
     wait = not (no_wait and single)
 
+    offsets = slot_offsets([n.host for n in plan.nodes])
+
     def start(host: Host, transport: Transport) -> Reply:
         node = nodes[host.name]
-        request = lease_request(plan.job, node, ticket, wait, single)
+        request = lease_request(plan.job, node, ticket, wait, single, offsets[host.name])
         if request is None:  # a host that is not shared, in a job with some that are
             request = {**_NO_UNITS, "job": plan.job_id, "ticket": list(ticket), "wait": wait}
             request["self_start"] = single

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.agent import leases, proc
 from orchestrator.agent.protocol import EXIT, read_json
-from orchestrator.jobs.queue import lease_request, waiting_text
+from orchestrator.jobs.queue import lease_request, slot_offsets, waiting_text
 from orchestrator.models.inventory import Host
 from orchestrator.plan import build_plan
 from tests.unit.conftest import WriteFile, dedent
@@ -352,3 +352,53 @@ def test_the_queued_line_names_gpus_in_use_outside_orch_and_who_is_ahead() -> No
 def test_a_lease_recorded_by_another_host_in_a_shared_directory_holds_nothing_here() -> None:
     assert not leases.is_live(live_record(host="elsewhere"), leases.boot_id())
     assert leases.is_live(live_record(host=leases.HOST), leases.boot_id())
+
+
+def test_another_hosts_lease_in_a_shared_directory_stays_for_that_host(lease_dir: Path) -> None:
+    root = leases.open_dir(str(lease_dir))
+    leases.write_record(root, "L-there.json", {**live_record(host="elsewhere"), "units": [0]})
+    held, _ = leases.scan(root)
+    assert held == []  # holds nothing here
+    assert (lease_dir / "L-there.json").exists()  # and is left to its own host
+
+
+def test_inventory_entries_of_one_machine_count_their_slots_one_after_another() -> None:
+    hosts = [
+        Host("local1", "localhost", slots=2, leases=True),
+        Host("local2", "127.0.0.1", slots=1, leases=True),
+        Host("node1", "10.0.0.1", slots=4, leases=True),
+        Host("node2", "10.0.0.1", slots=4, leases=True),
+        Host("node3", "10.0.0.3", slots=4, leases=True),
+    ]
+    assert slot_offsets(hosts) == {"local1": 0, "local2": 2, "node1": 0, "node2": 4, "node3": 0}
+
+
+def test_the_two_local_nodes_of_the_demo_lease_different_slots(
+    write: WriteFile, tmp_path: Path
+) -> None:
+    (tmp_path / "train.py").write_text("")
+    from orchestrator.models.job import load_job
+
+    job = load_job(write("job.yaml", "script: train.py\nnodes: 2\n"))
+    hosts = [Host(f"local{i}", "localhost", slots=1, leases=True) for i in (1, 2)]
+    plan = build_plan(job, hosts, "j-1", "127.0.0.1", 29500)
+    offsets = slot_offsets(hosts)
+    pools = [
+        lease_request(job, n, (1.0, "j-1"), True, False, offsets[n.host.name]) for n in plan.nodes
+    ]
+    assert [p["pool"] for p in pools if p] == [[0], [1]]
+
+
+def test_an_older_ticket_keeps_back_only_units_of_its_own_pool() -> None:
+    # local1 and local2 of one machine: slots [0] and [1]; neither waits for the other.
+    first = {**ticket("T-1", 1.0, "demo", 1), "pool": [0]}
+    second = {**ticket("T-2", 1.0, "demo", 1), "pool": [1]}
+    line = [first, second]
+    assert leases.grant({"kind": "slot", "pool": [1], "count": 1}, second, [], line, {}) == [1]
+    assert leases.grant({"kind": "slot", "pool": [0], "count": 1}, first, [], line, {}) == [0]
+    # Overlapping pools still queue in order.
+    wide = {**ticket("T-0", 0.5, "big", 2), "pool": [0, 1]}
+    assert (
+        leases.grant({"kind": "slot", "pool": [1], "count": 1}, second, [], [wide, *line], {})
+        is None
+    )
