@@ -51,6 +51,7 @@ from orchestrator.models.job import JobSpec, Overrides
 from orchestrator.models.states import JobState
 from orchestrator.plan import LaunchPlan
 from orchestrator.records.db import JobDB
+from orchestrator.slurm import jobs as slurm_jobs
 
 __all__ = [
     "EarlierAttempt",
@@ -195,16 +196,35 @@ def statuses(job_id: str | None = None, reporter: Reporter | None = None) -> lis
     Raises:
         InputError: no such job.
     """
+    reporter = reporter or QuietReporter()
     with _owner_only():
-        records = reconciled(JobDB(), job_id, reporter or QuietReporter())
-    return [JobStatus.of(r) for r in records]
+        records = reconciled(JobDB(), job_id, reporter)
+        # Slurm jobs: asked of their login node (squeue, sacct), not of their nodes.
+        return slurm_jobs.statuses(
+            [JobStatus.of(r) for r in records], JobStatus.of, reporter.notice
+        )
 
 
 def kill_all(reporter: Reporter | None = None) -> list[KillResult]:
     """`orch kill --all`: stop every job that has not ended, on every host."""
+    reporter = reporter or QuietReporter()
     with _owner_only():
-        outcomes = kill_jobs(JobDB(), None, reporter or QuietReporter())
-    return [KillResult.of(o) for o in outcomes]
+        store = JobDB()
+        slurm = [
+            KillResult(r.id, notes=tuple(slurm_jobs.kill(r.id, reporter, store)))
+            for r in store.jobs()
+            if r.backend == "slurm" and not r.state.is_terminal()
+        ]
+        outcomes = kill_jobs(store, None, reporter)
+    return [*slurm, *(KillResult.of(o) for o in outcomes)]
+
+
+def _relay_logs(job_id: str, want: LogFilter, follow: bool, reporter: Reporter) -> int:
+    """`orch logs` of any job: from its hosts, or a Slurm job's through its login node."""
+    store = JobDB()
+    if store.get(job_id).backend == "slurm":
+        return slurm_jobs.logs(job_id, reporter, want, follow, store)
+    return relay_logs(store, job_id, want, follow, reporter)
 
 
 class Job:
@@ -276,7 +296,7 @@ class Job:
         """
         want = LogFilter(node=node, rank=rank, tail=tail)
         with _owner_only():
-            return relay_logs(JobDB(), self.id, want, follow, reporter)
+            return _relay_logs(self.id, want, follow, reporter)
 
     def wait(self, timeout: float | None = None) -> JobStatus:
         """Wait until the job has ended; its final status (`.state`, `.exit_code`).
@@ -317,7 +337,10 @@ class Job:
         A job that had ended is left alone (`already`); hosts that could not be
         reached are in `unreachable`."""
         with _owner_only():
-            return KillResult.of(kill_jobs(JobDB(), self.id, self._reporter)[0])
+            store = JobDB()
+            if store.get(self.id).backend == "slurm":  # scancel, through its login node
+                return KillResult(self.id, notes=tuple(slurm_jobs.kill(self.id, self._reporter)))
+            return KillResult.of(kill_jobs(store, self.id, self._reporter)[0])
 
 
 def _lines(
@@ -329,7 +352,7 @@ def _lines(
 
     def work() -> None:
         try:
-            relay_logs(JobDB(), job_id, want, follow, lines.reporter)
+            _relay_logs(job_id, want, follow, lines.reporter)
         except BaseException as exc:  # raised to the caller, in its thread
             lines.finish(exc)
         else:
@@ -354,7 +377,7 @@ class _Follower(threading.Thread):
 
     def run(self) -> None:
         try:
-            relay_logs(JobDB(), self.job_id, LogFilter(), True, self._reporter)
+            _relay_logs(self.job_id, LogFilter(), True, self._reporter)
         except BaseException as exc:  # raised by wait(), in the caller's thread
             self.error = exc
 

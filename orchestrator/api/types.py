@@ -185,6 +185,9 @@ class KillResult:
     killed: Mapping[str, tuple[KilledProcess, ...]] = field(default_factory=dict, hash=False)
     port_free: bool | None = None  # whether the rendezvous port is free again (master)
     unreachable: tuple[OrchError, ...] = ()
+    # What was done, in words, for a job that is not orch's to stop process by process
+    # (a Slurm job: scancel, then gone from squeue).
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, outcome: KillOutcome) -> KillResult:

@@ -10,7 +10,6 @@ from orchestrator import api
 from orchestrator.cli.app import OptionalJobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.models.errors import InputError, MultiHostError, OrchError
-from orchestrator.slurm import jobs as slurm_jobs
 
 
 @app.command()
@@ -26,14 +25,12 @@ def kill(
             "give a job id or --all, not both or neither", "orch kill JOB_ID  |  orch kill --all"
         )
     out = ConsoleReporter()
-    if job_id is not None and slurm_jobs.is_slurm(job_id):  # scancel: orchestrator/slurm
-        typer.echo("\n".join(slurm_jobs.kill(job_id, out)))
-        return
-    for line in slurm_jobs.kill_all(out) if job_id is None else []:
-        typer.echo(line)
     outcomes = api.kill_all(out) if job_id is None else [api.job(job_id, out).kill()]
     unreachable: list[OrchError] = []
     for outcome in outcomes:
+        if outcome.notes:  # a Slurm job: scancel did it
+            typer.echo("\n".join(outcome.notes))
+            continue
         if outcome.already is not None:
             typer.echo(
                 f"job {outcome.job_id} had already ended ({outcome.already.value}): nothing to kill"

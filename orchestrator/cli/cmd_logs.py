@@ -9,9 +9,7 @@ import typer
 from orchestrator import api
 from orchestrator.cli.app import JobIdArg, ProgressEveryOpt, ProgressOpt, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.jobs.logs import LogFilter
 from orchestrator.jobs.progress import PROGRESS_EVERY_S, ProgressMode
-from orchestrator.slurm import jobs as slurm_jobs
 
 
 @app.command()
@@ -37,8 +35,5 @@ def logs(
     """
     # What is already written prints as lines; only -f has bars that move.
     with ConsoleReporter(progress, progress_every, redraw=None if follow else False) as out:
-        if slurm_jobs.is_slurm(job_id):  # through its login node: orchestrator/slurm
-            code = slurm_jobs.logs(job_id, out, LogFilter(node, rank, tail), follow)
-        else:
-            code = api.job(job_id).logs_to(out, follow, node=node, rank=rank, tail=tail)
+        code = api.job(job_id).logs_to(out, follow, node=node, rank=rank, tail=tail)
     raise typer.Exit(code)

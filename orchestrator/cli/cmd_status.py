@@ -18,7 +18,6 @@ from orchestrator.cli.console import ConsoleReporter
 from orchestrator.cli.hosts_view import show_hosts
 from orchestrator.jobs.queue import positions
 from orchestrator.models.states import JobState
-from orchestrator.slurm import jobs as slurm_jobs
 from orchestrator.slurm.jobs import note
 
 
@@ -36,7 +35,7 @@ def status(
         show_hosts(inventory, as_json)
         return
     reporter = ConsoleReporter()
-    records = slurm_jobs.statuses(api.statuses(job_id, reporter), JobStatus.of, reporter.notice)
+    records = api.statuses(job_id, reporter)
     if as_json:
         queued = positions([r.id for r in records if r.state is JobState.PENDING])
         shown = [{**_job_json(r), "queued": queued.get(r.id)} for r in records]

@@ -168,9 +168,18 @@ def test_code_is_pushed_honouring_gitignore_and_orchignore(
 
 def test_local_inventory_runs_two_nodes_without_ssh(tmp_path: Path, orch: OrchRunner) -> None:
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=2)
+    # The two entries declare slots: one machine's leases, in the test's own directory
+    # rather than this machine's /run/lock (the local nodes inherit the controller's env).
+    leases = tmp_path / "leases"
     result = orch(
-        "submit", str(job), "-i", str(REPO_ROOT / "inventory" / "local.yaml"), timeout=120
+        "submit",
+        str(job),
+        "-i",
+        str(REPO_ROOT / "inventory" / "local.yaml"),
+        timeout=120,
+        env={"ORCH_LEASE_DIR": str(leases)},
     )
     assert result.returncode == 0, result.stderr
     placed = sorted((m["host"], int(m["rank"]), m["sum"]) for m in rank_lines(result.stdout))
     assert placed == [("local1", 0, "3"), ("local2", 1, "3")]
+    assert leases.is_dir() and not list(leases.glob("[LT]-*"))  # taken, and given back
