@@ -160,11 +160,11 @@ def start_keeper(
         except OrchError:
             _stop_quietly(master.host, group.transports[master.host.name], keeper_dir)
             raise
-        if spare_group.transports:
-            _, failures = spare_group.try_each(member)
-            for failure in failures:
-                reporter.notice(f"warning: spare left out of restarts: {failure.message}")
-    names = ", ".join(h.name for h in spares if h.name in templates)
+        standby = [h.name for h in spares if h.name in templates]
+        joined, failures = spare_group.try_each(member, only=standby)
+        for failure in failures:  # the keeper never chooses a spare whose member is not there
+            reporter.notice(f"warning: spare left out of restarts: {failure.message}")
+    names = ", ".join(name for name in standby if name in joined)
     reporter.notice(
         f"restarts: a keeper on {master.host.name} restarts the job up to {job.restarts} "
         f"time(s) without this controller" + (f"; spares: {names}" if names else "")
