@@ -48,6 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import proc
+from .daemon import daemonize
 from .keeping import STOP_WAIT_S, Keeping
 from .protocol import read_json, write_json
 
@@ -190,31 +191,6 @@ def read_messages(channel: Channel, put: Callable[[Channel, dict[str, Any] | Non
 
 
 # ---------------------------------------------------------------- daemons
-
-
-def daemonize(log_name: str, body: Callable[[int], int]) -> int:
-    """Run `body(ready_fd)` in a daemon that outlives the SSH channel (as the node's
-    supervisor does, start.py); print what it writes to `ready_fd` (a JSON reply)."""
-    ready_r, ready_w = os.pipe()
-    if os.fork() == 0:
-        os.close(ready_r)
-        os.setsid()
-        devnull = os.open(os.devnull, os.O_RDWR)
-        log = os.open(log_name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(devnull, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        code = 1
-        try:
-            code = body(ready_w)
-        finally:
-            os._exit(code)
-    os.close(ready_w)
-    report = b""
-    while chunk := os.read(ready_r, 4096):
-        report += chunk
-    print(report.decode() or json.dumps({"error": "the daemon died before it was ready"}))
-    return 0 if report and b'"error"' not in report else 1
 
 
 def ready(fd: int, reply: dict[str, Any]) -> None:

@@ -17,13 +17,13 @@ import time
 from typing import Any
 
 from . import node
+from .daemon import daemonize
 from .keeper import (
     HB_S,
     KILL_GRACE_S,
     MEMBER_LOG,
     PATIENCE_S,
     Channel,
-    daemonize,
     join,
     read_messages,
     ready,

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from . import leases
+from .daemon import daemonize
 from .limits import raise_open_files
 from .proc import host_id, signal_group, start_time
 from .protocol import (
@@ -46,26 +47,11 @@ def main(args: list[str]) -> int:
         print(json.dumps({"error": f"the job's code is not on this host: {where} is missing"}))
         return 2
     os.makedirs(LOGS, exist_ok=True)
-    ready_r, ready_w = os.pipe()
-    if os.fork() == 0:  # the daemon: outlives the SSH channel that started it
-        os.close(ready_r)
-        os.setsid()
-        devnull = os.open(os.devnull, os.O_RDWR)
-        log = os.open(SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(devnull, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        code = 1
-        try:
-            code = supervise(spec, ready_w)
-        finally:
-            os._exit(code)
-    os.close(ready_w)
-    report = b""
-    while chunk := os.read(ready_r, 4096):
-        report += chunk
-    print(report.decode() or json.dumps({"error": "supervisor died before starting torchrun"}))
-    return 0 if report and b'"error"' not in report else 1
+    return daemonize(
+        SUPERVISOR_LOG,
+        lambda ready_fd: supervise(spec, ready_fd),
+        died="supervisor died before starting torchrun",
+    )
 
 
 def supervise(spec: dict[str, Any], ready_fd: int) -> int:

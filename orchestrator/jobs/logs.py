@@ -155,7 +155,7 @@ def _print_mirror(
             reporter.output(name, rank_of(stream), mirror.read(name, stream, want.tail))
 
 
-class _Filtered:
+class FilteredReporter:
     """A Reporter that passes on only the streams a LogFilter wants."""
 
     def __init__(self, inner: Reporter, want: LogFilter) -> None:
@@ -187,7 +187,7 @@ def _follow(
     if all(n.state.is_terminal() for n in fresh.nodes):
         return 0 if job_state([n.state for n in fresh.nodes]) is JobState.SUCCEEDED else 1
     try:
-        filtered = _Filtered(reporter, want)
+        filtered = FilteredReporter(reporter, want)
         return watch_job(
             fresh, group, filtered, store, mirror, attached=False, stop_others=not kept
         )

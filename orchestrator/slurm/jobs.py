@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
 from orchestrator.jobs.follow import IDLE_TIMEOUT_S, NodeExit, Watcher
-from orchestrator.jobs.logs import LogFilter
+from orchestrator.jobs.logs import FilteredReporter, LogFilter
 from orchestrator.jobs.reporter import Reporter
 from orchestrator.models.errors import HostError, InfraError, JobFailed
 from orchestrator.models.inventory import Host
@@ -212,7 +212,7 @@ def logs(
                 return 0 if record.state is JobState.SUCCEEDED else 1
             try:
                 return follow_job(
-                    record, login, _Filtered(reporter, want), store, mirror, attached=False
+                    record, login, FilteredReporter(reporter, want), store, mirror, attached=False
                 )
             except JobFailed as exc:
                 reporter.notice(exc.message)
@@ -233,23 +233,6 @@ def _drain(nodes: list[NodeRecord], transport: Transport, mirror: LogMirror) -> 
                 raise HostError(event.host, event.error or "lost while reading logs")
     finally:
         watcher.close()
-
-
-class _Filtered:
-    """A Reporter that passes on only the streams a LogFilter wants."""
-
-    def __init__(self, inner: Reporter, want: LogFilter) -> None:
-        self.inner, self.want = inner, want
-
-    def job_started(self, job_id: str) -> None:
-        self.inner.job_started(job_id)
-
-    def output(self, host: str, rank: int | None, data: bytes) -> None:
-        if self.want.wants(host, rank):
-            self.inner.output(host, rank, data)
-
-    def notice(self, message: str) -> None:
-        self.inner.notice(message)
 
 
 def _ok(found: QueuedJob) -> bool:
