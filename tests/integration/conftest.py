@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,17 @@ def pytest_configure(config: pytest.Config) -> None:
         "cluster: needs the test cluster of real sshd hosts (root, Linux namespaces); "
         "skipped where unavailable, except in CI (CI=true) where that fails",
     )
+    _children_get_default_signals()
+
+
+def _children_get_default_signals() -> None:
+    """Run in the background (`cmd &`) or under `nohup`, pytest inherits SIGINT or SIGHUP
+    ignored, and so would every `orch` it starts: the Ctrl-C and closed-terminal tests
+    would then test nothing. A handler that does nothing keeps them ignored here, and
+    is reset to the default in every child at exec."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, lambda *_: None)
 
 
 @pytest.fixture(scope="session")
