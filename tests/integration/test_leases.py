@@ -26,8 +26,9 @@ START = re.compile(r"start gpus=(\S+) slots=(\S+) node=\S+ t=([\d.]+)")
 END = re.compile(r"end t=([\d.]+)")
 
 
-def hold_job(tmp_path: Path, name: str, seconds: float, **keys: Any) -> Path:
-    """A job whose node prints the GPUs and slots it got, sleeps, prints its end."""
+def hold_job(tmp_path: Path, name: str, seconds: float | Path, **keys: Any) -> Path:
+    """A job whose node prints the GPUs and slots it got, sleeps (or waits for the
+    file `seconds` names), prints its end."""
     return write_workdir_job(
         tmp_path, FAKE_GPU, "hold.py", name=name, launcher="python", args=[str(seconds)], **keys
     )
@@ -99,7 +100,8 @@ def test_four_slots_run_two_jobs_of_two_side_by_side_the_third_waits_its_turn_a_
     cluster: Cluster, orch: OrchRunner, tmp_path: Path
 ) -> None:
     inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[2], node2={"slots": 4})
-    jobs = [hold_job(tmp_path, f"slots{i}", 7, nproc_per_node=2) for i in range(2)]
+    release = tmp_path / "release"  # the first two hold their slots until it exists
+    jobs = [hold_job(tmp_path, f"slots{i}", release, nproc_per_node=2) for i in range(2)]
     results = submit_together(orch, *[["submit", "-d", job, "-i", inventory] for job in jobs])
     assert [code for code, _, _ in results] == [0, 0], [err for _, _, err in results]
     assert not [err for _, _, err in results if "queued" in err]
@@ -129,6 +131,7 @@ def test_four_slots_run_two_jobs_of_two_side_by_side_the_third_waits_its_turn_a_
     assert [row["job"] for row in line] == [job_id_of(third.stdout)]  # the killed one left
     assert status_json(orch, job_id_of(late.stdout))["state"] == "killed"
 
+    release.touch()
     first, second = (finished(orch, job_id) for job_id in ids)
     waited = finished(orch, job_id_of(third.stdout))
     assert abs(first.start - second.start) < 2  # side by side
