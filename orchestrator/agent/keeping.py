@@ -4,7 +4,7 @@ tests drive it with fake messages.
 
 A keeper follows one job through its attempts:
 
-    running --a node failed or was lost--> stopping --all stopped--> waiting (the
+    (line: its nodes wait for leases on shared hosts, line.py) --> running --a node failed or was lost--> stopping --all stopped--> waiting (the
     restart delay) --> port (a free rendezvous port from the new master's member)
     --> starting --all started--> running (the next attempt)
 
@@ -14,17 +14,20 @@ found killed by someone else). It never restarts after a kill.
 
 Messages are dicts, their kind in "k". From a member: hello, hb, end {attempt,
 returncode, killed, error}, started {attempt, ok, error}, stopped {attempt}, port
-{port}. To a member: stop {attempt}, start {place}, port, bye.
+{port}, lease {verb, reply}. To a member: stop {attempt}, start {place}, port, lease
+{verb}, bye. A job that never gets its nodes out of the line is not restarted.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .line import Line, Outcome
 from .placement import failed_hosts, next_hosts, placement, restart_delay
 from .protocol import job_dir
 
-RUNNING, STOPPING, WAITING, PORT, STARTING, KILLING, DONE = (
+LINE, RUNNING, STOPPING, WAITING, PORT, STARTING, KILLING, DONE = (
+    "line",
     "running",
     "stopping",
     "waiting",
@@ -37,7 +40,7 @@ STOP_WAIT_S = 40.0  # for the members to stop their nodes (the kill's grace, and
 START_WAIT_S = 120.0  # for the members to build the snapshot and start torchrun
 PORT_WAIT_S = 30.0
 HELLO_WAIT_S = 30.0
-ACTIVE = ("starting", "running")  # a node's states while it may run
+ACTIVE = ("queued", "starting", "running")  # a node's states while it may run
 
 if TYPE_CHECKING:  # a runtime alias would need Python 3.9; hosts may run 3.8
     Send = list[tuple[str, dict[str, Any]]]  # (host, message) to send
@@ -50,7 +53,8 @@ class Keeping:
     Args:
         config: job_id, restarts, lost_after, rendezvous_port (None: ask the master),
             place (attempt 0's placement), candidates [{host, nproc, addr, workdir}]
-            in the selection's order.
+            in the selection's order; line: attempt 0's nodes wait in line, "together"
+            (the keeper takes their leases) or "alone" (one node takes its own).
         now: the clock (monotonic seconds); every member gets `lost_after` from now
             to say hello.
     """
@@ -64,12 +68,15 @@ class Keeping:
         self.order = [c["host"] for c in config["candidates"]]
         self.place: dict[str, Any] = config["place"]
         self.attempt = int(self.place["attempt"])
-        self.nodes = {h: self._node("running") for h in self.place["hosts"]}
+        line = config.get("line")
+        self.line = Line(self.place["hosts"], line == "alone") if line else None
+        first = "queued" if self.line else "running"
+        self.nodes = {h: self._node(first) for h in self.place["hosts"]}
         self.heard = {h: now for h in self.order}
         self.connected: set[str] = set()
         self.greeted: set[str] = set()  # members that said hello once
         self.history: list[dict[str, Any]] = []  # the earlier attempts, as `record` shows them
-        self.phase = RUNNING
+        self.phase = LINE if self.line else RUNNING
         self.outcome: str | None = None  # once DONE: succeeded, failed or killed
         self.reason: str | None = None  # why the last attempt ended
         self.pending: set[str] = set()  # whose stop or start is awaited
@@ -107,6 +114,9 @@ class Keeping:
             return self._started(host, msg, now)
         elif kind == "port" and self.phase == PORT and self.chosen and host == self.chosen[0]:
             return self._start(int(msg["port"]), now)
+        elif kind == "lease" and self.phase == LINE and self.line:
+            sends, outcome = self.line.hear(host, msg, now)
+            return sends + (self._out_of_line(outcome, now) if outcome else [])
         return []
 
     def gone(self, host: str) -> None:
@@ -116,6 +126,13 @@ class Keeping:
     def tick(self, now: float) -> Send:
         """The clock moved: nodes silent too long are lost; waits run out."""
         silent = self._silent(now)
+        if self.phase == LINE and self.line:
+            lost = (silent | self.line.overdue(now)) & set(self.nodes)
+            if lost:
+                for host in sorted(lost):
+                    self.nodes[host].update(state="lost", error="silent while in line")
+                return self._give_up_line(now)
+            return self.line.tick(now, set(self.nodes) <= self.connected)
         if self.phase in (RUNNING, STARTING):
             for host in sorted(silent & set(self.nodes)):
                 node = self.nodes[host]
@@ -178,6 +195,8 @@ class Keeping:
             return self._after_stop(now)
         if state == "killed":  # orch kill reached the node before the keeper: no restart
             return self.stop(now)
+        if self.phase == LINE:  # its supervisor left the line
+            return self._give_up_line(now)
         if self.phase == STARTING:
             return []  # judged once every start answered
         if all(n["state"] == "succeeded" for n in self.nodes.values()):
@@ -185,6 +204,25 @@ class Keeping:
         if state == "failed":
             return self._stop_attempt(now)
         return []
+
+    def _out_of_line(self, outcome: Outcome, now: float) -> Send:
+        """Every node started (or could not), or one left the line."""
+        for host, why in outcome.left.items():
+            self.nodes[host].update(state="failed", error=why)
+        if outcome.left:
+            return self._give_up_line(now)
+        for host, reply in outcome.started.items():
+            if "pid" in reply or reply.get("state") == "started":
+                self.nodes[host]["state"] = "running"
+            else:
+                error = str(reply.get("error") or "did not start")
+                self.nodes[host].update(state="failed", error=error)
+        return self._after_start(now)
+
+    def _give_up_line(self, now: float) -> Send:
+        """A node left the line or went silent in it: stop the others, no restart."""
+        self.restarts = self.attempt
+        return self._stop_attempt(now)
 
     def _stop_attempt(self, now: float) -> Send:
         """The attempt failed: stop its nodes still running, then decide."""
@@ -304,6 +342,7 @@ class Keeping:
         else:
             earlier, current = self.history, self._attempt_record()
             state = {
+                LINE: "queued",
                 RUNNING: "running",
                 KILLING: "stopping",
                 DONE: str(self.outcome),

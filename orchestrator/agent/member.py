@@ -2,7 +2,8 @@
 what the keeper and its members do, and how they talk): it connects out to the keeper,
 says hello, sends a heartbeat every second and its node's end, and does what the
 keeper asks: stop the node (the agent's `kill`, as a teardown does), find a free port,
-start the host's node of the next attempt, or leave."""
+start the host's node of the next attempt, answer for its node in line (the agent's
+`lease`, line.py), or leave."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from .keeper import (
     ready,
 )
 from .keeping import START_WAIT_S, STOP_WAIT_S
+from .line import REPLY_WAIT_S
 from .placement import render
 from .protocol import AGENT, RUN_SCRIPT, last_json
 
@@ -113,6 +115,9 @@ class Member:
             error = self.start(place)
             reply = {"k": "started", "attempt": place["attempt"], "ok": error is None}
             self.channel.send({**reply, "error": error})
+        elif kind == "lease":
+            verb = str(message.get("verb"))
+            self.channel.send({"k": "lease", "verb": verb, "reply": self.lease(verb)})
 
     def report_end(self) -> None:
         if self.node_dir is None or self.reported:
@@ -135,6 +140,20 @@ class Member:
             subprocess.run(command, capture_output=True, timeout=STOP_WAIT_S)
         except (OSError, subprocess.SubprocessError) as exc:
             print(f"kill in {self.node_dir} failed: {exc}", flush=True)
+
+    def lease(self, verb: str) -> dict[str, Any]:
+        """The agent's `lease VERB` for this host's node: where it stands in line."""
+        if self.node_dir is None:
+            return {"state": "gone", "error": "no node of the job on this host"}
+        command = self.agent(self.node_dir, "lease", verb, self.node_dir)
+        try:
+            done = subprocess.run(command, capture_output=True, timeout=REPLY_WAIT_S - 10)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return {"state": "gone", "error": f"lease {verb} failed: {exc}"}
+        reply = last_json(done.stdout.decode("utf-8", "replace"))
+        if reply is None:
+            return {"state": "gone", "error": done.stderr.decode("utf-8", "replace")[-500:]}
+        return reply
 
     def start(self, place: dict[str, Any]) -> str | None:
         """Start this host's node of a new attempt; None, or what went wrong."""

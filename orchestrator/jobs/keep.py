@@ -3,6 +3,8 @@
 `orch submit -d` of a job with `restarts:` starts, once the job runs, a keeper on its
 master host and a member on each of its hosts and spares (the spares get the code and
 `setup:` first), so that a node's failure or loss restarts the job without the laptop.
+A detached job that waits in line for shared hosts (jobs/queue.py) gets its keeper at
+once, restarts or not: it starts the job's nodes together when their turn comes.
 `orch status`, `orch logs` and `orch kill` read the keeper's record through `sync` and
 bring the local record up to date, one `JobDB.restart` per attempt the keeper started,
 with each ended attempt's logs copied into its own local mirror: they then show the
@@ -38,7 +40,7 @@ from orchestrator.transport import Transport
 
 log = logging.getLogger(__name__)
 KEEPER_TIMEOUT_S = 90.0  # `keeper stop` waits for the nodes' kill, and more
-ACTING = ("running", "restarting", "stopping")  # the keeper's states while it decides
+ACTING = ("queued", "running", "restarting", "stopping")  # the keeper's states while it decides
 
 Push = Callable[[LaunchPlan, HostGroup], None]
 
@@ -51,6 +53,7 @@ def keep_detached(
     push: Push,
     reporter: Reporter,
     store: JobDB,
+    line: str | None = None,
 ) -> None:
     """`start_keeper`; where that fails, the job is stopped on every node and failed:
     a detached job with `restarts:` does not run without its keeper.
@@ -59,7 +62,7 @@ def keep_detached(
         OrchError: what kept the keeper from starting.
     """
     try:
-        start_keeper(plan, candidates, group, digest, push, reporter, store)
+        start_keeper(plan, candidates, group, digest, push, reporter, store, line)
     except OrchError:
         teardown(plan.job_id, plan.master_port, plan.nodes, group, reporter)
         store.update_job(plan.job_id, JobState.FAILED)
@@ -74,15 +77,18 @@ def start_keeper(
     push: Push,
     reporter: Reporter,
     store: JobDB,
+    line: str | None = None,
 ) -> None:
     """Start the keeper of a running detached job, and a member on each of its hosts
-    and spares. A spare that cannot be reached or used is left out, with a warning.
+    and spares. A spare that cannot be reached or used is left out, with a warning;
+    a job without restarts has no use for spares.
 
     Args:
         candidates: every host of the job's selection, its hosts first (Submission).
         group: the job's hosts, connected.
         digest: the code's manifest: a member builds a later attempt's snapshot from it.
         push: builds the code snapshot (and runs setup:) on the hosts of a plan.
+        line: the job waits in line (keeping.py): "together" or "alone".
 
     Raises:
         OrchError: the keeper, or the member of one of the job's hosts, could not
@@ -92,7 +98,7 @@ def start_keeper(
     templates = {n.host.name: dict(n.template) for n in plan.nodes}
     templates[master.host.name]["addr"] = plan.master_addr
     homes = {n.host.name: n.job_dir for n in plan.nodes}
-    spares = [h for h in candidates if h.name not in homes]
+    spares = [h for h in candidates if h.name not in homes] if job.restarts else []
     with HostGroup(spares, group.options) as spare_group:
         if spares:
             _prepare_spares(plan, spares, spare_group, push, templates, homes, reporter)
@@ -106,6 +112,7 @@ def start_keeper(
             "lost_after": lost_after,
             "rendezvous_port": job.rendezvous_port,
             "bind": plan.master_addr,
+            "line": line,
             "place": placement.placement(
                 [n.host.name for n in plan.nodes],
                 [n.nproc for n in plan.nodes],
@@ -165,10 +172,11 @@ def start_keeper(
         for failure in failures:  # the keeper never chooses a spare whose member is not there
             reporter.notice(f"warning: spare left out of restarts: {failure.message}")
     names = ", ".join(name for name in standby if name in joined)
-    reporter.notice(
-        f"restarts: a keeper on {master.host.name} restarts the job up to {job.restarts} "
-        f"time(s) without this controller" + (f"; spares: {names}" if names else "")
-    )
+    if job.restarts:
+        reporter.notice(
+            f"restarts: a keeper on {master.host.name} restarts the job up to {job.restarts} "
+            f"time(s) without this controller" + (f"; spares: {names}" if names else "")
+        )
 
 
 def _prepare_spares(

@@ -7,7 +7,8 @@ so it needs no controller to start when its turn comes (`submit -d`). A job of
 several nodes must start on all of them or none: this side asks every host
 whether the job's turn came, takes all the leases at once, gives them back when
 one host refused, and says go only when it holds them all (leases.py says why
-that cannot deadlock).
+that cannot deadlock). Detached, the job's keeper on its hosts does the same
+(agent/line.py), so that it starts in its turn without the laptop.
 """
 
 from __future__ import annotations
@@ -104,8 +105,9 @@ def start_nodes(
     """Start every node of the plan, each once its GPUs or slots are its own.
 
     Returns:
-        True when the job waits in line on its host (detached, one node): it starts
-        there when its turn comes; False once every node started.
+        True when the job waits in line (detached): a node of one starts on its host
+        when its turn comes, the nodes of several by their keeper (the caller starts
+        it); False once every node started.
 
     Raises:
         QueueBusy: `no_wait`, and a node would have to wait.
@@ -139,13 +141,14 @@ def start_nodes(
     if not queued:
         return False
     if not single:
-        if detach and not no_wait:  # its nodes start at once: a controller says when
-            reporter.notice(
-                "a job of several nodes waits in line with this orch submit: it returns once "
-                "every node started (Ctrl-C takes the job out of the line)"
-            )
-        _wait_all(plan, group, reporter, store, no_wait)
-        return False
+        waits = _wait_all(plan, group, reporter, store, no_wait, hand_over=detach)
+        if waits is None:
+            return False
+        reporter.notice(
+            f"{waits}; its nodes start together when its turn comes, by a keeper on its "
+            f"hosts, without this controller (orch status {plan.job_id})"
+        )
+        return True
     text = waiting_text(queued, nodes)
     if detach:
         reporter.notice(
@@ -225,10 +228,20 @@ def _wait_one(
 
 
 def _wait_all(
-    plan: LaunchPlan, group: HostGroup, reporter: Reporter, store: JobDB, no_wait: bool
-) -> None:
+    plan: LaunchPlan,
+    group: HostGroup,
+    reporter: Reporter,
+    store: JobDB,
+    no_wait: bool,
+    hand_over: bool = False,
+) -> str | None:
     """Take the leases of every node at once when every host says the job's turn
-    came; give them back when one refused; then say go to all."""
+    came; give them back when one refused; then say go to all.
+
+    Returns:
+        None once every node started; with `hand_over` (a detached job), what the
+        job waits for as soon as it has to wait: its keeper waits from then on.
+    """
     nodes = {n.host.name: n for n in plan.nodes}
     shown = ""
     while True:
@@ -248,7 +261,7 @@ def _wait_all(
                     for warning in reply.get("warnings") or ():
                         reporter.notice(f"warning: {warning} (host {name})")
                 _started(plan, started, reporter, store)
-                return
+                return None
             group.each(
                 lambda h, t: lease_command(nodes[h.name], t, "untake"),
                 only=[n for n in taken if n not in refused],
@@ -257,6 +270,8 @@ def _wait_all(
         text = waiting_text(waiting, nodes) if waiting else "queued: taking every node's lease"
         if no_wait:
             raise QueueBusy(text)
+        if hand_over:
+            return text
         if text != shown:
             reporter.notice(text)
             shown = text

@@ -207,9 +207,9 @@ def _attempt(
             phase(reporter, f"pushing {tree.total_bytes / 1e6:.1f} MB of code")
             push_code(plan, group, tree, reporter)
             phase(reporter, f"starting {_count(plan.nodes, 'node')}")
-            if start_nodes(plan, group, reporter, store, start, sub.no_wait, detach):
-                return 0  # detached and in line on its host: it starts there in its turn
-            log.info("started torchrun on %d hosts", len(nodes))
+            queued = start_nodes(plan, group, reporter, store, start, sub.no_wait, detach)
+            if not queued:
+                log.info("started torchrun on %d hosts", len(nodes))
         except OrchError:
             teardown(plan.job_id, plan.master_port, plan.nodes, group, reporter)
             store.update_job(plan.job_id, JobState.FAILED)
@@ -220,10 +220,15 @@ def _attempt(
             raise Interrupted(
                 "interrupted while starting the job; stopped it on every host"
             ) from None
+        push = lambda p, g: push_code(p, g, tree, reporter)  # noqa: E731
+        if queued:  # detached, in line: a node of one starts alone in its turn, else a keeper
+            if len(plan.nodes) > 1 or sub.job.restarts:  # starts the nodes (and restarts)
+                line = "together" if len(plan.nodes) > 1 else "alone"
+                keep_detached(plan, sub.candidates, group, tree.digest, push, reporter, store, line)
+            return 0
         store.update_job(plan.job_id, JobState.RUNNING)
         if detach:
             if sub.job.restarts:  # restarted without this controller: by a keeper on the hosts
-                push = lambda p, g: push_code(p, g, tree, reporter)  # noqa: E731
                 keep_detached(plan, sub.candidates, group, tree.digest, push, reporter, store)
             return 0
         mirror = LogMirror(store.home / "logs", plan.job_id, attempt)

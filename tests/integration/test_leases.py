@@ -235,6 +235,47 @@ def test_two_jobs_of_two_nodes_wanting_one_host_both_finish_one_after_the_other(
     assert spans[0][1] <= spans[1][0]  # never both on node2 at once
 
 
+def test_a_detached_job_of_two_nodes_waits_in_line_without_its_submit_and_starts_in_its_turn(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    """The submit of a queued job of several nodes returns at once; the job's keeper
+    takes the leases of all its nodes together when its turn comes; orch kill takes a
+    queued one out of the line."""
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[1, 2], defaults={"slots": 2})
+    release = tmp_path / "release"
+    two = {"hosts": ["node1", "node2"], "nproc_per_node": 2}
+    holder = orch("submit", "-d", hold_job(tmp_path, "holder", release, **two), "-i", inventory)
+    assert holder.returncode == 0 and "queued" not in holder.stderr, holder.stderr
+    waiter = orch("submit", "-d", hold_job(tmp_path, "waiter", 1, **two), "-i", inventory)
+    assert waiter.returncode == 0, waiter.stderr
+    assert re.search(
+        r"queued: 2 slots on node1, node2 held by holder-\w+ \(root\) since [\d:]+; 1st in "
+        r"line; its nodes start together when its turn comes, by a keeper on its hosts",
+        waiter.stderr,
+    ), waiter.stderr
+    waiter_id = job_id_of(waiter.stdout)
+    assert (
+        status_json(orch, waiter_id)["queued"]
+        == "queued, 1st in line on node1, 1st in line on node2"
+    )
+    late = orch("submit", "-d", hold_job(tmp_path, "late", 1, **two), "-i", inventory)
+    assert late.returncode == 0 and "2nd in line" in late.stderr, late.stderr
+    assert orch("kill", job_id_of(late.stdout), timeout=60).returncode == 0
+    line = json.loads(orch("status", "--hosts", "--json", "-i", inventory).stdout)["queue"]
+    assert {row["job"] for row in line} == {waiter_id}  # on both hosts, the killed one left
+    assert status_json(orch, job_id_of(late.stdout))["state"] == "killed"
+
+    release.touch()  # from here on no orch command acts for the waiter: its keeper starts it
+    holder_run = finished(orch, job_id_of(holder.stdout))
+    wait_for(lambda: status_json(orch, waiter_id)["state"] != "pending", 30, "the waiter to start")
+    followed = orch("logs", waiter_id, "-f", timeout=60)
+    assert followed.returncode == 0, followed.stderr
+    starts = [float(m.group(3)) for m in START.finditer(followed.stdout)]
+    assert len(starts) == 2 and max(starts) - min(starts) < 1.5, followed.stdout  # together
+    assert min(starts) >= holder_run.end
+    assert status_json(orch, waiter_id)["state"] == "succeeded"
+
+
 TWO_USERS = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])

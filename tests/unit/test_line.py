@@ -1,0 +1,149 @@
+"""A detached job's wait in line, run by its keeper (agent/line.py, issue 13): the
+rounds of poll, take, untake and go, driven by fake member answers, and how the
+keeper goes on from them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.agent import line, placement
+from orchestrator.agent.keeping import Keeping
+from orchestrator.agent.line import Line
+
+HOSTS = ["node1", "node2"]
+WAITING = {"state": "waiting", "info": {"kind": "slot", "want": 2, "position": 1}}
+
+
+def answer(kept: Line | Keeping, verb: str, replies: dict[str, Any], now: float) -> list[Any]:
+    """Every host's answer to `verb`; what was sent after the last one."""
+    sends: list[Any] = []
+    for host, reply in replies.items():
+        heard = kept.hear(host, {"k": "lease", "verb": verb, "reply": reply}, now)
+        sends = heard[0] if isinstance(kept, Line) else heard
+    return sends
+
+
+def verbs(sends: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str]]:
+    return [(host, str(message.get("verb", message["k"]))) for host, message in sends]
+
+
+def test_nodes_are_polled_until_none_waits_then_taken_then_told_to_go() -> None:
+    waiting = Line(HOSTS)
+    assert waiting.tick(0.0, ready=False) == []  # a member not there yet
+    assert verbs(waiting.tick(0.0, ready=True)) == [("node1", "poll"), ("node2", "poll")]
+    assert waiting.tick(0.1, ready=True) == []  # answers awaited
+    sends, outcome = waiting.hear("node1", {"verb": "poll", "reply": {"state": "ready"}}, 0.2)
+    assert (sends, outcome) == ([], None)
+    sends, outcome = waiting.hear("node2", {"verb": "poll", "reply": WAITING}, 0.2)
+    assert (sends, outcome) == ([], None) and waiting.waiting == {"node2": WAITING["info"]}
+    assert waiting.tick(0.3, ready=True) == []  # the next round after POLL_S
+    assert len(waiting.tick(0.2 + line.POLL_S, ready=True)) == 2
+    ready = {"node1": {"state": "ready"}, "node2": {"state": "ready"}}
+    assert verbs(answer(waiting, "poll", ready, 1.0)) == [("node1", "take"), ("node2", "take")]
+    taken = {h: {"state": "taken", "units": [0, 1]} for h in HOSTS}
+    assert verbs(answer(waiting, "take", taken, 1.1)) == [("node1", "go"), ("node2", "go")]
+    waiting.hear("node1", {"verb": "go", "reply": {"pid": 11}}, 1.2)
+    _, outcome = waiting.hear("node2", {"verb": "go", "reply": {"error": "disk full"}}, 1.2)
+    assert outcome is not None and outcome.started["node2"] == {"error": "disk full"}
+
+
+def test_a_refused_take_gives_back_the_leases_taken_and_waits_on() -> None:
+    waiting = Line(HOSTS)
+    waiting.tick(0.0, ready=True)
+    answer(waiting, "poll", {h: {"state": "ready"} for h in HOSTS}, 0.1)
+    refused = {"node1": {"state": "taken", "units": [0]}, "node2": WAITING}
+    assert verbs(answer(waiting, "take", refused, 0.2)) == [("node1", "untake")]
+    assert waiting.hear("node1", {"verb": "untake", "reply": {}}, 0.3) == ([], None)  # ignored
+    assert verbs(waiting.tick(0.2 + line.POLL_S, ready=True))[0] == ("node1", "poll")
+
+
+def test_a_node_that_left_the_line_ends_the_wait_with_why() -> None:
+    waiting = Line(HOSTS)
+    waiting.tick(0.0, ready=True)
+    gone = {"state": "ended", "ended": {"error": "killed while it waited in line"}}
+    waiting.hear("node1", {"verb": "poll", "reply": {"state": "ready"}}, 0.1)
+    _, outcome = waiting.hear("node2", {"verb": "poll", "reply": gone}, 0.1)
+    assert outcome is not None and "killed while it waited" in outcome.left["node2"]
+
+
+def test_a_node_alone_is_only_watched_never_taken_for() -> None:
+    waiting = Line(["node1"], alone=True)
+    waiting.tick(0.0, ready=True)
+    assert waiting.hear("node1", {"verb": "poll", "reply": {"state": "ready"}}, 0.1) == ([], None)
+    waiting.tick(1.0, ready=True)
+    _, outcome = waiting.hear("node1", {"verb": "poll", "reply": {"state": "started"}}, 1.1)
+    assert outcome is not None and outcome.started == {"node1": {"state": "started"}}
+
+
+def test_a_member_that_does_not_answer_is_overdue() -> None:
+    waiting = Line(HOSTS)
+    waiting.tick(0.0, ready=True)
+    waiting.hear("node1", {"verb": "poll", "reply": WAITING}, 0.1)
+    assert waiting.overdue(line.REPLY_WAIT_S - 1) == set()
+    assert waiting.overdue(line.REPLY_WAIT_S + 1) == {"node2"}
+
+
+def queued_keeper(restarts: int = 2) -> Keeping:
+    config = {
+        "job_id": "j-1",
+        "restarts": restarts,
+        "lost_after": 3,
+        "rendezvous_port": None,
+        "line": "together",
+        "place": placement.placement(HOSTS, [1, 1], "10.0.0.1", 29500),
+        "candidates": [
+            {"host": h, "nproc": 1, "addr": f"10.0.0.{h[-1]}", "workdir": "~/.orch"}
+            for h in [*HOSTS, "node3"]
+        ],
+    }
+    kept = Keeping(config, now=0.0)
+    for host in [*HOSTS, "node3"]:
+        kept.hear(host, {"k": "hello", "host": host}, 0.0)
+    return kept
+
+
+def test_a_keeper_starts_its_queued_nodes_together_then_runs_the_job() -> None:
+    kept = queued_keeper()
+    assert kept.record()["state"] == "queued"
+    assert [n["state"] for n in kept.record()["current"]["nodes"]] == ["queued", "queued"]
+    assert verbs(kept.tick(0.1)) == [("node1", "poll"), ("node2", "poll")]
+    answer(kept, "poll", {h: {"state": "ready"} for h in HOSTS}, 0.2)
+    answer(kept, "take", {h: {"state": "taken"} for h in HOSTS}, 0.3)
+    answer(kept, "go", {h: {"pid": 7} for h in HOSTS}, 0.4)
+    assert kept.record()["state"] == "running"
+    for t in (1.0, 2.0, 3.0, 4.0):  # heartbeats while it runs
+        for host in [*HOSTS, "node3"]:
+            kept.hear(host, {"k": "hb"}, t)
+        assert kept.tick(t) == []
+    sends = kept.hear("node2", {"k": "end", "attempt": 0, "returncode": 1}, 5.0)
+    assert verbs(sends) == [("node1", "stop")]  # restarts as any running job
+
+
+def test_orch_kill_of_a_queued_job_stops_its_nodes_in_line() -> None:
+    kept = queued_keeper()
+    kept.tick(0.1)
+    assert verbs(kept.stop(0.2)) == [("node1", "stop"), ("node2", "stop")]
+    kept.hear("node1", {"k": "stopped", "attempt": 0}, 0.3)
+    kept.hear("node2", {"k": "stopped", "attempt": 0}, 0.3)
+    assert kept.done and kept.record()["state"] == "killed"
+
+
+def test_a_node_that_left_the_line_stops_the_others_and_nothing_restarts() -> None:
+    kept = queued_keeper(restarts=2)
+    kept.tick(0.1)
+    gone = {"state": "gone", "error": "the node's supervisor vanished while in line"}
+    sends = answer(kept, "poll", {"node1": WAITING, "node2": gone}, 0.2)
+    assert verbs(sends) == [("node1", "stop")]
+    sends = kept.hear("node1", {"k": "stopped", "attempt": 0}, 0.3)
+    assert kept.done and kept.record()["state"] == "failed"
+    assert "vanished" in kept.nodes["node2"]["error"]
+    assert ("node1", "start") not in verbs(sends)
+
+
+def test_a_member_silent_while_in_line_ends_the_wait() -> None:
+    kept = queued_keeper()
+    kept.tick(0.1)
+    kept.hear("node1", {"k": "hb"}, 3.5)
+    kept.hear("node3", {"k": "hb"}, 3.5)
+    assert verbs(kept.tick(3.5)) == [("node1", "stop")]  # node2 silent for 3.5 s > 3
+    assert kept.nodes["node2"]["state"] == "lost"
