@@ -8,7 +8,11 @@ A keeper follows one job through its attempts:
     restart delay) --> port (a free rendezvous port from the new master's member)
     --> starting --all started--> running (the next attempt)
 
-and ends `succeeded` (every node of an attempt succeeded), `failed` (it failed and no
+On shared hosts a later attempt waits in line as the first did: its members start its
+nodes with their lease request (all under one ticket, the restart's time), and when
+any has to wait, the keeper takes their leases together (line.py) before `running`.
+
+It ends `succeeded` (every node of an attempt succeeded), `failed` (it failed and no
 restart is left, or too few hosts are), or `killed` (`orch kill`: `stop()`, or a node
 found killed by someone else). It never restarts after a kill.
 
@@ -20,6 +24,8 @@ returncode, killed, error}, started {attempt, ok, error}, stopped {attempt}, por
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .line import Line, Outcome
@@ -57,9 +63,13 @@ class Keeping:
             (the keeper takes their leases) or "alone" (one node takes its own).
         now: the clock (monotonic seconds); every member gets `lost_after` from now
             to say hello.
+        wall: the time of day, for a restart's place in the hosts' lines.
     """
 
-    def __init__(self, config: dict[str, Any], now: float) -> None:
+    def __init__(
+        self, config: dict[str, Any], now: float, wall: Callable[[], float] = time.time
+    ) -> None:
+        self.wall = wall
         self.job_id = str(config["job_id"])
         self.restarts = int(config["restarts"])
         self.lost_after = float(config["lost_after"])
@@ -270,6 +280,7 @@ class Keeping:
         counts = [int(self.candidates[h]["nproc"]) for h in self.chosen]
         master_addr = str(self.candidates[self.chosen[0]]["addr"])
         self.place = placement(self.chosen, counts, master_addr, port, self.attempt + 1)
+        self.place["ticket"] = [self.wall(), self.job_id]  # one place in every host's line
         self.attempt += 1
         self.nodes = {h: self._node("starting") for h in self.chosen}
         self.phase, self.deadline = STARTING, now + START_WAIT_S
@@ -282,7 +293,7 @@ class Keeping:
             return []
         if node["state"] == "starting":
             if msg.get("ok"):
-                node["state"] = "running"
+                node["state"] = "queued" if msg.get("queued") else "running"
             else:
                 node.update(state="failed", error=msg.get("error") or "could not start")
         self.pending.discard(host)
@@ -291,6 +302,11 @@ class Keeping:
     def _after_start(self, now: float) -> Send:
         if self.pending:
             return []
+        queued = [h for h, n in self.nodes.items() if n["state"] == "queued"]
+        if queued and self.phase == STARTING:  # a restart on shared hosts: its turn first
+            self.phase = LINE
+            self.line = Line(list(self.nodes), alone=len(self.nodes) == 1)
+            return self.line.tick(now, set(self.nodes) <= self.connected)
         self.phase = RUNNING
         if all(n["state"] == "succeeded" for n in self.nodes.values()):
             return self._finish("succeeded")

@@ -67,6 +67,7 @@ class Member:
         self.node_dir = os.path.expanduser(given) if given else None
         self.attempt = int(config.get("attempt") or 0)
         self.reported = False
+        self.queued = False  # the node of the last start waits in line
         self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.patience = max(PATIENCE_S, 3 * float(config.get("lost_after") or 0))
 
@@ -112,9 +113,10 @@ class Member:
                 self.channel.send({"k": "port", "port": sock.getsockname()[1]})
         elif kind == "start":
             place = message["place"]
+            self.queued = False
             error = self.start(place)
             reply = {"k": "started", "attempt": place["attempt"], "ok": error is None}
-            self.channel.send({**reply, "error": error})
+            self.channel.send({**reply, "error": error, "queued": self.queued})
         elif kind == "lease":
             verb = str(message.get("verb"))
             self.channel.send({"k": "lease", "verb": verb, "reply": self.lease(verb)})
@@ -170,17 +172,27 @@ class Member:
         if not built.get("snapshot"):
             return f"the job's code is not whole in this host's store ({store.root})"
         self.node_dir, self.attempt, self.reported = job_dir, int(place["attempt"]), False
+        spec: dict[str, Any] = {"argv": argv, "env": env}
+        units = self.config.get("lease")
+        if units:  # a shared host: the node waits its turn (the keeper's line says go)
+            alone = len(place["hosts"]) == 1
+            ticket = place.get("ticket") or [time.time(), self.template["job_id"]]
+            lease = {"job": ticket[1], "ticket": ticket, "wait": True, "self_start": alone}
+            spec["lease"] = {**units, **lease}
         try:
             done = subprocess.run(
                 self.agent(job_dir, "start", "."),
                 cwd=job_dir,
-                input=json.dumps({"argv": argv, "env": env}).encode(),
+                input=json.dumps(spec).encode(),
                 capture_output=True,
                 timeout=START_WAIT_S,
             )
         except (OSError, subprocess.SubprocessError) as exc:
             return f"cannot start the node: {exc}"
         reply = last_json(done.stdout.decode("utf-8", "replace")) or {}
+        if "queued" in reply:
+            self.queued = True
+            return None
         if "pid" not in reply:
             return str(reply.get("error") or done.stderr.decode("utf-8", "replace")[-500:])
         return None

@@ -24,6 +24,7 @@ from typing import Any
 from orchestrator.agent import placement, protocol
 from orchestrator.jobs.contact import LOST_AFTER_S
 from orchestrator.jobs.follow import Watcher
+from orchestrator.jobs.queue import NO_UNITS, lease_units, slot_offsets
 from orchestrator.jobs.reporter import Reporter
 from orchestrator.jobs.teardown import teardown
 from orchestrator.models.errors import OrchError, RemoteCommandError
@@ -103,6 +104,7 @@ def start_keeper(
         if spares:
             _prepare_spares(plan, spares, spare_group, push, templates, homes, reporter)
         hosts = [h for h in candidates if h.name in templates]
+        leases = _lease_units(plan, hosts)
         secret = secrets.token_hex(32)
         lost_after = float(job.lost_after or max(h.lost_after or LOST_AFTER_S for h in hosts))
         config = {
@@ -159,6 +161,7 @@ def start_keeper(
                     "digest": digest,
                     "node_dir": node_dir,
                     "lost_after": lost_after,
+                    "lease": leases[host.name],
                 },
             )
 
@@ -212,6 +215,18 @@ def _prepare_spares(
             plan.job, node.host, facts[node.host.name], plan.job_id
         )
         homes[node.host.name] = node.job_dir
+
+
+def _lease_units(plan: LaunchPlan, hosts: Sequence[Host]) -> dict[str, dict[str, Any] | None]:
+    """What a later attempt's node leases on each host (queue.lease_units): where any
+    host is shared, the others lease nothing but still wait for their turn together."""
+    offsets = slot_offsets(hosts)
+    units = {
+        h.name: lease_units(plan.job, h, node_count(plan.job, h), offsets[h.name]) for h in hosts
+    }
+    if not any(units.values()):
+        return units
+    return {name: u or dict(NO_UNITS) for name, u in units.items()}
 
 
 def _recorded(host: Host, lost_after: int | None) -> Host:

@@ -46,6 +46,22 @@ class QueueBusy(InfraError):
         )
 
 
+def lease_units(job: JobSpec, host: Host, nproc: int, first_slot: int = 0) -> Reply | None:
+    """What a node of `nproc` processes leases on `host`: GPUs where the inventory
+    lists them (the job's gpus_per_node, else one per process), else slots (one per
+    process) numbered from `first_slot` (`slot_offsets`); None where the inventory says
+    neither (the host is not shared)."""
+    if not host.leases:
+        return None
+    if host.gpus:
+        kind, pool = "gpu", list(host.gpus)
+        count = job.gpus_per_node if job.gpus_per_node is not None else nproc
+    else:
+        kind, count = "slot", nproc
+        pool = list(range(first_slot, first_slot + host.slots))
+    return {"kind": kind, "pool": pool, "count": count}
+
+
 def lease_request(
     job: JobSpec,
     node: NodeLaunch,
@@ -54,23 +70,12 @@ def lease_request(
     self_start: bool,
     first_slot: int = 0,
 ) -> Reply | None:
-    """What a node leases on its host: GPUs where the inventory lists them (the job's
-    gpus_per_node, else one per process), else slots (one per process) numbered from
-    `first_slot` (`slot_offsets`); None where the inventory says neither (the host is
-    not shared)."""
-    host = node.host
-    if not host.leases:
+    """The node's `lease_units`, as its supervisor's start asks for them."""
+    units = lease_units(job, node.host, node.nproc, first_slot)
+    if units is None:
         return None
-    if host.gpus:
-        kind, pool = "gpu", list(host.gpus)
-        count = job.gpus_per_node if job.gpus_per_node is not None else node.nproc
-    else:
-        kind, count = "slot", node.nproc
-        pool = list(range(first_slot, first_slot + host.slots))
     return {
-        "kind": kind,
-        "pool": pool,
-        "count": count,
+        **units,
         "job": ticket[1],
         "ticket": list(ticket),
         "wait": wait,
@@ -128,7 +133,7 @@ def start_nodes(
         node = nodes[host.name]
         request = lease_request(plan.job, node, ticket, wait, single, offsets[host.name])
         if request is None:  # a host that is not shared, in a job with some that are
-            request = {**_NO_UNITS, "job": plan.job_id, "ticket": list(ticket), "wait": wait}
+            request = {**NO_UNITS, "job": plan.job_id, "ticket": list(ticket), "wait": wait}
             request["self_start"] = single
         return start_leased(node, transport, request)
 
@@ -160,7 +165,7 @@ def start_nodes(
     return False
 
 
-_NO_UNITS = {"kind": "slot", "pool": [], "count": 0}
+NO_UNITS = {"kind": "slot", "pool": [], "count": 0}  # waits its turn, holds nothing
 
 
 def start_leased(node: NodeLaunch, transport: Transport, request: Reply) -> Reply:

@@ -258,6 +258,9 @@ def test_a_detached_job_of_two_nodes_waits_in_line_without_its_submit_and_starts
         status_json(orch, waiter_id)["queued"]
         == "queued, 1st in line on node1, 1st in line on node2"
     )
+    refused = orch("submit", "--no-wait", hold_job(tmp_path, "nowait", 1, **two), "-i", inventory)
+    assert refused.returncode == 3, refused.stderr
+    assert "error: not started: 2 slots on node1, node2 held by holder-" in refused.stderr
     late = orch("submit", "-d", hold_job(tmp_path, "late", 1, **two), "-i", inventory)
     assert late.returncode == 0 and "2nd in line" in late.stderr, late.stderr
     assert orch("kill", job_id_of(late.stdout), timeout=60).returncode == 0

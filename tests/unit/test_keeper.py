@@ -84,7 +84,7 @@ def keeping(hosts: list[str], candidates: list[str], restarts: int = 1) -> Keepi
             for h in candidates
         ],
     }
-    kept = Keeping(config, now=0.0)
+    kept = Keeping(config, now=0.0, wall=lambda: 1700000000.0)
     for host in candidates:
         kept.hear(host, {"k": "hello", "host": host}, 0.0)
     return kept
@@ -104,7 +104,8 @@ def test_a_failed_node_stops_the_others_then_the_job_starts_again_as_the_next_at
     sends = kept.hear("node1", {"k": "port", "port": 40001}, 2.1)
     assert kinds(sends) == [("node1", "start"), ("node2", "start")]
     place = sends[0][1]["place"]
-    assert place == placement.placement(["node1", "node2"], [1, 1], "10.0.0.1", 40001, 1)
+    expected = placement.placement(["node1", "node2"], [1, 1], "10.0.0.1", 40001, 1)
+    assert place == {**expected, "ticket": [1700000000.0, "j-1"]}  # its place in line
     assert kept.record()["current"]["attempt"] == 0  # shown once every node started
     kept.hear("node1", {"k": "started", "attempt": 1, "ok": True}, 3.0)
     kept.hear("node2", {"k": "started", "attempt": 1, "ok": True}, 3.0)

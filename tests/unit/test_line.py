@@ -147,3 +147,25 @@ def test_a_member_silent_while_in_line_ends_the_wait() -> None:
     kept.hear("node3", {"k": "hb"}, 3.5)
     assert verbs(kept.tick(3.5)) == [("node1", "stop")]  # node2 silent for 3.5 s > 3
     assert kept.nodes["node2"]["state"] == "lost"
+
+
+def test_a_restart_on_shared_hosts_waits_its_turn_before_it_runs() -> None:
+    kept = queued_keeper()
+    kept.tick(0.1)
+    answer(kept, "poll", {h: {"state": "ready"} for h in HOSTS}, 0.2)
+    answer(kept, "take", {h: {"state": "taken"} for h in HOSTS}, 0.3)
+    answer(kept, "go", {h: {"pid": 7} for h in HOSTS}, 0.4)
+    kept.hear("node2", {"k": "end", "attempt": 0, "returncode": 1}, 1.0)
+    kept.hear("node1", {"k": "stopped", "attempt": 0}, 1.1)
+    sends = kept.hear("node1", {"k": "port", "port": 40001}, 1.2)
+    assert verbs(sends) == [("node1", "start"), ("node3", "start")]  # the spare for node2
+    assert sends[0][1]["place"]["ticket"][1] == "j-1"  # one ticket for both hosts' lines
+    now = ["node1", "node3"]
+    kept.hear("node1", {"k": "started", "attempt": 1, "ok": True, "queued": True}, 1.3)
+    sends = kept.hear("node3", {"k": "started", "attempt": 1, "ok": True, "queued": True}, 1.3)
+    assert verbs(sends) == [("node1", "poll"), ("node3", "poll")]
+    assert kept.record()["state"] == "queued" and kept.record()["current"]["attempt"] == 1
+    answer(kept, "poll", {h: {"state": "ready"} for h in now}, 1.4)
+    answer(kept, "take", {h: {"state": "taken"} for h in now}, 1.5)
+    answer(kept, "go", {h: {"pid": 8} for h in now}, 1.6)
+    assert kept.record()["state"] == "running"
