@@ -9,6 +9,7 @@ shows its values as it would inside a test.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import threading
@@ -175,3 +176,18 @@ def wait_for(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(poll)
+
+
+def controller_processes(orch: OrchRunner) -> list[int]:
+    """Processes on this machine that run as this test's controller (its ORCH_HOME)."""
+    tag = f"ORCH_HOME={orch.controller.state_dir}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if tag in environ:
+                found.append(int(entry))
+    return found

@@ -6,14 +6,20 @@ as for an attached submit; `orch kill` stops the keeper and its members too."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.cluster import Cluster, OrchRunner
-from tests.support import assert_no_job_left, job_id_of, status_json, wait_for, write_job
+from tests.support import (
+    assert_no_job_left,
+    controller_processes,
+    job_id_of,
+    status_json,
+    wait_for,
+    write_job,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -33,21 +39,6 @@ def keeper_record(cluster: Cluster, job_id: str) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data
-
-
-def controller_processes(orch: OrchRunner) -> list[int]:
-    """Processes on this machine that run as this test's controller (its ORCH_HOME)."""
-    tag = f"ORCH_HOME={orch.controller.state_dir}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if tag in environ:
-                found.append(int(entry))
-    return found
 
 
 def test_a_detached_job_whose_rank_fails_restarts_with_no_controller_running(

@@ -16,7 +16,13 @@ from typing import Any
 import pytest
 
 from tests.cluster import REPO_ROOT, Cluster, OrchRunner
-from tests.support import job_id_of, status_json, wait_for, write_workdir_job
+from tests.support import (
+    controller_processes,
+    job_id_of,
+    status_json,
+    wait_for,
+    write_workdir_job,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -100,8 +106,8 @@ def test_four_slots_run_two_jobs_of_two_side_by_side_the_third_waits_its_turn_a_
     cluster: Cluster, orch: OrchRunner, tmp_path: Path
 ) -> None:
     inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[2], node2={"slots": 4})
-    release = tmp_path / "release"  # the first two hold their slots until it exists
-    jobs = [hold_job(tmp_path, f"slots{i}", release, nproc_per_node=2) for i in range(2)]
+    releases = [tmp_path / f"release{i}" for i in range(2)]  # each holds until its file exists
+    jobs = [hold_job(tmp_path, f"slots{i}", releases[i], nproc_per_node=2) for i in range(2)]
     results = submit_together(orch, *[["submit", "-d", job, "-i", inventory] for job in jobs])
     assert [code for code, _, _ in results] == [0, 0], [err for _, _, err in results]
     assert not [err for _, _, err in results if "queued" in err]
@@ -131,14 +137,15 @@ def test_four_slots_run_two_jobs_of_two_side_by_side_the_third_waits_its_turn_a_
     assert [row["job"] for row in line] == [job_id_of(third.stdout)]  # the killed one left
     assert status_json(orch, job_id_of(late.stdout))["state"] == "killed"
 
-    release.touch()
-    first, second = (finished(orch, job_id) for job_id in ids)
+    releases[0].touch()
+    first = finished(orch, ids[0])
     waited = finished(orch, job_id_of(third.stdout))
+    releases[1].touch()
+    second = finished(orch, ids[1])
     assert abs(first.start - second.start) < 2  # side by side
     assert set(first.slots.split(",")).isdisjoint(second.slots.split(","))
-    freed = min(first, second, key=lambda run: run.end)
-    assert freed.end <= waited.start < freed.end + 2  # its turn, and soon
-    assert waited.slots == freed.slots
+    assert first.end <= waited.start < first.end + 2  # its turn, and soon
+    assert waited.slots == first.slots
 
 
 def test_gpus_are_leased_disjoint_and_busy_ones_outside_orch_are_named(
@@ -254,6 +261,7 @@ def test_a_detached_job_of_two_nodes_waits_in_line_without_its_submit_and_starts
         waiter.stderr,
     ), waiter.stderr
     waiter_id = job_id_of(waiter.stdout)
+    assert controller_processes(orch) == []  # the submit left nothing behind here
     assert (
         status_json(orch, waiter_id)["queued"]
         == "queued, 1st in line on node1, 1st in line on node2"
@@ -277,6 +285,44 @@ def test_a_detached_job_of_two_nodes_waits_in_line_without_its_submit_and_starts
     assert len(starts) == 2 and max(starts) - min(starts) < 1.5, followed.stdout  # together
     assert min(starts) >= holder_run.end
     assert status_json(orch, waiter_id)["state"] == "succeeded"
+
+
+def test_a_detached_restart_on_shared_hosts_leases_its_slots_as_the_first_attempt_did(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    """Attempt 0 fails on both nodes; the keeper's attempt 1 runs with slots leased
+    on both hosts, held by the job while it runs (not beside whoever holds them)."""
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[1, 2], defaults={"slots": 2})
+    release = tmp_path / "release"
+    job = write_workdir_job(
+        tmp_path,
+        FAKE_GPU,
+        "hold.py",
+        name="again",
+        launcher="python",
+        args=[str(release), "--fail-first"],
+        hosts=["node1", "node2"],
+        nproc_per_node=2,
+        restarts=1,
+    )
+    done = orch("submit", "-d", job, "-i", inventory, timeout=90)
+    assert done.returncode == 0, done.stderr
+    job_id = job_id_of(done.stdout)
+
+    def second_runs() -> bool:
+        record = status_json(orch, job_id)
+        return bool(record["spec"].get("attempt") == 1 and record["state"] == "running")
+
+    wait_for(second_runs, 60, "attempt 2 to run")
+    held = [u for u in host_units(orch, inventory) if u["state"] == "held"]
+    assert sorted((u["host"], u["job"]) for u in held) == [
+        (h, job_id) for h in ("node1", "node1", "node2", "node2")
+    ]
+    release.touch()
+    wait_for(lambda: status_json(orch, job_id)["state"] == "succeeded", 60, "the job to succeed")
+    logs = orch("logs", job_id, timeout=60).stdout
+    assert len(START.findall(logs)) == 4, logs  # two attempts of two nodes
+    assert [m.group(2) for m in START.finditer(logs)][2:] == ["0,1", "0,1"], logs
 
 
 TWO_USERS = r"""
