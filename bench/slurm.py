@@ -10,7 +10,9 @@ The cluster is tests/slurm_cluster.py's: a login node (slurmctld) and 3 compute 
   sbatch` and then `ssh login tail -F` of its output file.
 
 Three figures, each the median of the runs:
-1. submit -> first rank line: until a rank's `ready` line reaches this machine's stdout;
+1. submit -> first rank line: until a rank's `ready` line reaches this machine's stdout,
+   in two parts: submit -> the first rank process running (its first statement prints
+   the time), and a rank's line printed -> here (each line says when it was printed);
 2. rank failure -> allocation gone: from the failing rank's own timestamp until squeue
    on the login node no longer lists the job as pending, running or completing;
 3. Ctrl-C -> allocation gone: from the interrupt (orch: SIGINT to `orch submit`; by hand:
@@ -46,12 +48,14 @@ from tests.cluster import Cluster, orch_command, repo_python
 from tests.slurm_cluster import SlurmCluster
 
 WORKLOAD = """\
-import os, sys, time
+import time
+print(f"born {time.time():.3f}", flush=True)
+import os, sys
 import torch.distributed as dist
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-print(f"ready r{rank}", flush=True)
+print(f"ready r{rank} {time.time():.3f}", flush=True)
 if os.environ.get("FAIL_RANK") == str(rank):
     time.sleep(1)
     print(f"failing at {time.time():.3f}", flush=True)
@@ -117,6 +121,8 @@ class Bench:
         (work / "train.py").write_text(WORKLOAD)
         self.work = work
         self.tmp = tmp
+        # first_line's parts: (submit -> first rank running, rank line printed -> here)
+        self.parts: dict[str, list[tuple[float, float]]] = {"orch": [], "hand": []}
         # The baseline's code and batch script, on the shared home (not timed).
         assert slurm.home is not None
         self.hand_dir = slurm.home / "byhand"
@@ -170,8 +176,11 @@ class Bench:
     def first_line(self, way: str) -> float:
         start = self.orch if way == "orch" else self.by_hand
         proc, reader, started, ident = start({"SLEEP": "0"})
-        when, _ = reader.wait(r"ready r\d")
+        when, line = reader.wait(r"ready r\d [\d.]+")
+        printed = float(line.split()[-1])
         self._finish(way, proc, ident)
+        born = [float(t) for _, text in reader.lines for t in re.findall(r"born ([\d.]+)", text)]
+        self.parts[way].append((min(born) - started, when - printed))
         return when - started
 
     def failure(self, way: str) -> float:
@@ -213,6 +222,14 @@ def median_of(runs: int, measure: Callable[[str], float]) -> tuple[float, float]
     return statistics.median(orch), statistics.median(hand)
 
 
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def ratio(orch: float, hand: float) -> str:
+    return f"{orch / hand:.2f}x" if hand >= 0.05 else "-"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
@@ -229,10 +246,13 @@ def main() -> None:
             ("rank failure -> allocation gone", median_of(args.repeat, bench.failure)),
             ("Ctrl-C -> allocation gone", median_of(args.repeat, bench.interrupt)),
         ]
+        for i, part in enumerate(("submit -> a rank runs", "a rank's line -> here")):
+            orch, hand = ([p[i] for p in bench.parts[way]] for way in ("orch", "hand"))
+            rows.insert(1 + i, (f"  of which {part}", (median(orch), median(hand))))
     lines = [
         "| step | orch (s) | by hand (s) | ratio |",
         "|---|---:|---:|---:|",
-        *(f"| {step} | {o:.2f} | {h:.2f} | {o / h:.2f}x |" for step, (o, h) in rows),
+        *(f"| {step} | {o:.2f} | {h:.2f} | {ratio(o, h)} |" for step, (o, h) in rows),
     ]
     print("\n".join(lines))
     if args.no_write:
