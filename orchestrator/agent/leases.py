@@ -93,6 +93,12 @@ def open_dir(root: str) -> str:
         os.mkdir(root, 0o700)
         os.chmod(root, 0o1777)  # after mkdir: the umask would take bits away
     info = os.lstat(root)
+    deadline = time.monotonic() + 1.0
+    while stat.S_ISDIR(info.st_mode) and info.st_mode & 0o7777 == 0o700:
+        if time.monotonic() > deadline:  # not one just made by a node beside this one
+            break
+        time.sleep(0.01)  # its maker is between its mkdir and its chmod
+        info = os.lstat(root)
     if not stat.S_ISDIR(info.st_mode):
         raise LeaseError(f"{root} is not a directory")
     if not info.st_mode & stat.S_ISVTX or info.st_mode & 0o777 != 0o777:

@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,22 @@ def test_the_lease_directory_is_sticky_and_writable_by_all(lease_dir: Path) -> N
 def test_a_lease_directory_that_is_not_sticky_is_refused(lease_dir: Path) -> None:
     lease_dir.mkdir(mode=0o777)
     os.chmod(lease_dir, 0o777)
+    with pytest.raises(leases.LeaseError, match="not 1777"):
+        leases.open_dir(str(lease_dir))
+
+
+def test_a_lease_directory_another_node_is_still_making_is_waited_for(lease_dir: Path) -> None:
+    """Two nodes on one machine start together: one made the directory (mode 700) and
+    has yet to chmod it; the other waits for that instead of refusing."""
+    lease_dir.mkdir(mode=0o700)
+    os.chmod(lease_dir, 0o700)
+    timer = threading.Timer(0.2, os.chmod, (lease_dir, 0o1777))
+    timer.start()
+    try:
+        assert leases.open_dir(str(lease_dir)) == str(lease_dir)
+    finally:
+        timer.join()
+    os.chmod(lease_dir, 0o700)  # never finished: refused after a second
     with pytest.raises(leases.LeaseError, match="not 1777"):
         leases.open_dir(str(lease_dir))
 
