@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from orchestrator.jobs import keep
@@ -13,6 +14,8 @@ from orchestrator.models.states import JobState, job_state, node_state
 from orchestrator.nodes.group import HostGroup, connect_reachable
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror, rank_of
+
+NEXT_ATTEMPT_POLL_S = 1.0  # how often a follow asks the keeper for the next attempt
 
 
 @dataclass
@@ -52,7 +55,8 @@ class LogFilter:
 
 def logs(store: JobDB, job_id: str, want: LogFilter, follow: bool, reporter: Reporter) -> int:
     """Print a job's output so far (from its hosts, else the local copy); with `follow`,
-    go on until the job ends.
+    go on until the job ends: for a job its keeper restarts, through every attempt it
+    starts, each under its marker.
 
     Returns:
         0, or with `follow` the job's exit code (0 succeeded, 1 otherwise).
@@ -62,11 +66,38 @@ def logs(store: JobDB, job_id: str, want: LogFilter, follow: bool, reporter: Rep
             could be shown was shown first (exit 3).
     """
     kept = keep.sync(store, store.get(job_id), reporter)  # attempts of a keeper's
+    want.nodes(kept.record)  # an unknown node or rank is refused before anything shows
+    _print_earlier_attempts(kept.record, store, want, reporter)
+    code = _attempt_logs(store, kept, want, follow, reporter)
+    while follow and code != 0 and kept.acting:
+        following = _next_attempt(store, kept.record, reporter)
+        if following is None:
+            break
+        kept = following
+        reporter.notice(f"--- attempt {int(kept.record.spec.get('attempt') or 0) + 1} ---")
+        code = _attempt_logs(store, kept, want, follow, reporter)
+    return code
+
+
+def _next_attempt(store: JobDB, record: JobRecord, reporter: Reporter) -> keep.Kept | None:
+    """Wait for the job's keeper to start its next attempt (its record then has it);
+    None once the keeper decided there is none."""
+    known = int(record.spec.get("attempt") or 0)
+    while True:
+        time.sleep(NEXT_ATTEMPT_POLL_S)
+        kept = keep.sync(store, store.get(record.id), reporter)
+        if int(kept.record.spec.get("attempt") or 0) > known:
+            return kept
+        if not kept.acting:
+            return None
+
+
+def _attempt_logs(
+    store: JobDB, kept: keep.Kept, want: LogFilter, follow: bool, reporter: Reporter
+) -> int:
+    """The current attempt's output so far and, with `follow`, until its nodes end."""
     record = kept.record
-    nodes = want.nodes(record)
-    if follow:  # the job's end is known only from all of its nodes
-        nodes = record.nodes
-    _print_earlier_attempts(record, store, want, reporter)
+    nodes = record.nodes if follow else want.nodes(record)  # follow: the end needs all
     mirror = LogMirror(store.home / "logs", record.id, int(record.spec.get("attempt") or 0))
     group, failures = connect_reachable([n.host for n in nodes], reporter.notice)
     try:
@@ -196,8 +227,7 @@ def _follow(
             reporter.notice(exc.message)
             if kept:
                 reporter.notice(
-                    f"the job's keeper restarts it as its restarts allow: orch status {record.id}; "
-                    f"orch logs -f {record.id} follows the next attempt"
+                    "the job's keeper starts it again if its restarts allow: following on"
                 )
             return 1
         raise

@@ -133,7 +133,7 @@ def test_orch_kill_stops_the_keeper_and_its_members_and_nothing_restarts(
     assert not record["spec"].get("attempts")
 
 
-def test_orch_logs_f_follows_a_failed_attempt_and_leaves_the_restart_to_the_keeper(
+def test_orch_logs_f_follows_a_failed_attempt_then_the_keepers_next_one_to_its_end(
     orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
 ) -> None:
     job = write_job(
@@ -147,12 +147,14 @@ def test_orch_logs_f_follows_a_failed_attempt_and_leaves_the_restart_to_the_keep
         hosts=["node1", "node2"],
     )
     job_id = submit_detached(orch, job, inventory)
-    followed = orch("logs", "-f", job_id, timeout=60)
-    assert followed.returncode == 1, followed.stderr
-    assert "[node1 r0] attempt 0 rank 0" in followed.stdout
-    assert "the job's keeper restarts it" in followed.stderr, followed.stderr
-    wait_for(
-        lambda: keeper_record(cluster, job_id).get("state") == "succeeded", 30, "attempt 2's end"
-    )
+    followed = orch("logs", "-f", job_id, timeout=90)
+    assert followed.returncode == 0, followed.stderr  # attempt 2 succeeded
+    lines = followed.stdout.splitlines()
+    assert lines.index("[node1 r0] attempt 0 rank 0") < lines.index("[node1 r0] attempt 1 rank 0")
+    assert "[node2 r1] finished attempt 1" in lines, followed.stdout
+    assert "the job's keeper starts it again if its restarts allow" in followed.stderr
+    assert "its keeper started it again as attempt 2 of 2" in followed.stderr, followed.stderr
+    assert "--- attempt 2 ---" in followed.stderr
+    assert keeper_record(cluster, job_id)["state"] == "succeeded"
     assert keeper_record(cluster, job_id)["attempts"][0]["reason"] == "attempt 1 failed on node2"
     assert status_json(orch, job_id)["state"] == "succeeded"
