@@ -35,7 +35,7 @@ from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup, connect_reachable
 from orchestrator.nodes.probe import probe
 from orchestrator.plan import LaunchPlan, build_plan, fs_groups, node_count, node_template
-from orchestrator.records.db import JobDB, JobRecord, NodeRecord, _host_from_json, _host_to_json
+from orchestrator.records.db import JobDB, JobRecord, NodeRecord, host_from_json, host_to_json
 from orchestrator.records.logmirror import LogMirror
 from orchestrator.transport import Transport
 
@@ -140,7 +140,7 @@ def start_keeper(
                 "host": master.host.name,
                 "dir": keeper_dir,
                 "hosts": {
-                    h.name: json.loads(_host_to_json(_recorded(h, job.lost_after))) for h in hosts
+                    h.name: json.loads(host_to_json(_recorded(h, job.lost_after))) for h in hosts
                 },
             },
         )
@@ -289,7 +289,7 @@ def sync(store: JobDB, record: JobRecord, reporter: Reporter, stop: bool = False
     keeper = record.spec.get("keeper")
     if not isinstance(keeper, dict) or record.state.is_terminal():
         return Kept(record)
-    hosts = {name: _host_from_json(json.dumps(h)) for name, h in keeper["hosts"].items()}
+    hosts = {name: host_from_json(json.dumps(h)) for name, h in keeper["hosts"].items()}
     master = hosts[keeper["host"]]
     group, _ = connect_reachable([master], lambda _: None)
     with group:

@@ -120,17 +120,18 @@ def _node_rows(job: JobRecord) -> list[tuple[Any, ...]]:
             n.state.value,
             n.exit_code,
             n.error,
-            _host_to_json(n.host),
+            host_to_json(n.host),
         )
         for n in job.nodes
     ]
 
 
-def _host_to_json(host: Host) -> str:
+def host_to_json(host: Host) -> str:
+    """A host as node records (and a keeper's record of its hosts) store it."""
     return json.dumps(dataclasses.asdict(host))
 
 
-def _host_from_json(text: str) -> Host:
+def host_from_json(text: str) -> Host:
     """The host of a node record; fields a newer orch added are left out."""
     data = json.loads(text)
     known = {f.name for f in dataclasses.fields(Host)}
@@ -340,7 +341,7 @@ def _readable(row: sqlite3.Row, nodes: list[sqlite3.Row]) -> JobRecord:
 
 def _node_from_row(row: sqlite3.Row) -> NodeRecord:
     return NodeRecord(
-        host=_host_from_json(row["host_spec"]),
+        host=host_from_json(row["host_spec"]),
         node_rank=row["node_rank"],
         first_rank=row["first_rank"],
         nproc=row["nproc"],
