@@ -17,6 +17,7 @@ from .protocol import (
     CODE,
     EXIT,
     HEARTBEAT_S,
+    MEMBER_FILE,
     OUTPUTS,
     PIDS,
     RESERVED_NAMES,
@@ -40,7 +41,11 @@ def node_end(node_dir: str, created: float) -> float | None:
 
     Its pids mean something only on the host that recorded them: a node of another
     host sharing this filesystem runs while its supervisor keeps touching its pid file.
+    A node directory where a keeper's member lives is in use whatever its node did: the
+    keeper may start the job's next attempt there, from this snapshot's content.
     """
+    if member_lives(node_dir):
+        return None
     with contextlib.suppress(OSError):
         return os.path.getmtime(os.path.join(node_dir, EXIT))
     pids = os.path.join(node_dir, PIDS)
@@ -54,6 +59,21 @@ def node_end(node_dir: str, created: float) -> float | None:
             touched = os.path.getmtime(pids)
             return None if time.time() - touched < STALE_S else touched
     return abandoned(created)
+
+
+def member_lives(node_dir: str) -> bool:
+    """Whether a keeper's member (member.py) lives in the node directory: on this host,
+    its pid and start time; on another host sharing the filesystem, its touches."""
+    path = os.path.join(node_dir, MEMBER_FILE)
+    record = read_json(path)
+    if record is None:
+        return False
+    if record.get("host") != proc.host_id():
+        with contextlib.suppress(OSError):
+            return time.time() - os.path.getmtime(path) < STALE_S
+        return False
+    pid = int(record.get("pid") or 0)
+    return proc.alive(pid) and proc.start_time(pid) == record.get("start_time")
 
 
 def abandoned(created: float) -> float | None:

@@ -7,6 +7,7 @@ start the host's node of the next attempt, answer for its node in line (the agen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -17,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from . import node
+from . import node, proc
 from .daemon import daemonize
 from .keeper import (
     HB_S,
@@ -32,7 +33,7 @@ from .keeper import (
 from .keeping import START_WAIT_S, STOP_WAIT_S
 from .line import REPLY_WAIT_S
 from .placement import render
-from .protocol import AGENT, RUN_SCRIPT, last_json
+from .protocol import AGENT, HEARTBEAT_S, MEMBER_FILE, RUN_SCRIPT, last_json, write_json
 
 
 def start_member(directory: str) -> int:
@@ -70,14 +71,31 @@ class Member:
         self.queued = False  # the node of the last start waits in line
         self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.patience = max(PATIENCE_S, 3 * float(config.get("lost_after") or 0))
+        self.home = os.getcwd()  # where it lives: its record keeps gc off the snapshot
 
     def run(self) -> None:
         threading.Thread(
             target=read_messages, args=(self.channel, lambda _c, m: self.inbox.put(m)), daemon=True
         ).start()
         threading.Thread(target=self.beat, daemon=True).start()
-        heard = time.monotonic()
+        lives = os.path.join(self.home, MEMBER_FILE)
+        pid = os.getpid()
+        write_json(lives, {"pid": pid, "start_time": proc.start_time(pid), "host": proc.host_id()})
+        try:
+            self.serve()
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(lives)
+
+    def serve(self) -> None:
+        """Do what the keeper asks until it says bye, goes, or is silent too long."""
+        lives = os.path.join(self.home, MEMBER_FILE)
+        heard = touched = time.monotonic()
         while time.monotonic() - heard < self.patience:
+            if time.monotonic() - touched > HEARTBEAT_S:
+                with contextlib.suppress(OSError):
+                    os.utime(lives)
+                touched = time.monotonic()
             try:
                 message = self.inbox.get(timeout=0.5)
             except queue.Empty:

@@ -64,6 +64,7 @@ RUN_SCRIPT = "run.py"  # the agent's entry as a script, in each version's direct
 RESERVED_NAMES = frozenset({CODE, AGENT, SNAPSHOT, OUTPUTS, ".", ".."})
 FS_MARKS = "fsmarks"  # WORKDIR/fsmarks/<nonce>: which hosts see one filesystem (probe)
 HEARTBEAT_S = 60.0  # a supervisor touches its PIDS file this often while torchrun runs
+MEMBER_FILE = "member.json"  # a keeper's member lives in this node directory (touched too)
 
 
 def job_root(workdir: str, job_id: str) -> str:

@@ -236,3 +236,34 @@ def test_gc_judges_its_own_hosts_nodes_by_their_pids(tmp_path: Path) -> None:
     (node / "pid.json").write_text(json.dumps(pids))
     report = agent_gc.collect_garbage(str(tmp_path), keep=0, grace_s=0, sweep=True)
     assert report["snapshots_removed"] == 1
+
+
+def test_gc_keeps_the_snapshot_of_a_spare_whose_keepers_member_lives_there(
+    tmp_path: Path,
+) -> None:
+    """A spare's snapshot no node ever started from: kept while the job's member lives
+    in its directory (the keeper may start the next attempt there), however old."""
+    spare = tmp_path / "jobs" / "j-3" / "node4"
+    _snapshot(spare, time.time() - agent_gc.ABANDONED_S - 60)
+    me = {"pid": os.getpid(), "start_time": proc.start_time(os.getpid()), "host": proc.host_id()}
+    (spare / "member.json").write_text(json.dumps(me))
+    report = agent_gc.collect_garbage(str(tmp_path), keep=0, grace_s=0, sweep=True)
+    assert report["running"] == 1 and (spare / "code").is_dir()
+    (spare / "member.json").write_text(json.dumps({**me, "start_time": -1}))  # pid reused
+    report = agent_gc.collect_garbage(str(tmp_path), keep=0, grace_s=0, sweep=True)
+    assert report["snapshots_removed"] == 1 and not (spare / "code").exists()
+
+
+def test_gc_keeps_a_node_directory_while_another_hosts_member_touches_its_record(
+    tmp_path: Path,
+) -> None:
+    node = tmp_path / "jobs" / "j-4" / "node2"
+    _snapshot(node, time.time() - 3600)
+    (node / "exit.json").write_text("{}")  # attempt 0 ended here; the keeper acts on
+    (node / "member.json").write_text(json.dumps({"pid": 1, "host": "elsewhere/0"}))
+    report = agent_gc.collect_garbage(str(tmp_path), keep=0, grace_s=0, sweep=True)
+    assert report["running"] == 1
+    stale = time.time() - agent_gc.STALE_S - 60
+    os.utime(node / "member.json", (stale, stale))
+    report = agent_gc.collect_garbage(str(tmp_path), keep=0, grace_s=0, sweep=True)
+    assert report["snapshots_removed"] == 1
