@@ -186,24 +186,24 @@ class SshTransport:
                     f"password refused for {self._target}",
                     "check the password; on a terminal orch keys asks again",
                 ) from None
-            raise self._key_refused() from None
+            raise self._key_refused(self._failed_hop()) from None
         except paramiko.ssh_exception.NoValidConnectionsError as exc:
             errors = [e for e in exc.errors.values() if isinstance(e, OSError)]
             if errors and all(e.errno == errno.ECONNREFUSED for e in errors):
                 raise Refused(
                     self.name,
-                    f"connection refused by {self._target}",
+                    f"connection refused by {self._where()}",
                     "is sshd running there, and is the port right?",
                 ) from None
             raise HostError(
                 self.name,
-                f"cannot connect to {self._target}: {errors[0].strerror if errors else exc}",
+                f"cannot connect to {self._where()}: {errors[0].strerror if errors else exc}",
                 "check the network here, and the route to the host",
             ) from None
         except TimeoutError:
             raise HostError(
                 self.name,
-                f"no answer from {self._target} within {self.options.connect_timeout:.0f} s",
+                f"no answer from {self._where()} within {self.options.connect_timeout:.0f} s",
                 "check that the host is up and reachable from this machine",
             ) from None
         except socket.gaierror:
@@ -215,7 +215,7 @@ class SshTransport:
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise HostError(
                 self.name,
-                f"cannot connect to {self._target}: {exc}",
+                f"cannot connect to {self._where()}: {exc}",
                 "check the address, the network route and sshd on the host",
             ) from None
         transport = self._conn.client.get_transport()
@@ -227,14 +227,37 @@ class SshTransport:
                 # algorithm holds each small packet back (a round trip 48 ms -> 4 ms).
                 transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def _key_refused(self) -> AuthRefused:
+    def _key_refused(self, hop: Any = None) -> AuthRefused:
         ident = f" -i {self.host.identity_file}" if self.host.identity_file else ""
+        if hop is not None and hop is not self._conn:  # a ProxyJump gateway refused us
+            gateway = _hop_target(hop)
+            return AuthRefused(
+                self.name,
+                f"authentication refused for {gateway}, the ProxyJump gateway to {self._target}",
+                f"install your public key on the gateway: ssh-copy-id "
+                f"{gateway.rsplit(':', 1)[0]}, or fix ProxyJump in ~/.ssh/config",
+            )
         return AuthRefused(
             self.name,
             f"authentication refused for {self._target}",
             f"install your public key on the host: ssh-copy-id{ident} "
             f"{self._target.rsplit(':', 1)[0]} (or orch keys, for every host at once)",
         )
+
+    def _failed_hop(self) -> Any:
+        """The connection that failed: the first of the ProxyJump chain, from its far
+        end (opened first), that is not open; the host's own without gateways."""
+        for conn in reversed(list(_hops(self._conn))):
+            if not conn.is_connected:
+                return conn
+        return self._conn
+
+    def _where(self) -> str:
+        """The target, or the gateway on the way to it whose connection failed."""
+        hop = self._failed_hop()
+        if hop is self._conn:
+            return self._target
+        return f"{_hop_target(hop)} (the ProxyJump gateway to {self._target})"
 
     @property
     def target(self) -> str:
@@ -389,6 +412,10 @@ def _new_transport(
     aead = [c for c in options.ciphers if c.endswith("-gcm@openssh.com")]
     options.ciphers = tuple(aead + [c for c in options.ciphers if c not in aead])
     return transport
+
+
+def _hop_target(conn: Any) -> str:
+    return f"{conn.user}@{conn.host}" + (f":{conn.port}" if conn.port != 22 else "")
 
 
 def _hops(conn: Any) -> Iterator[Any]:

@@ -196,3 +196,13 @@ def test_a_proxyjump_gateway_is_checked_as_the_host_behind_it(
     result = exec_on(controller, inventory, "node2")
     assert result.returncode == 3, result.stderr
     assert "host key of 10.77.0.11 has CHANGED" in result.stderr and "node2" in result.stderr
+
+    refused = jump.replace("root@10.77.0.11", "nobody@10.77.0.11")  # no key of ours there
+    controller = fresh(cluster, known_hosts=pinned.splitlines()[0] + "\n", ssh_config=refused)
+    result = exec_on(controller, inventory, "node2")
+    assert result.returncode == 3, result.stderr
+    assert (
+        "authentication refused for nobody@10.77.0.11, the ProxyJump gateway to root@10.77.0.12"
+        in result.stderr
+    ), result.stderr
+    assert "hint: install your public key on the gateway" in result.stderr
