@@ -4,9 +4,10 @@ tests drive it with fake messages.
 
 A keeper follows one job through its attempts:
 
-    (line: its nodes wait for leases on shared hosts, line.py) --> running --a node failed or was lost--> stopping --all stopped--> waiting (the
-    restart delay) --> port (a free rendezvous port from the new master's member)
-    --> starting --all started--> running (the next attempt)
+    (line: its nodes wait for their leases on shared hosts, line.py) --> running
+    --a node failed or was lost--> stopping --all stopped--> waiting (the restart
+    delay) --> port (a free rendezvous port from the new master's member)
+    --> starting --all started--> (line, on shared hosts) --> running (the next attempt)
 
 On shared hosts a later attempt waits in line as the first did: its members start its
 nodes with their lease request (all under one ticket, the restart's time), and when

@@ -20,20 +20,15 @@ from typing import Any
 
 from . import node, proc
 from .daemon import daemonize
-from .keeper import (
-    HB_S,
-    KILL_GRACE_S,
-    MEMBER_LOG,
-    PATIENCE_S,
-    Channel,
-    join,
-    read_messages,
-    ready,
-)
 from .keeping import START_WAIT_S, STOP_WAIT_S
 from .line import REPLY_WAIT_S
 from .placement import render
 from .protocol import AGENT, HEARTBEAT_S, MEMBER_FILE, RUN_SCRIPT, last_json, write_json
+from .wire import HB_S, Channel, join, read_messages, ready
+
+MEMBER_LOG = "member.log"
+PATIENCE_S = 30.0  # a member's wait for a word from its keeper, at least
+KILL_GRACE_S = 3.0  # the node's ranks get this long after SIGTERM when the keeper stops it
 
 
 def start_member(directory: str) -> int:

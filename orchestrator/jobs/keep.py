@@ -26,7 +26,6 @@ from orchestrator.jobs.contact import LOST_AFTER_S
 from orchestrator.jobs.follow import Watcher
 from orchestrator.jobs.queue import NO_UNITS, lease_units, slot_offsets
 from orchestrator.jobs.reporter import Reporter
-from orchestrator.jobs.teardown import teardown
 from orchestrator.models.errors import OrchError, RemoteCommandError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
@@ -44,30 +43,6 @@ KEEPER_TIMEOUT_S = 90.0  # `keeper stop` waits for the nodes' kill, and more
 ACTING = ("queued", "running", "restarting", "stopping")  # the keeper's states while it decides
 
 Push = Callable[[LaunchPlan, HostGroup], None]
-
-
-def keep_detached(
-    plan: LaunchPlan,
-    candidates: Sequence[Host],
-    group: HostGroup,
-    digest: str,
-    push: Push,
-    reporter: Reporter,
-    store: JobDB,
-    line: str | None = None,
-) -> None:
-    """`start_keeper`; where that fails, the job is stopped on every node and failed:
-    a detached job with `restarts:` does not run without its keeper.
-
-    Raises:
-        OrchError: what kept the keeper from starting.
-    """
-    try:
-        start_keeper(plan, candidates, group, digest, push, reporter, store, line)
-    except OrchError:
-        teardown(plan.job_id, plan.master_port, plan.nodes, group, reporter)
-        store.update_job(plan.job_id, JobState.FAILED)
-        raise
 
 
 def start_keeper(

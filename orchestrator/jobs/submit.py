@@ -16,7 +16,7 @@ from pathlib import Path
 from orchestrator.agent import placement
 from orchestrator.agent.placement import restart_delay
 from orchestrator.check.run import preflight
-from orchestrator.jobs.keep import keep_detached
+from orchestrator.jobs.keep import start_keeper
 from orchestrator.jobs.pull import bring_outputs
 from orchestrator.jobs.queue import start_nodes
 from orchestrator.jobs.reporter import ProgressReporter, Reporter, phase
@@ -220,16 +220,10 @@ def _attempt(
             raise Interrupted(
                 "interrupted while starting the job; stopped it on every host"
             ) from None
-        push = lambda p, g: push_code(p, g, tree, reporter)  # noqa: E731
-        if queued:  # detached, in line: a node of one starts alone in its turn, else a keeper
-            if len(plan.nodes) > 1 or sub.job.restarts:  # starts the nodes (and restarts)
-                line = "together" if len(plan.nodes) > 1 else "alone"
-                keep_detached(plan, sub.candidates, group, tree.digest, push, reporter, store, line)
-            return 0
-        store.update_job(plan.job_id, JobState.RUNNING)
+        if not queued:
+            store.update_job(plan.job_id, JobState.RUNNING)
         if detach:
-            if sub.job.restarts:  # restarted without this controller: by a keeper on the hosts
-                keep_detached(plan, sub.candidates, group, tree.digest, push, reporter, store)
+            _keep(sub, plan, group, tree, reporter, store, queued)
             return 0
         mirror = LogMirror(store.home / "logs", plan.job_id, attempt)
         try:
@@ -245,6 +239,36 @@ def _attempt(
             mirror.close()
         bring_outputs(store.get(plan.job_id), group, sub.outputs_dir, reporter.notice)
         return code
+
+
+def _keep(
+    sub: Submission,
+    plan: LaunchPlan,
+    group: HostGroup,
+    tree: Tree,
+    reporter: Reporter,
+    store: JobDB,
+    queued: bool,
+) -> None:
+    """A detached job's keeper on its hosts, where it needs one: to restart it without
+    this controller (`restarts:`), or to start the nodes of a queued job of several
+    together in their turn (a node of one takes its turn alone). Where the keeper does
+    not start, the job is stopped on every node and failed: it does not run without.
+
+    Raises:
+        OrchError: what kept the keeper from starting.
+    """
+    several = len(plan.nodes) > 1
+    if not (sub.job.restarts or (queued and several)):
+        return
+    line = None if not queued else "together" if several else "alone"
+    push = lambda p, g: push_code(p, g, tree, reporter)  # noqa: E731
+    try:
+        start_keeper(plan, sub.candidates, group, tree.digest, push, reporter, store, line)
+    except OrchError:
+        teardown(plan.job_id, plan.master_port, plan.nodes, group, reporter)
+        store.update_job(plan.job_id, JobState.FAILED)
+        raise
 
 
 def _restart_of(

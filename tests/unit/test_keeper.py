@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent import keeper, placement
+from orchestrator.agent import placement, wire
 from orchestrator.agent.keeping import Keeping
 from orchestrator.models import placeholders
 from orchestrator.models.facts import HostFacts
@@ -201,14 +201,14 @@ def test_a_node_that_cannot_start_fails_the_attempt() -> None:
 
 def test_messages_are_authenticated_both_ways_and_a_tampered_one_is_refused() -> None:
     a, b = socket.socketpair()
-    keeper_side = keeper.Channel(a, b"s" * 32, b"n" * 32, keeper=True)
-    member_side = keeper.Channel(b, b"s" * 32, b"n" * 32, keeper=False)
+    keeper_side = wire.Channel(a, b"s" * 32, b"n" * 32, keeper=True)
+    member_side = wire.Channel(b, b"s" * 32, b"n" * 32, keeper=False)
     keeper_side.send({"k": "stop", "attempt": 0})
     assert member_side.receive() == {"k": "stop", "attempt": 0}
     member_side.send({"k": "hb"})
     assert keeper_side.receive() == {"k": "hb"}
     keeper_side.send({"k": "bye"})
-    forged = keeper.Channel(a, b"t" * 32, b"n" * 32, keeper=True)
+    forged = wire.Channel(a, b"t" * 32, b"n" * 32, keeper=True)
     forged.sent = keeper_side.sent
     forged.send({"k": "start"})
     member_side.receive()
@@ -221,7 +221,7 @@ def test_messages_are_authenticated_both_ways_and_a_tampered_one_is_refused() ->
 def test_a_member_without_the_secret_gets_no_channel() -> None:
     a, b = socket.socketpair()
     b.sendall(b"x" * 32)
-    assert keeper.greet(a, b"s" * 32) is None
+    assert wire.greet(a, b"s" * 32) is None
     b.close()
 
 
