@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.agent.protocol import KillReport
+from orchestrator.jobs import keep
 from orchestrator.jobs.pull import bring_outputs
 from orchestrator.jobs.reporter import Reporter
 from orchestrator.models.errors import HostError, OrchError
@@ -74,8 +75,6 @@ def kill(store: JobDB, job_id: str | None, reporter: Reporter) -> list[KillOutco
 
 
 def _kill_one(store: JobDB, record: JobRecord, reporter: Reporter) -> KillOutcome:
-    from orchestrator.jobs import keep  # keep starts with a teardown where it fails
-
     # A detached job's keeper first: it stops its nodes and never restarts them.
     record = keep.sync(store, record, reporter, stop=True).record
     outcome = KillOutcome(record.id)
