@@ -440,7 +440,9 @@ def main() -> None:
             "",
             "Timed for orch: scanning the workdir (manifest, stat cache; the first push hashes every file) "
             "and `push.push()` over SSH connections that are already open, which includes building each "
-            "job's snapshot (2,000 hard links) on every host. `orch submit` opens those connections anyway "
+            "job's snapshot on every host (as root, as here: the first snapshot borrows each object the "
+            "push just stored, by a link, and later ones get private copies, each checked by its hash; "
+            "another user's snapshots are hard links). `orch submit` opens those connections anyway "
             "to probe the hosts; opening them is shown apart (last column) and is not in the orch figures. "
             "Timed for rsync: the whole command, which opens its own SSH connection each time (OpenSSH, "
             "in C; orch uses paramiko). rsync writes into one directory in place; orch builds a new "

@@ -77,3 +77,10 @@ def test_the_checks_see_the_imports_they_forbid_elsewhere() -> None:
     assert offenders(files("transport"), lambda n: n.split(".")[0] == "paramiko")
     relative = imports_of(PACKAGE / "agent" / "sync.py")
     assert {"orchestrator.agent.protocol", "orchestrator.agent.store"} <= relative
+
+
+def test_no_bench_script_shadows_a_standard_module() -> None:
+    """bench/ is the first entry of sys.path when a bench script runs: a bench/queue.py
+    made `import queue` (fabric's, paramiko's) find it instead of the standard one."""
+    scripts = {p.stem for p in (PACKAGE.parent / "bench").glob("*.py")}
+    assert sorted(scripts & set(sys.stdlib_module_names)) == []

@@ -16,7 +16,7 @@ Measured, against the ideal in the same run:
 
 Needs root (it starts the namespace test cluster). Usage:
 
-    .venv/bin/python bench/queue.py [--jobs 20] [--seconds 2]
+    .venv/bin/python bench/waiting_line.py [--jobs 20] [--seconds 2]
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     body = f"""## Waiting in line: {args.jobs} one-node jobs onto {HOSTS} hosts with {SLOTS} slots
 
-`{" ".join(["bench/queue.py", "--jobs", str(args.jobs), "--seconds", str(args.seconds)])}` on {machine()}.
+`{" ".join(["bench/waiting_line.py", "--jobs", str(args.jobs), "--seconds", str(args.seconds)])}` on {machine()}.
 {args.jobs} jobs of {NPROC} processes holding their slots {args.seconds:g} s each, submitted at
 once with `orch submit -d` ({args.jobs // HOSTS} per host); two fit on a host at a time, the
 others wait in the host's line and start there without their controller.
