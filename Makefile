@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 ORCH   := $(VENV)/bin/orch
 
-.PHONY: setup demo test unit integration lint test-deps bench clean
+.PHONY: setup demo test unit integration lint test-deps bench bench-scale clean
 
 ## setup: create .venv with orch, torch (CPU) and the test tools
 setup: $(VENV)/.installed
@@ -53,6 +53,19 @@ bench: setup test-deps
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rsync >/dev/null; }
 	$(PY) bench/sync.py
 	$(PY) bench/sync.py --shared 8
+	$(PY) bench/sync.py --uplink 100 --hosts 4 8
+	$(PY) bench/snapshot.py
+	$(PY) bench/restart.py
+	$(PY) bench/waiting_line.py
+	$(PY) bench/top.py
+	$(PY) bench/slurm.py
+
+## bench-scale: the 16- and 32-host runs (tens of minutes on 2 cores)
+bench-scale: setup test-deps
+	$(PY) bench/launch.py --hosts 32 --repeat 1
+	$(PY) bench/failure.py --hosts 16 32 --cap 60
+	$(PY) bench/logs.py --hosts 16 32 --lines 25000 --repeat 1 --idle 10
+	$(PY) bench/controller.py --hosts 16 32
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
