@@ -21,6 +21,7 @@ from .protocol import (
     OUTPUTS,
     PIDS,
     RESERVED_NAMES,
+    SEAL,
     SNAPSHOT,
     describe_error,
     entry_key,
@@ -139,6 +140,8 @@ def collect_garbage(
         for _, holder, _ in finished[keep:]:
             remove_tree(os.path.join(holder, CODE))
             os.unlink(os.path.join(holder, SNAPSHOT))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(holder, SEAL))
         report: dict[str, Any] = {
             "snapshots_removed": len(finished[keep:]),
             "snapshots_kept": min(len(finished), keep),

@@ -61,7 +61,8 @@ SNAPSHOT = "snapshot.json"  # which manifest code/ was built from
 AGENT = "agent"  # link to the agent version that built the snapshot: the job's own
 RUN_SCRIPT = "run.py"  # the agent's entry as a script, in each version's directory
 # Names a node's directory may not have: a shared snapshot's entries beside it.
-RESERVED_NAMES = frozenset({CODE, AGENT, SNAPSHOT, OUTPUTS, ".", ".."})
+SEAL = "seal.json"  # beside snapshot.json, as root: each file's inode and ctime (takeover.py)
+RESERVED_NAMES = frozenset({CODE, AGENT, SNAPSHOT, SEAL, OUTPUTS, ".", ".."})
 FS_MARKS = "fsmarks"  # WORKDIR/fsmarks/<nonce>: which hosts see one filesystem (probe)
 HEARTBEAT_S = 60.0  # a supervisor touches its PIDS file this often while torchrun runs
 MEMBER_FILE = "member.json"  # a keeper's member lives in this node directory (touched too)

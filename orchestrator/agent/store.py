@@ -75,6 +75,15 @@ class ContentStore:
         except OSError:
             return False
 
+    def unlent(self, key: str) -> bool:
+        """Whether the object was lent and nothing links it any more: no snapshot can
+        write into it now, and `vouch` makes it lendable again if it is intact."""
+        try:
+            info = os.stat(f"{self.objects}/{key}")
+        except OSError:
+            return False
+        return info.st_mtime_ns != PRISTINE_NS and info.st_nlink == 1
+
     def vouch(self, key: str) -> bool:
         """Check an object that was lent by its hash: True, and pristine again when
         nothing links it any more, if it holds its content; else it goes, for the

@@ -4,8 +4,9 @@ framed on stdin, never through a shell.
 
 As another user, a snapshot is hard links into the store: the objects are read-only,
 and the snapshots of ten jobs share every unchanged file. As root, modes stop nobody,
-so each snapshot gets copies of its own (reflinks where the filesystem has them):
-a job that writes into one of its files changes no other job's, nor the store."""
+so each snapshot gets files of its own: those of an ended job's snapshot that still
+hold what was built (takeover.py), else copies (reflinks where the filesystem has
+them): a job that writes into one of its files changes no other job's, nor the store."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import os
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
+from . import takeover
 from .protocol import (
     AGENT,
     CODE,
@@ -116,28 +119,57 @@ def make_snapshot(store: ContentStore, request: dict[str, Any]) -> dict[str, Any
     sizes = {key: s for _, k, v, s in entries if (key := entry_key(k, v)) is not None}
     missing = sorted(key for key, size in sizes.items() if not store.has(key, size))
     owned = os.geteuid() == 0  # root writes through any mode: see place_owned
-    if owned and not missing:  # objects once lent: checked before they are used again
-        missing = sorted(k for k in sizes if not store.pristine(k) and not store.vouch(k))
+    if owned and not missing:  # objects once lent, now lent no more: lendable if intact
+        missing = sorted(k for k in sizes if store.unlent(k) and not store.vouch(k))
     if missing:
         return {"missing": missing}
     job_dir = os.path.expanduser(str(request["job_dir"]))
     os.makedirs(job_dir, exist_ok=True)
-    built = read_json(os.path.join(job_dir, SNAPSHOT)) or {}
-    if built.get("manifest") != digest or not os.path.isdir(os.path.join(job_dir, CODE)):
-        try:
-            build_tree(store, entries, os.path.join(job_dir, CODE), copy=owned)
-        except Missing as exc:  # collected by a concurrent gc since the check above
-            return {"missing": exc.keys}
-        version = pin_agent(job_dir)
-        write_json(
-            os.path.join(job_dir, SNAPSHOT),
-            {"manifest": digest, "created": time.time(), "agent": version},
-        )
+    with store_lock(store) if owned else contextlib.nullcontext():
+        built = read_json(os.path.join(job_dir, SNAPSHOT)) or {}
+        if built.get("manifest") != digest or not os.path.isdir(os.path.join(job_dir, CODE)):
+            try:
+                build_snapshot(store, entries, job_dir, digest, owned)
+            except Missing as exc:  # collected by a concurrent gc since the check above
+                return {"missing": exc.keys}
     # else: a restarted job's shared snapshot, built by its first attempt
     link_nodes(job_dir, request.get("nodes") or [])
     setup = request.get("setup")
     done = isinstance(setup, str) and os.path.exists(store.setup_marker(setup))
     return {"snapshot": True, "setup_done": done}
+
+
+def build_snapshot(
+    store: ContentStore, entries: list[list[Any]], job_dir: str, digest: str, owned: bool
+) -> None:
+    """JOB_DIR/code and its snapshot.json. As root, the files of an ended job's
+    snapshot are taken over where they still hold their content (takeover.py), and the
+    new snapshot is sealed for the next one.
+
+    Raises:
+        Missing: an object went from the store.
+    """
+    code = os.path.join(job_dir, CODE)
+    donor = takeover.Donor.find(os.path.dirname(store.root), store) if owned else None
+    try:
+        build_tree(store, entries, code, copy=owned, donor=donor)
+    finally:
+        if donor is not None:
+            donor.dismantle()
+    if owned:
+        takeover.record(job_dir, code, entries)
+    meta = {"manifest": digest, "created": time.time(), "agent": pin_agent(job_dir)}
+    write_json(os.path.join(job_dir, SNAPSHOT), meta)
+
+
+@contextlib.contextmanager
+def store_lock(store: ContentStore) -> Iterator[None]:
+    """gc's lock on the store: one root snapshot build at a time, and no gc meanwhile
+    (it would remove a donor's files while they are taken over)."""
+    os.makedirs(store.root, exist_ok=True)
+    with open(store.path("gc.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def pin_agent(job_dir: str) -> str:
@@ -171,7 +203,13 @@ def relink(target: str, link: str) -> None:
     os.symlink(target, link)
 
 
-def build_tree(store: ContentStore, entries: list[list[Any]], code: str, copy: bool) -> None:
+def build_tree(
+    store: ContentStore,
+    entries: list[list[Any]],
+    code: str,
+    copy: bool,
+    donor: takeover.Donor | None = None,
+) -> None:
     """Create `code` from the entries, all at once: it appears complete or not at all.
 
     Symlinks come last, so that no path is ever created through one.
@@ -181,6 +219,7 @@ def build_tree(store: ContentStore, entries: list[list[Any]], code: str, copy: b
         entries: a manifest's [path, kind, value, size] entries.
         code: the snapshot directory to create; it must not exist.
         copy: give each file a private copy of its object, rather than a hard link.
+        donor: an ended snapshot whose sealed files are taken over first.
 
     Raises:
         Missing: an object went from the store (a concurrent gc).
@@ -200,7 +239,7 @@ def build_tree(store: ContentStore, entries: list[list[Any]], code: str, copy: b
             os.mkdir(f"{tmp}/{path}")
         for path, kind, value, _ in entries:
             key = entry_key(kind, value)
-            if key is not None:
+            if key is not None and not (donor and donor.take(path, key, f"{tmp}/{path}")):
                 place(store, key, f"{tmp}/{path}", copy)
         for path, kind, value, _ in entries:
             if kind == "l":

@@ -87,6 +87,7 @@ def test_mixed_cluster_two_hosts_share_one_directory_and_setup_runs_once_per_fil
             "node1",
             "node2",
             "outputs",  # one ORCH_OUTPUT_DIR for the nodes of the shared filesystem
+            "seal.json",  # as root: what a later snapshot checks before it takes the files
             "snapshot.json",
         ]
         for node in ("node1", "node2"):  # each node's own files stay its own

@@ -141,6 +141,57 @@ def old(path: str) -> None:
     os.utime(path, (time.time() - 3600, time.time() - 3600))
 
 
+def ended(code: Path) -> None:
+    """Mark the node of the snapshot `code` ended, as its supervisor does."""
+    (code.parent / "exit.json").write_text("{}")
+
+
+@as_root
+def test_as_root_a_resubmit_takes_over_the_files_of_an_ended_jobs_snapshot(
+    store: ContentStore, tmp_path: Path
+) -> None:
+    digest = store_tree(store, {"config.txt": CONFIG, "run.sh": RUN}, executable=("run.sh",))
+    a = snapshot(store, digest, tmp_path / "jobs" / "a" / "here")
+    b = snapshot(store, digest, tmp_path / "jobs" / "b" / "here")  # copies: a runs
+    inodes = {name: (b / name).stat().st_ino for name in ("config.txt", "run.sh")}
+    ended(a)
+    ended(b)
+    c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")  # b's files, no copy
+    assert {name: (c / name).stat().st_ino for name in inodes} == inodes
+    assert (c / "config.txt").read_bytes() == CONFIG and (c / "run.sh").read_bytes() == RUN
+    assert os.access(c / "run.sh", os.X_OK)
+    assert not b.exists() and not (b.parent / "snapshot.json").exists(), "b is no snapshot now"
+    assert a.exists(), "the newest ended snapshot gives, one per build"
+
+
+@as_root
+def test_as_root_a_file_written_since_its_snapshot_was_built_is_not_taken_over(
+    store: ContentStore, tmp_path: Path
+) -> None:
+    digest = store_tree(store, {"config.txt": CONFIG, "run.sh": RUN})
+    snapshot(store, digest, tmp_path / "jobs" / "a" / "here")  # holds the lent objects
+    b = snapshot(store, digest, tmp_path / "jobs" / "b" / "here")
+    written = (b / "config.txt").stat().st_ino
+    with open(b / "config.txt", "r+b") as f:  # the job wrote into it (same length)
+        f.write(b"lr = 9.9\n")
+    ended(b)
+    c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
+    assert (c / "config.txt").stat().st_ino != written  # a fresh copy instead
+    assert (c / "config.txt").read_bytes() == CONFIG and (c / "run.sh").read_bytes() == RUN
+
+
+@as_root
+def test_as_root_a_running_jobs_snapshot_gives_nothing(store: ContentStore, tmp_path: Path) -> None:
+    digest = store_tree(store, {"config.txt": CONFIG})
+    snapshot(store, digest, tmp_path / "jobs" / "a" / "here")
+    b = snapshot(store, digest, tmp_path / "jobs" / "b" / "here")
+    pids = {"pid": os.getpid(), "supervisor": os.getpid(), "host": proc.host_id()}
+    (b.parent / "pid.json").write_text(json.dumps(pids))  # b's node runs
+    c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
+    assert (c / "config.txt").stat().st_ino != (b / "config.txt").stat().st_ino
+    assert (b / "config.txt").read_bytes() == CONFIG and (b.parent / "snapshot.json").exists()
+
+
 def test_gc_keeps_what_kept_snapshots_list_though_they_hold_copies(
     store: ContentStore, tmp_path: Path
 ) -> None:
@@ -148,10 +199,10 @@ def test_gc_keeps_what_kept_snapshots_list_though_they_hold_copies(
     finished = snapshot(
         store, store_tree(store, {"a.py": shared, "b.py": gone}), tmp_path / "jobs" / "1" / "here"
     )
-    (finished.parent / "exit.json").write_text("{}")
     running = snapshot(
         store, store_tree(store, {"a.py": shared, "c.py": new}), tmp_path / "jobs" / "2" / "here"
     )
+    (finished.parent / "exit.json").write_text("{}")  # after: no donor to the running one
     pids = {"pid": os.getpid(), "supervisor": os.getpid(), "host": proc.host_id()}
     (running.parent / "pid.json").write_text(json.dumps(pids))
     leftover = f"{store.objects}/{key(b'cut short')}.push-9.part"
