@@ -34,11 +34,10 @@ def work(local: int, args: argparse.Namespace, counts: list[int]) -> None:
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
     value = torch.tensor([rank + 1])
     dist.all_reduce(value)
-    print(
-        f"rank={rank} world={world} node={args.index} host={socket.gethostname()} "
-        f"sum={int(value.item())}",
-        flush=True,
-    )
+    # One write per line: the node's processes share its stdout, and print() writes the
+    # text and its newline apart (unbuffered), so two lines could interleave.
+    line = f"rank={rank} world={world} node={args.index} host={socket.gethostname()} "
+    os.write(1, f"{line}sum={int(value.item())}\n".encode())
     if rank == args.fail_rank:
         raise RuntimeError(f"boom from rank {rank}")
     time.sleep(args.sleep)
