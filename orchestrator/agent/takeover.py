@@ -10,7 +10,9 @@ manifest, the inode and change time (ctime) of every file once it was built (its
 seal). Any write, truncation, chmod, link or unlink since changes the ctime, which no
 one can set back (utime sets it to now), so a file whose seal still holds is as it was
 built, and was checked then. The seal is a file of its own (seal.json), read only
-for the one snapshot chosen.
+for the one snapshot chosen. Each file is opened to be looked at: on NFS, an open
+fetches its attributes from the server (close-to-open), where a bare lstat may answer
+from the client's cache, from before another host's job wrote into it.
 
 The donor is then retired (its snapshot.json goes first, so that nothing starts from
 it again: an attached restart of its job builds a new one) and what is left of it is
@@ -40,11 +42,24 @@ def seal(code: str, entries: list[list[Any]]) -> Seal:
     for path, kind, value, _ in entries:
         if entry_key(kind, value) is None:
             continue
-        with contextlib.suppress(OSError):
-            info = os.lstat(f"{code}/{path}")
-            if stat.S_ISREG(info.st_mode):
-                sealed[path] = [info.st_ino, info.st_ctime_ns]
+        info = fresh_stat(f"{code}/{path}")
+        if info is not None:
+            sealed[path] = [info.st_ino, info.st_ctime_ns]
     return sealed
+
+
+def fresh_stat(path: str) -> os.stat_result | None:
+    """The regular file's attributes as its filesystem's server has them (see above);
+    None for anything else, a link included."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return info if stat.S_ISREG(info.st_mode) else None
 
 
 class Donor:
@@ -55,7 +70,6 @@ class Donor:
         self.code = os.path.join(holder, CODE)
         self.seal = sealed
         self.keys = {p: entry_key(k, v) for p, k, v, _ in entries}
-        self.taken = 0
 
     @classmethod
     def find(cls, workdir: str, store: Any) -> Donor | None:
@@ -92,14 +106,13 @@ class Donor:
         if sealed is None or self.keys.get(path) != key:
             return False
         source = f"{self.code}/{path}"
+        info = fresh_stat(source)
+        if info is None or [info.st_ino, info.st_ctime_ns] != sealed:
+            return False
         try:
-            info = os.lstat(source)
-            if not stat.S_ISREG(info.st_mode) or [info.st_ino, info.st_ctime_ns] != sealed:
-                return False
             os.rename(source, target)
         except OSError:
             return False
-        self.taken += 1
         return True
 
     def dismantle(self) -> None:
