@@ -84,7 +84,7 @@ class Line:
 
     def _polled(self, replies: dict[str, Reply], now: float) -> tuple[Send, Outcome | None]:
         states = {h: r.get("state") for h, r in replies.items()}
-        left = {h: _why_left(r) for h, r in replies.items() if states[h] in ("ended", "gone")}
+        left = {h: why_left(r) for h, r in replies.items() if states[h] in ("ended", "gone")}
         if left:
             return [], Outcome(left=left)
         if all(s == "started" for s in states.values()):  # a job of one node, on its own
@@ -105,7 +105,8 @@ class Line:
         return [(h, {"k": "lease", "verb": "untake"}) for h in taken]
 
 
-def _why_left(reply: Reply) -> str:
+def why_left(reply: Reply) -> str:
+    """What a `poll` answer of a node no longer in line (ended, gone) says of why."""
     ended = reply.get("ended") or {}
     why = ended.get("error") or reply.get("error") or "it ended"
     return f"the node left the line before it started: {why}"

@@ -17,9 +17,11 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from orchestrator.agent import protocol
+from orchestrator.agent.line import Line, Outcome, why_left
 from orchestrator.jobs.reporter import Reporter
 from orchestrator.models.errors import HostError, InfraError, RemoteCommandError
 from orchestrator.models.inventory import Host
@@ -241,37 +243,37 @@ def _wait_all(
     hand_over: bool = False,
 ) -> str | None:
     """Take the leases of every node at once when every host says the job's turn
-    came; give them back when one refused; then say go to all.
+    came; give them back when one refused; then say go to all. The rounds are
+    agent/line.py's, which a detached job's keeper runs too: this side carries each
+    round's commands to the hosts.
 
     Returns:
         None once every node started; with `hand_over` (a detached job), what the
         job waits for as soon as it has to wait: its keeper waits from then on.
     """
     nodes = {n.host.name: n for n in plan.nodes}
+    rounds = Line(list(nodes))
     shown = ""
+    taken: dict[str, Reply] = {}
+    sends = rounds.tick(time.monotonic(), ready=True)
     while True:
-        polled = group.each(lambda h, t: lease_command(nodes[h.name], t, "poll"))
-        for name, reply in polled.items():
-            _check_in_line(name, reply)
-        waiting = {n: r["info"] for n, r in polled.items() if r["state"] == "waiting"}
-        if not waiting:
-            taken = group.each(lambda h, t: lease_command(nodes[h.name], t, "take"))
-            refused = {n: r for n, r in taken.items() if r["state"] != "taken"}
-            if not refused:
-                started = group.each(lambda h, t: lease_command(nodes[h.name], t, "go"))
-                failed = {n: r for n, r in started.items() if "pid" not in r}
-                for name, reply in failed.items():
-                    raise HostError(name, f"the node did not start: {reply.get('error')}")
-                for name, reply in taken.items():
-                    for warning in reply.get("warnings") or ():
-                        reporter.notice(f"warning: {warning} (host {name})")
-                _started(plan, started, reporter, store)
-                return None
-            group.each(
-                lambda h, t: lease_command(nodes[h.name], t, "untake"),
-                only=[n for n in taken if n not in refused],
-            )
-            waiting = {n: r["info"] for n, r in refused.items() if "info" in r}
+        following: list[tuple[str, dict[str, Any]]] = []
+        outcome: Outcome | None = None
+        for verb in dict.fromkeys(message["verb"] for _, message in sends):
+            hosts = [host for host, message in sends if message["verb"] == verb]
+            replies = group.each(partial(_lease_on, nodes, verb), only=hosts)
+            taken = replies if verb == "take" else taken
+            for host, reply in replies.items():
+                more, done = rounds.hear(host, {"verb": verb, "reply": reply}, time.monotonic())
+                following += more
+                outcome = outcome or done
+        if outcome is not None:
+            _out_of_line(plan, outcome, taken, reporter, store)
+            return None
+        if following:
+            sends = following
+            continue
+        waiting = rounds.waiting
         text = waiting_text(waiting, nodes) if waiting else "queued: taking every node's lease"
         if no_wait:
             raise QueueBusy(text)
@@ -281,13 +283,36 @@ def _wait_all(
             reporter.notice(text)
             shown = text
         time.sleep(POLL_S)
+        sends = rounds.tick(time.monotonic(), ready=True)
+
+
+def _lease_on(nodes: dict[str, NodeLaunch], verb: str, host: Host, transport: Transport) -> Reply:
+    return lease_command(nodes[host.name], transport, verb)
+
+
+def _out_of_line(
+    plan: LaunchPlan, outcome: Outcome, taken: dict[str, Reply], reporter: Reporter, store: JobDB
+) -> None:
+    """Every node started, or the job cannot start: a node left the line, or did not
+    start when told to go.
+
+    Raises:
+        HostError: the first node that left the line or did not start.
+    """
+    for name, why in outcome.left.items():
+        raise HostError(name, why)
+    for name, reply in outcome.started.items():
+        if "pid" not in reply:
+            raise HostError(name, f"the node did not start: {reply.get('error')}")
+    for name, reply in taken.items():
+        for warning in reply.get("warnings") or ():
+            reporter.notice(f"warning: {warning} (host {name})")
+    _started(plan, outcome.started, reporter, store)
 
 
 def _check_in_line(name: str, reply: Reply) -> None:
     if reply["state"] in ("ended", "gone"):
-        ended = reply.get("ended") or {}
-        why = ended.get("error") or reply.get("error") or "it ended"
-        raise HostError(name, f"the node left the line before it started: {why}")
+        raise HostError(name, why_left(reply))
 
 
 def waiting_text(infos: dict[str, Reply], nodes: dict[str, NodeLaunch]) -> str:
