@@ -66,30 +66,31 @@ class Member:
         self.queued = False  # the node of the last start waits in line
         self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.patience = max(PATIENCE_S, 3 * float(config.get("lost_after") or 0))
-        self.home = os.getcwd()  # where it lives: its record keeps gc off the snapshot
+        # Where it lives: its record there keeps gc (and a takeover) off the snapshot.
+        self.lives = os.path.join(os.getcwd(), MEMBER_FILE)
 
     def run(self) -> None:
         threading.Thread(
             target=read_messages, args=(self.channel, lambda _c, m: self.inbox.put(m)), daemon=True
         ).start()
         threading.Thread(target=self.beat, daemon=True).start()
-        lives = os.path.join(self.home, MEMBER_FILE)
         pid = os.getpid()
-        write_json(lives, {"pid": pid, "start_time": proc.start_time(pid), "host": proc.host_id()})
+        write_json(
+            self.lives, {"pid": pid, "start_time": proc.start_time(pid), "host": proc.host_id()}
+        )
         try:
             self.serve()
         finally:
             with contextlib.suppress(OSError):
-                os.unlink(lives)
+                os.unlink(self.lives)
 
     def serve(self) -> None:
         """Do what the keeper asks until it says bye, goes, or is silent too long."""
-        lives = os.path.join(self.home, MEMBER_FILE)
         heard = touched = time.monotonic()
         while time.monotonic() - heard < self.patience:
             if time.monotonic() - touched > HEARTBEAT_S:
                 with contextlib.suppress(OSError):
-                    os.utime(lives)
+                    os.utime(self.lives)
                 touched = time.monotonic()
             try:
                 message = self.inbox.get(timeout=0.5)
