@@ -17,8 +17,9 @@ import hashlib
 import json
 import shlex
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any, TypeVar
 
 from orchestrator.agent import protocol
@@ -88,14 +89,22 @@ sys.exit(main(sys.argv[1:]))
 
 @functools.cache
 def archive() -> bytes:
-    """The agent's modules as canonical JSON: the same bytes for the same code."""
-    files = {
-        f"{PACKAGE}/{item.name}": item.read_text(encoding="utf-8")
-        for item in resources.files("orchestrator.agent").iterdir()
-        if item.name.endswith(".py")
-    }
+    """The agent's modules, its subpackages' too, as canonical JSON: the same bytes for
+    the same code."""
+    files = dict(_sources(resources.files("orchestrator.agent"), PACKAGE))
     files[protocol.RUN_SCRIPT] = RUN_SCRIPT
     return json.dumps(files, sort_keys=True, ensure_ascii=True).encode()
+
+
+def _sources(folder: Traversable, prefix: str) -> Iterator[tuple[str, str]]:
+    """(path in the archive, source) of every module below `folder`; bytecode caches
+    and other files stay behind."""
+    for item in folder.iterdir():
+        if item.is_dir():
+            if item.name != "__pycache__":
+                yield from _sources(item, f"{prefix}/{item.name}")
+        elif item.name.endswith(".py"):
+            yield f"{prefix}/{item.name}", item.read_text(encoding="utf-8")
 
 
 @functools.cache

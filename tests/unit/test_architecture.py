@@ -63,6 +63,19 @@ def test_the_agent_imports_only_the_standard_library() -> None:
     assert offenders(files("agent"), foreign) == {}
 
 
+@pytest.mark.parametrize("path", files("agent"), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_host_side_code_parses_as_the_oldest_python_a_host_may_run(path: Path) -> None:
+    """The agent runs on the hosts' own Python, 3.8 at the oldest: no syntax of a newer
+    one, and annotations left unevaluated (`str | None` and `list[str]` are 3.10's and
+    3.9's at run time)."""
+    tree = ast.parse(path.read_text(), str(path), feature_version=(3, 8))
+    code = [n for n in tree.body if not isinstance(n, ast.Expr)]  # past the docstring
+    if code:
+        first = code[0]
+        future = isinstance(first, ast.ImportFrom) and first.module == "__future__"
+        assert future and "annotations" in {a.name for a in first.names}, path
+
+
 @pytest.mark.parametrize(
     ("libraries", "allowed"),
     [(("paramiko", "fabric", "invoke"), "transport"), (("typer", "rich", "click"), "cli")],

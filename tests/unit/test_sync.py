@@ -227,6 +227,9 @@ def test_agent_archive_is_deterministic_and_its_hash_is_the_version() -> None:
     files = json.loads(agent.archive())
     assert list(files) == sorted(files)
     assert {"orch_agent/main.py", "orch_agent/protocol.py", "run.py"} <= set(files)
+    package = Path(agent.__file__).parents[1] / "agent"
+    every = {f"orch_agent/{p.relative_to(package)}" for p in package.rglob("*.py")}
+    assert set(files) - {"run.py"} == every  # subpackages too, and nothing else
     assert agent.version() == hashlib.sha256(agent.archive()).hexdigest()[:16]
     agent.archive.cache_clear()
     agent.version.cache_clear()
