@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report import machine, median, write_section
 from bench.sync import FILES, TOTAL_BYTES, make_tree
-from orchestrator.agent.store import ContentStore, remove_tree
-from orchestrator.agent.sync import FICLONE, build_tree
+from orchestrator.agent.store.content import ContentStore, remove_tree
+from orchestrator.agent.store.sync import FICLONE, build_tree
 
 
 def store_tree(root: Path, store: ContentStore) -> list[list[Any]]:

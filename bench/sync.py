@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ssh_client
 from bench.report import machine, median, write_section
-from orchestrator.agent import protocol
+from orchestrator.agent.kernel import protocol
 from orchestrator.models.inventory import load_inventory
 from orchestrator.nodes.probe import Marks, probe_host
 from orchestrator.plan import fs_groups

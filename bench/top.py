@@ -44,7 +44,7 @@ import yaml
 
 from bench.common import cpu_seconds, run_usage, wait_usage
 from bench.report import machine, median, write_section
-from orchestrator.agent import protocol
+from orchestrator.agent.kernel import protocol
 from orchestrator.nodes import agent
 from tests.cluster import Cluster, Controller, orch_command, repo_python
 

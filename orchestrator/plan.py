@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.agent import placement, protocol
+from orchestrator.agent.kernel import placement, protocol
 from orchestrator.models.errors import HostChoiceError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, Inventory
@@ -267,7 +267,7 @@ def _static_addr(host: Host) -> str | None:
 
 
 def node_template(job: JobSpec, host: Host, facts: HostFacts, job_id: str) -> dict[str, Any]:
-    """What one host of the job runs wherever it stands in the job (agent/placement.py:
+    """What one host of the job runs wherever it stands in the job (agent/kernel/placement.py:
     `render` places it): the job's command and env with placeholders unexpanded, and
     the host's python, workdir, env, GPUs, interface and address. A detached job's
     keeper renders the next attempt from these, on the hosts."""

@@ -1,5 +1,6 @@
-"""The agent's entry: `COMMAND ARGS...`, each command in its own module, imported only
-when it runs (a host command's start is on every path of orch)."""
+"""The agent's entry: `COMMAND ARGS...`, each command in its own module (in the room
+that holds it), imported only when it runs (a host command's start is on every path
+of orch)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,21 @@ import sys
 
 # command -> module; each module's main(args) returns the exit code
 COMMANDS = {
-    "probe": "probe",
-    "start": "start",
-    "status": "status",
-    "follow": "follow",
-    "kill": "kill",
-    "rank": "rank",
-    "sync": "sync",
-    "relay": "relay",
-    "outputs": "outputs",
-    "setup": "setup",
-    "gc": "gc",
-    "nettest": "nettest",
-    "lease": "leases",
-    "keeper": "keeper",
-    "top": "top",
+    "probe": "host.probe",
+    "nettest": "host.nettest",
+    "start": "node.start",
+    "status": "node.status",
+    "follow": "node.follow",
+    "kill": "node.kill",
+    "rank": "node.rank",
+    "setup": "node.setup",
+    "outputs": "node.outputs",
+    "top": "node.top",
+    "sync": "store.sync",
+    "relay": "store.relay",
+    "gc": "store.gc",
+    "lease": "leases.commands",
+    "keeper": "keeper.daemon",
 }
 USAGE = """usage: orch agent COMMAND ARGS...
   probe [MASTER|OPTIONS]              this host's facts as JSON (no torch import)

@@ -33,7 +33,7 @@ from orchestrator.cli import (  # noqa: F401
 )
 
 # isort: on
-from orchestrator.agent.limits import raise_open_files
+from orchestrator.agent.kernel.limits import raise_open_files
 from orchestrator.cli.app import app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.models.errors import EXIT_INTERRUPTED, OrchError

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from orchestrator.agent.protocol import ExitRecord, NodeStatus, describe_error
+from orchestrator.agent.kernel.protocol import ExitRecord, NodeStatus, describe_error
 from orchestrator.jobs.contact import Contact, StallClock, judge
 from orchestrator.models.errors import OrchError, Refused
 from orchestrator.models.inventory import Host

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.agent import placement, protocol
+from orchestrator.agent.kernel import placement, protocol
 from orchestrator.jobs.contact import LOST_AFTER_S
 from orchestrator.jobs.follow import Watcher
 from orchestrator.jobs.queue import NO_UNITS, lease_units, slot_offsets

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from orchestrator.agent import protocol
+from orchestrator.agent.kernel import protocol
 from orchestrator.models.errors import HostError, InputError
 from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from orchestrator.agent import protocol
-from orchestrator.agent.line import Line, Outcome, why_left
+from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel.line import Line, Outcome, why_left
 from orchestrator.jobs.reporter import Reporter
 from orchestrator.models.errors import HostError, InfraError, RemoteCommandError
 from orchestrator.models.inventory import Host

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from orchestrator.agent import placement
-from orchestrator.agent.placement import restart_delay
+from orchestrator.agent.kernel import placement
+from orchestrator.agent.kernel.placement import restart_delay
 from orchestrator.check.run import preflight
 from orchestrator.jobs.keep import start_keeper
 from orchestrator.jobs.pull import bring_outputs

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.agent.protocol import KillReport
+from orchestrator.agent.kernel.protocol import KillReport
 from orchestrator.jobs import keep
 from orchestrator.jobs.pull import bring_outputs
 from orchestrator.jobs.reporter import Reporter

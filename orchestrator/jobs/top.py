@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from orchestrator.agent.protocol import TopSample
+from orchestrator.agent.kernel.protocol import TopSample
 from orchestrator.jobs.reconcile import SETTLED, reconcile
 from orchestrator.jobs.reporter import Reporter
 from orchestrator.models.errors import HostError, InputError, MultiHostError, OrchError

@@ -22,7 +22,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import Any, TypeVar
 
-from orchestrator.agent import protocol
+from orchestrator.agent.kernel import protocol
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes.shell import sh_join, sh_path

@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from orchestrator.agent import protocol
-from orchestrator.agent.protocol import KillReport, NodeStatus, Started
+from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel.protocol import KillReport, NodeStatus, Started
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent

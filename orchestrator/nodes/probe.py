@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.agent import protocol
+from orchestrator.agent.kernel import protocol
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host

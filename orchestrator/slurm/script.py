@@ -19,7 +19,7 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from orchestrator.agent import protocol
+from orchestrator.agent.kernel import protocol
 from orchestrator.models import placeholders
 from orchestrator.models.job import LEGACY_LAUNCH, JobSpec
 from orchestrator.models.slurm import SlurmSection

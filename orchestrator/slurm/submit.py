@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.agent import protocol
+from orchestrator.agent.kernel import protocol
 from orchestrator.jobs.reporter import ProgressReporter, Reporter, phase
 from orchestrator.models.errors import InputError, Interrupted, OrchError
 from orchestrator.models.inventory import Host, Inventory, resolve_inventory

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.agent import protocol
-from orchestrator.agent.protocol import GcReport
+from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel.protocol import GcReport
 from orchestrator.models.errors import HostError
 from orchestrator.models.inventory import Host, resolve_inventory
 from orchestrator.nodes import agent

@@ -31,8 +31,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.agent import protocol
-from orchestrator.agent.protocol import SyncReply
+from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel.protocol import SyncReply
 from orchestrator.models.errors import (
     HostError,
     InfraError,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.agent import protocol
+from orchestrator.agent.kernel import protocol
 from orchestrator.models.errors import HostError
 from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.agent.protocol import frame, json_frame
+from orchestrator.agent.kernel.protocol import frame, json_frame
 
 PIECE_BYTES = 4 << 20
 SAMPLE_BYTES = 4 << 10

@@ -331,7 +331,7 @@ def test_a_detached_restart_on_shared_hosts_leases_its_slots_as_the_first_attemp
 TWO_USERS = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
-from orchestrator.agent import leases
+from orchestrator.agent.leases import commands as leases
 os.chdir(sys.argv[2])
 read_fd, write_fd = os.pipe()
 req = {"kind": "slot", "pool": [0, 1, 2, 3], "count": 2, "ticket": [time.time(), sys.argv[3]],

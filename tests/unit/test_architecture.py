@@ -63,6 +63,18 @@ def test_the_agent_imports_only_the_standard_library() -> None:
     assert offenders(files("agent"), foreign) == {}
 
 
+def test_the_controller_imports_only_the_agents_kernel() -> None:
+    """The rest of the agent is host-only: what it does runs on a host, not here."""
+    outside = [p for p in files("") if p.relative_to(PACKAGE).parts[0] != "agent"]
+
+    def host_only(name: str) -> bool:
+        return name.startswith("orchestrator.agent.") and not name.startswith(
+            "orchestrator.agent.kernel"
+        )
+
+    assert offenders(outside, host_only) == {}
+
+
 @pytest.mark.parametrize("path", files("agent"), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_host_side_code_parses_as_the_oldest_python_a_host_may_run(path: Path) -> None:
     """The agent runs on the hosts' own Python, 3.8 at the oldest: no syntax of a newer
@@ -88,8 +100,8 @@ def test_third_party_libraries_stay_in_their_room(libraries: tuple[str, ...], al
 def test_the_checks_see_the_imports_they_forbid_elsewhere() -> None:
     assert offenders(files("cli"), lambda n: n.split(".")[0] == "typer")
     assert offenders(files("transport"), lambda n: n.split(".")[0] == "paramiko")
-    relative = imports_of(PACKAGE / "agent" / "sync.py")
-    assert {"orchestrator.agent.protocol", "orchestrator.agent.store"} <= relative
+    relative = imports_of(PACKAGE / "agent" / "store" / "sync.py")
+    assert {"orchestrator.agent.kernel.protocol", "orchestrator.agent.store.content"} <= relative
 
 
 def test_no_bench_script_shadows_a_standard_module() -> None:

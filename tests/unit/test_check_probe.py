@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import probe as agent_probe
-from orchestrator.agent import proc
+from orchestrator.agent.host import probe as agent_probe
+from orchestrator.agent.host import proc
 from orchestrator.nodes import agent
 from orchestrator.nodes.probe import describe_holder, facts_from_probe
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import proc, protocol
-from orchestrator.agent.proc import start_time
+from orchestrator.agent.host import proc
+from orchestrator.agent.host.proc import start_time
+from orchestrator.agent.kernel import protocol
 from orchestrator.jobs.logs import drain
 from orchestrator.jobs.reconcile import reconcile
 from orchestrator.jobs.watch import watch_job

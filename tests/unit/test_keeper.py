@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent import placement, wire
-from orchestrator.agent.keeping import Keeping
+from orchestrator.agent.keeper import wire
+from orchestrator.agent.keeper.decisions import Keeping
+from orchestrator.agent.kernel import placement
 from orchestrator.models import placeholders
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host

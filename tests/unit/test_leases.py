@@ -1,4 +1,4 @@
-"""Leases of GPUs and slots (agent/leases.py) and the controller's view of the line
+"""Leases of GPUs and slots (agent/leases/) and the controller's view of the line
 (jobs/queue.py): who may take what, in which order, what is stale, and the files'
 modes. Real files in a real sticky directory, real pids."""
 
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import leases, proc
-from orchestrator.agent.protocol import EXIT, read_json
+from orchestrator.agent.host import proc
+from orchestrator.agent.kernel.protocol import EXIT, read_json
+from orchestrator.agent.leases import commands as leases
 from orchestrator.jobs.queue import lease_request, slot_offsets, waiting_text
 from orchestrator.models.inventory import Host
 from orchestrator.plan import build_plan

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from orchestrator.agent.limits import raise_open_files
+from orchestrator.agent.kernel.limits import raise_open_files
 
 CHILD = """
 import resource
-from orchestrator.agent.limits import raise_open_files
+from orchestrator.agent.kernel.limits import raise_open_files
 before = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 now = raise_open_files()
 import subprocess, sys

@@ -1,4 +1,4 @@
-"""A detached job's wait in line, run by its keeper (agent/line.py, issue 13): the
+"""A detached job's wait in line, run by its keeper (agent/kernel/line.py, issue 13): the
 rounds of poll, take, untake and go, driven by fake member answers, and how the
 keeper goes on from them."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.agent import line, placement
-from orchestrator.agent.keeping import Keeping
-from orchestrator.agent.line import Line
+from orchestrator.agent.keeper.decisions import Keeping
+from orchestrator.agent.kernel import line, placement
+from orchestrator.agent.kernel.line import Line
 
 HOSTS = ["node1", "node2"]
 WAITING = {"state": "waiting", "info": {"kind": "slot", "want": 2, "position": 1}}

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.agent import protocol
+from orchestrator.agent.kernel import protocol
 from orchestrator.jobs.pull import PullReport, SafeTree, frames, pull
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.agent import protocol
-from orchestrator.agent import sync as receiver
-from orchestrator.agent.store import ContentStore
+from orchestrator.agent.kernel import protocol
+from orchestrator.agent.store import sync as receiver
+from orchestrator.agent.store.content import ContentStore
 
 
 def test_a_piece_that_inflates_beyond_its_object_is_refused_in_bounded_memory(

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import protocol
-from orchestrator.agent.relay import GREETING, NONCE_BYTES, fetch
-from orchestrator.agent.store import ContentStore
+from orchestrator.agent.kernel import protocol
+from orchestrator.agent.store.content import ContentStore
+from orchestrator.agent.store.relay import GREETING, NONCE_BYTES, fetch
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import gc as agent_gc
-from orchestrator.agent import probe as agent_probe
-from orchestrator.agent import proc, protocol
-from orchestrator.agent.store import ContentStore
-from orchestrator.agent.sync import link_nodes
+from orchestrator.agent.host import probe as agent_probe
+from orchestrator.agent.host import proc
+from orchestrator.agent.kernel import protocol
+from orchestrator.agent.store import gc as agent_gc
+from orchestrator.agent.store.content import ContentStore
+from orchestrator.agent.store.sync import link_nodes
 from orchestrator.models import inventory as inventory_model
 from orchestrator.models.errors import SpecError
 from orchestrator.models.facts import HostFacts
@@ -267,3 +268,15 @@ def test_gc_keeps_a_node_directory_while_another_hosts_member_touches_its_record
     os.utime(node / "member.json", (stale, stale))
     report = agent_gc.collect_garbage(str(tmp_path), keep=0, grace_s=0, sweep=True)
     assert report["snapshots_removed"] == 1
+
+
+def test_a_job_pins_the_directory_that_holds_the_running_agent(tmp_path: Path) -> None:
+    """The agent's version directory holds its package: the job's `agent` link must
+    land there from whichever room of the package pin_agent runs."""
+    from orchestrator.agent import main as agent_main
+    from orchestrator.agent.store.sync import pin_agent
+
+    version = pin_agent(str(tmp_path))
+    linked = (tmp_path / protocol.AGENT).resolve()
+    assert linked == Path(agent_main.__file__).resolve().parents[1]
+    assert version == linked.name

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent.protocol import ExitRecord
+from orchestrator.agent.kernel.protocol import ExitRecord
 from orchestrator.jobs.follow import NodeExit
 from orchestrator.models.inventory import Host
 from orchestrator.slurm import node

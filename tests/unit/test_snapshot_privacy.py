@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import gc as agent_gc
-from orchestrator.agent import proc
-from orchestrator.agent.store import ContentStore, remove_tree
-from orchestrator.agent.sync import build_tree, copy_private, make_snapshot
+from orchestrator.agent.host import proc
+from orchestrator.agent.store import gc as agent_gc
+from orchestrator.agent.store.content import ContentStore, remove_tree
+from orchestrator.agent.store.sync import build_tree, copy_private, make_snapshot
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the private copies are root's")
 

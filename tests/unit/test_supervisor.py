@@ -16,8 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.agent import follow, proc, protocol
+from orchestrator.agent.host import proc
+from orchestrator.agent.kernel import protocol
 from orchestrator.agent.main import main as agent_main
+from orchestrator.agent.node import follow
 from orchestrator.records.logmirror import LogMirror
 
 F_GETPIPE_SZ = 1032  # Linux
@@ -260,7 +262,7 @@ def test_kill_signals_a_recorded_group_only_while_its_leader_is_the_same_process
     reused): kill proves a group is the job's by its leader's start time."""
     import subprocess
 
-    from orchestrator.agent import kill
+    from orchestrator.agent.node import kill
 
     stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)  # untagged
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import protocol
+from orchestrator.agent.kernel import protocol
 from orchestrator.models.errors import InfraError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent

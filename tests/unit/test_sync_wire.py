@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import protocol
+from orchestrator.agent.kernel import protocol
 from orchestrator.sync import wire
 
 

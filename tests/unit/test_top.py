@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent import proc
-from orchestrator.agent import top as agent_top
-from orchestrator.agent.protocol import TopSample, parse_reply
+from orchestrator.agent.host import proc
+from orchestrator.agent.kernel.protocol import TopSample, parse_reply
+from orchestrator.agent.node import top as agent_top
 from orchestrator.jobs import top
 from orchestrator.jobs.top import NodeView, RankView, TopView
 from orchestrator.models.inventory import Host
@@ -284,7 +284,7 @@ def test_a_missing_job_directory_answers_that_it_does_not_exist(tmp_path: Path) 
         [
             sys.executable,
             "-c",
-            "import sys; from orchestrator.agent import top; sys.exit(top.main(sys.argv[1:]))",
+            "import sys; from orchestrator.agent.node import top; sys.exit(top.main(sys.argv[1:]))",
             str(tmp_path / "nowhere"),
         ],
         input=request.encode(),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import proc
-from .protocol import EXIT, KILLED, NODE_SPEC, PIDS, read_json
+from ..host import proc
+from ..kernel.protocol import EXIT, KILLED, NODE_SPEC, PIDS, read_json
 
 
 def ended() -> dict[str, Any] | None:

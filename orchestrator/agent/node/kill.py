@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import proc
-from .protocol import EXIT, KILLED, LOGS, NODE_SPEC, PIDS, read_json, send_record
+from ..host import proc
+from ..kernel.protocol import EXIT, KILLED, LOGS, NODE_SPEC, PIDS, read_json, send_record
 
 POLL_S = 0.05
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from . import node
-from .protocol import send_record
+from ..kernel.protocol import send_record
+from . import state
 
 
 def main(args: list[str]) -> int:
@@ -17,5 +17,5 @@ def main(args: list[str]) -> int:
         send_record(sys.stdout.buffer, record)
         return 0
     os.chdir(job_dir)
-    send_record(sys.stdout.buffer, {**node.status(), "exists": True})
+    send_record(sys.stdout.buffer, {**state.status(), "exists": True})
     return 0

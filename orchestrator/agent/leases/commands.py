@@ -48,8 +48,8 @@ import time
 from collections.abc import Iterator
 from typing import Any, Dict  # noqa: UP035
 
-from . import proc
-from .protocol import EXIT, KILLED, PIDS, read_json, send_record, write_json
+from ..host import proc
+from ..kernel.protocol import EXIT, KILLED, PIDS, read_json, send_record, write_json
 
 LEASE_DIRS = ("/run/lock/orch-leases", "/dev/shm/orch-leases", "/var/tmp/orch-leases")
 LOCK = ".lock"

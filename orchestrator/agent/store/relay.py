@@ -32,8 +32,8 @@ import threading
 import time
 from typing import Any
 
-from .protocol import KEY_RE, describe_error, frame, json_frame, read_exact, read_frame
-from .store import ContentStore
+from ..kernel.protocol import KEY_RE, describe_error, frame, json_frame, read_exact, read_frame
+from .content import ContentStore
 
 GREETING = b"orch-relay-1\n"
 NONCE_BYTES = 32

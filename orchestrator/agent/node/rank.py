@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import proc
+from ..host import proc
 
 
 def main(args: list[str]) -> int:

@@ -1,9 +1,9 @@
-"""`keeper member DIR`: one host's member of a detached job's keeper (keeper.py says
+"""`keeper member DIR`: one host's member of a detached job's keeper (daemon.py says
 what the keeper and its members do, and how they talk): it connects out to the keeper,
 says hello, sends a heartbeat every second and its node's end, and does what the
 keeper asks: stop the node (the agent's `kill`, as a teardown does), find a free port,
 start the host's node of the next attempt, answer for its node in line (the agent's
-`lease`, line.py), or leave."""
+`lease`, kernel/line.py), or leave."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ import threading
 import time
 from typing import Any
 
-from . import node, proc
-from .daemon import daemonize
-from .keeping import START_WAIT_S, STOP_WAIT_S
-from .line import REPLY_WAIT_S
-from .placement import render
-from .protocol import AGENT, HEARTBEAT_S, MEMBER_FILE, RUN_SCRIPT, last_json, write_json
+from ..host import proc
+from ..host.daemonize import daemonize
+from ..kernel.line import REPLY_WAIT_S
+from ..kernel.placement import render
+from ..kernel.protocol import AGENT, HEARTBEAT_S, MEMBER_FILE, RUN_SCRIPT, last_json, write_json
+from ..node import state
+from .decisions import START_WAIT_S, STOP_WAIT_S
 from .wire import HB_S, Channel, join, read_messages, ready
 
 MEMBER_LOG = "member.log"
@@ -139,7 +140,7 @@ class Member:
         if self.node_dir is None or self.reported:
             return
         os.chdir(self.node_dir)
-        ended = node.ended()
+        ended = state.ended()
         if ended is not None:
             self.channel.send({"k": "end", "attempt": self.attempt, **ended})
             self.reported = True
@@ -173,8 +174,8 @@ class Member:
 
     def start(self, place: dict[str, Any]) -> str | None:
         """Start this host's node of a new attempt; None, or what went wrong."""
-        from .store import ContentStore
-        from .sync import make_snapshot
+        from ..store.content import ContentStore
+        from ..store.sync import make_snapshot
 
         argv, env, job_dir = render(self.template, place)
         job_dir = os.path.expanduser(job_dir)

@@ -1,4 +1,4 @@
-"""The wire between a detached job's keeper and its members (keeper.py, member.py):
+"""The wire between a detached job's keeper and its members (daemon.py, member.py):
 length-prefixed JSON messages, each with an HMAC over the connection's nonce, its
 direction and its number, under the job's secret. A member proves it knows the secret
 when it connects (`join`); the keeper greets it (`greet`) and refuses a stranger."""
@@ -27,7 +27,7 @@ IO_TIMEOUT_S = 5.0
 
 
 class Channel:
-    """One authenticated connection between the keeper and a member (keeper.py, point 1)."""
+    """One authenticated connection between the keeper and a member (daemon.py, point 1)."""
 
     def __init__(self, sock: socket.socket, secret: bytes, nonce: bytes, keeper: bool) -> None:
         self.sock, self.secret, self.nonce = sock, secret, nonce

@@ -1,17 +1,17 @@
-"""What a detached job's keeper decides (keeper.py runs it): pure, fed the members'
+"""What a detached job's keeper decides (daemon.py runs it): pure, fed the members'
 messages and the clock, answering with the messages to send. No I/O, so that the unit
 tests drive it with fake messages.
 
 A keeper follows one job through its attempts:
 
-    (line: its nodes wait for their leases on shared hosts, line.py) --> running
+    (line: its nodes wait for their leases on shared hosts, kernel/line.py) --> running
     --a node failed or was lost--> stopping --all stopped--> waiting (the restart
     delay) --> port (a free rendezvous port from the new master's member)
     --> starting --all started--> (line, on shared hosts) --> running (the next attempt)
 
 On shared hosts a later attempt waits in line as the first did: its members start its
 nodes with their lease request (all under one ticket, the restart's time), and when
-any has to wait, the keeper takes their leases together (line.py) before `running`.
+any has to wait, the keeper takes their leases together (kernel/line.py) before `running`.
 
 It ends `succeeded` (every node of an attempt succeeded), `failed` (it failed and no
 restart is left, or too few hosts are), or `killed` (`orch kill`: `stop()`, or a node
@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .line import Line, Outcome
-from .placement import failed_hosts, next_hosts, placement, restart_delay
-from .protocol import job_dir
+from ..kernel.line import Line, Outcome
+from ..kernel.placement import failed_hosts, next_hosts, placement, restart_delay
+from ..kernel.protocol import job_dir
 
 LINE, RUNNING, STOPPING, WAITING, PORT, STARTING, KILLING, DONE = (
     "line",

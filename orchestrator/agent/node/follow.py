@@ -1,5 +1,5 @@
 """`follow JOB_DIR [OFFSETS] [--once]`: stream the node's log files as follow records
-(see protocol.py), from byte offsets, until the node has ended and all is sent."""
+(see kernel/protocol.py), from byte offsets, until the node has ended and all is sent."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import zlib
 from typing import Any
 
-from . import node
-from .protocol import LOGS, TORCHRUN_LOG, send_record, widen_pipe
+from ..kernel.protocol import LOGS, TORCHRUN_LOG, send_record, widen_pipe
+from . import state
 
 POLL_S = 0.05
 MAX_LINE = 8 << 20  # lines up to this long are kept whole; longer ones go in pieces
@@ -39,7 +39,7 @@ def main(args: list[str]) -> int:
     out = sys.stdout.buffer
     last_beat = time.monotonic()
     while True:
-        finished = node.ended()  # looked at before draining: no line can be missed
+        finished = state.ended()  # looked at before draining: no line can be missed
         sent = behind = False
         for stream, path in log_files():
             stream_sent, stream_behind = send_new(
@@ -55,7 +55,7 @@ def main(args: list[str]) -> int:
             send_record(out, {"k": "exit", **finished})
             return 0
         if once:
-            send_record(out, {"k": "end", **node.status()})
+            send_record(out, {"k": "end", **state.status()})
             return 0
         if time.monotonic() - last_beat >= HEARTBEAT_S:
             send_record(out, {"k": "hb"})

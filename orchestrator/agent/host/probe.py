@@ -10,8 +10,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..kernel.protocol import FS_MARKS, TOKEN_RE
 from . import proc
-from .protocol import FS_MARKS, TOKEN_RE
 
 if TYPE_CHECKING:
     import subprocess

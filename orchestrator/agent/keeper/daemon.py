@@ -5,13 +5,13 @@ from the submit that started it:
 
 - a **keeper** on its master host (`keeper start NODE_DIR`, a daemon): it listens on
   the master's address (the one the job's ranks reach it at) on a free port, decides
-  as keeping.py says, and writes what happened to NODE_DIR/keeper.json;
+  as decisions.py says, and writes what happened to NODE_DIR/keeper.json;
 - a **member** on every host the job may run on, spares included (`keeper member
   DIR`, a daemon: member.py): it connects out to the keeper, says hello, sends a heartbeat every
   second and its node's end, and does what the keeper asks: stop the node (the
   agent's `kill`, as a teardown does), find a free port, start the next attempt in
   `<host>.attempt<k>` (its snapshot built from the host's content store, its command
-  rendered from the host's template by placement.py), or leave.
+  rendered from the host's template by kernel/placement.py), or leave.
 
 1. Only the job's hosts take part: the secret is new per job and travels on the SSH
    channels' stdin, never in an argv or a file. The keeper greets with a fresh nonce;
@@ -42,10 +42,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import proc
-from .daemon import daemonize
-from .keeping import STOP_WAIT_S, Keeping
-from .protocol import read_json, write_json
+from ..host import proc
+from ..host.daemonize import daemonize
+from ..kernel.protocol import read_json, write_json
+from .decisions import STOP_WAIT_S, Keeping
 from .wire import HB_S, Channel, greet, read_messages, ready
 
 TICK_S = 0.2

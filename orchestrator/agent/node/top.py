@@ -36,8 +36,9 @@ import sys
 import time
 from typing import Any
 
-from . import node, proc
-from .protocol import LOGS, NODE_SPEC, PIDS, TORCHRUN_LOG, read_json, send_record
+from ..host import proc
+from ..kernel.protocol import LOGS, NODE_SPEC, PIDS, TORCHRUN_LOG, read_json, send_record
+from . import state
 
 MAX_COUNT = 32 << 20  # bytes of new log read per rank and sample; past that, estimated
 CHUNK = 1 << 20
@@ -62,7 +63,7 @@ def main(args: list[str]) -> int:
 def sample(job_id: str | None, offsets: dict[str, int]) -> dict[str, Any]:
     """One TopSample of the node in the current directory."""
     clock = time.monotonic()
-    status = node.status()
+    status = state.status()
     spec = read_json(NODE_SPEC) or {}
     env = spec.get("env") or {}
     job_id = job_id or env.get("ORCH_JOB_ID")

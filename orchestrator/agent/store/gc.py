@@ -12,8 +12,8 @@ import sys
 import time
 from typing import Any
 
-from . import proc
-from .protocol import (
+from ..host import proc
+from ..kernel.protocol import (
     CODE,
     EXIT,
     HEARTBEAT_S,
@@ -29,7 +29,7 @@ from .protocol import (
     read_json,
     write_bytes,
 )
-from .store import PRISTINE_NS, ContentStore, remove_tree
+from .content import PRISTINE_NS, ContentStore, remove_tree
 
 GC_GRACE_S = 600.0  # younger store files may belong to a push in flight
 ABANDONED_S = 86400.0  # a snapshot never started (setup failed, say) this long is finished

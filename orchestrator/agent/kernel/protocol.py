@@ -330,7 +330,7 @@ class GcReport(Reply):
 
 
 class TopSample(Reply):
-    """`top`: one sample of a node's ranks (agent/top.py says what each field holds).
+    """`top`: one sample of a node's ranks (agent/node/top.py says what each field holds).
     `ranks`, `launcher` and `gpus` stay plain JSON here; `jobs/top.py` reads them."""
 
     exists: bool

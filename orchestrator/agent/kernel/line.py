@@ -1,10 +1,10 @@
 """A detached job's wait in line, run by its keeper (issue 13): its nodes start on
 every host at once or on none, as jobs/queue.py's `_wait_all` does for a submit that
-waits, but without the laptop. Pure, like keeping.py: fed the members' answers and
+waits, but without the laptop. Pure, like keeper/decisions.py: fed the members' answers and
 the clock, answering with the messages to send.
 
 Each round asks every node's member to `poll` its node's place in its host's line
-(leases.py). When no node waits any more, every member is asked to `take` its lease;
+(leases/). When no node waits any more, every member is asked to `take` its lease;
 when one host refused, the leases taken are given back (`untake`) and the rounds go
 on; once all are taken, every node is told to `go`. A node that left the line (its
 supervisor gone, killed, or given up) ends the wait. The node of a job of one takes

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from .protocol import CODE, SETUP_LOG, setup_marker, write_json
+from ..kernel.protocol import CODE, SETUP_LOG, setup_marker, write_json
 
 
 def main(args: list[str]) -> int:

@@ -12,7 +12,7 @@ import os
 import zlib
 from typing import Any
 
-from .protocol import DIGEST_RE, KEY_RE, setup_marker, write_bytes
+from ..kernel.protocol import DIGEST_RE, KEY_RE, setup_marker, write_bytes
 
 OBJECT_MODE, OBJECT_MODE_X = 0o400, 0o500
 # The mtime of an object as the push stored it, verified by its hash: no snapshot ever

@@ -22,7 +22,7 @@ import stat
 import sys
 from typing import Any
 
-from .protocol import describe_error, frame, json_frame
+from ..kernel.protocol import describe_error, frame, json_frame
 
 CHUNK_BYTES = 1 << 20
 

@@ -1,4 +1,4 @@
-"""`sync` (stdin: frames, see protocol.py): store pushed content, then build a job's
+"""`sync` (stdin: frames, see kernel/protocol.py): store pushed content, then build a job's
 code/ snapshot from it. A push never changes another job's files. Every name arrives
 framed on stdin, never through a shell.
 
@@ -21,8 +21,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from . import takeover
-from .protocol import (
+from ..kernel.protocol import (
     AGENT,
     CODE,
     RESERVED_NAMES,
@@ -36,7 +35,8 @@ from .protocol import (
     write_bytes,
     write_json,
 )
-from .store import ContentStore, Mismatch, Missing, file_hash, inflate, remove_tree
+from . import takeover
+from .content import ContentStore, Mismatch, Missing, file_hash, inflate, remove_tree
 
 GC_EVERY_S = 60.0
 MAX_MANIFEST = 256 << 20  # a manifest's bytes, decompressed
@@ -179,7 +179,8 @@ def pin_agent(job_dir: str) -> str:
 
     The link is relative: hosts that share the workdir may mount it at other paths.
     """
-    version_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # VERSION_DIR/orch_agent/store/sync.py
+    version_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     relink(os.path.relpath(version_dir, os.path.abspath(job_dir)), os.path.join(job_dir, AGENT))
     return os.path.basename(version_dir)
 

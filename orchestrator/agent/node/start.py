@@ -12,11 +12,10 @@ import sys
 import time
 from typing import Any
 
-from . import leases
-from .daemon import daemonize
-from .limits import raise_open_files
-from .proc import host_id, signal_group, start_time
-from .protocol import (
+from ..host.daemonize import daemonize
+from ..host.proc import host_id, signal_group, start_time
+from ..kernel.limits import raise_open_files
+from ..kernel.protocol import (
     CODE,
     EXIT,
     HEARTBEAT_S,
@@ -29,6 +28,7 @@ from .protocol import (
     read_json,
     write_json,
 )
+from ..leases import commands as leases
 
 
 def main(args: list[str]) -> int:

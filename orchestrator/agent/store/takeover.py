@@ -28,9 +28,9 @@ import os
 import stat
 from typing import Any, Dict  # noqa: UP035
 
+from ..kernel.protocol import CODE, SEAL, SNAPSHOT, entry_key, read_json, write_json
 from . import gc
-from .protocol import CODE, SEAL, SNAPSHOT, entry_key, read_json, write_json
-from .store import remove_tree
+from .content import remove_tree
 
 RETIRED = "snapshot.retired.json"  # a donor's snapshot.json, while it is taken apart
 Seal = Dict[str, Any]  # noqa: UP006 (run at import: hosts may have Python 3.8)
