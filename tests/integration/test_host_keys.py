@@ -1,4 +1,4 @@
-"""Host keys against real sshd hosts, checked as OpenSSH checks them (issue 11, item 3).
+"""Host keys against real sshd hosts, checked as OpenSSH checks them.
 
 Each test gives a fresh controller a known_hosts and ~/.ssh/config shaped as users
 have them, runs `orch exec`, and where it matters asks OpenSSH itself (`ssh`,

@@ -1,4 +1,4 @@
-"""Relay push on real hosts (issue 12): the controller sends the code to the master's
+"""Relay push on real hosts: the controller sends the code to the master's
 host only, the others fetch it from there; a host that cannot reach the master gets
 it directly, with a notice."""
 
