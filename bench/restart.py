@@ -1,4 +1,4 @@
-"""Restarts and outputs (issue 14), side by side with what they replace.
+"""Restarts and outputs, side by side with what they replace.
 
 1. Restart: a 2-node job with `restarts: 1` and a spare host; node2 is crashed while
    the job runs. Timed: from the crash to every rank of the next attempt running (on

@@ -1,4 +1,4 @@
-"""What `orch top` costs the ranks it watches (issue 15, item 6).
+"""What `orch top` costs the ranks it watches.
 
 A 2-node job of one CPU-bound rank per host (node1, node2 of the test cluster): each
 rank repeats a fixed unit of pure-Python work and prints, every 0.5 s, the wall time

@@ -1,4 +1,4 @@
-"""Waiting in line (issue 13): many small jobs onto a few shared hosts.
+"""Waiting in line: many small jobs onto a few shared hosts.
 
 20 one-node jobs of 2 processes that each hold their slots for 2 s, submitted at
 once (`orch submit -d`, each its own process) onto 2 hosts with `slots: 4`, 10 per

@@ -10,8 +10,10 @@ own address, process table, hostname and home directory (DESIGN.md, "Test cluste
         cluster.crash(2)
 
 Everything is created under fixed names (``orchbr0``, ``orch-node{i}``, ``orchv{i}``),
-so one cluster exists per machine at a time; a machine-wide lock makes a second
-session wait. Traffic only ever goes to 10.77.0.x addresses of these namespaces.
+so one cluster exists per network at a time; a lock makes a second session on the same
+network wait. ``ORCH_TEST_NET=N`` (and each pytest-xdist worker) picks another network:
+``orchbrN``, ``orchN-node{i}``, ``orchvNx{i}`` and 10.77.N.0/24. Traffic only ever goes
+to the addresses of these namespaces.
 
 Public surface, for ``tests/`` and ``bench/`` alike: the names in ``__all__``, listed
 below. Every other name here (constants, module functions, ``Host`` fields not listed)
@@ -41,7 +43,8 @@ is how the harness builds the hosts, and may change without notice.
   and the repository this harness belongs to.
 - ``require_cluster_support()``, ``skip_or_fail()``, ``cluster_unavailable_reason()``:
   skip (in CI, fail) where the cluster cannot run; ``ClusterError`` when it breaks.
-- ``BRIDGE``, ``ROOT_HOME``: the bridge's name and the home directory every host hides.
+- ``BRIDGE``, ``SUBNET``, ``ROOT_HOME``: the bridge's name, the first three octets of
+  the hosts' addresses, and the home directory every host hides.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ __all__ = [
     "BRIDGE",
     "REPO_ROOT",
     "ROOT_HOME",
+    "SUBNET",
     "Cluster",
     "ClusterError",
     "Controller",
@@ -91,20 +95,41 @@ log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SSHD = "/usr/sbin/sshd"
-BRIDGE = "orchbr0"
-SUBNET = "10.77.0"
+
+
+def _net_number(environ: Mapping[str, str] = os.environ) -> int:
+    """Which of the machine's test networks this process builds its cluster on.
+
+    ``ORCH_TEST_NET`` (default 0) plus the pytest-xdist worker's number (``gw3`` is 3):
+    each worker gets a cluster of its own, with its own bridge, namespaces, subnet
+    (10.77.N.0/24, inside 10.77.0.0/16) and lock, so workers never wait for each other.
+    """
+    base = int(environ.get("ORCH_TEST_NET", "0") or 0)
+    worker = environ.get("PYTEST_XDIST_WORKER", "")
+    number = base + (int(worker[2:]) if worker.startswith("gw") else 0)
+    if not 0 <= number <= 250:
+        raise ValueError(f"ORCH_TEST_NET plus the worker number must be within 0..250: {number}")
+    return number
+
+
+NET = _net_number()
+# Network 0 keeps the names the harness always had; network N > 0 carries N in each.
+_TAG = "" if NET == 0 else str(NET)
+BRIDGE = f"orchbr{NET}"
+SUBNET = f"10.77.{NET}"
 BRIDGE_ADDRESS = f"{SUBNET}.1"
-NETNS_PREFIX = "orch-node"
-VETH_PREFIX = "orchv"
-TMP_PREFIX = "orch-testcluster-"
+NETNS_PREFIX = f"orch{_TAG}-node"
+VETH_PREFIX = "orchv" if NET == 0 else f"orchv{NET}x"
+PEER_PREFIX = "orchi" if NET == 0 else f"orchi{NET}x"  # a veth's host end, before its rename
+TMP_PREFIX = f"orch-testcluster{_TAG}-"
 MAX_HOSTS = 50
 # The kernel's one IPv4 neighbour (ARP) table, shared by every network namespace.
 NEIGH_SYSCTLS = Path("/proc/sys/net/ipv4/neigh/default")
 NEIGH_LIMITS = ("gc_thresh2", "gc_thresh3")
-NEIGH_SAVED = Path(tempfile.gettempdir()) / "orch-testcluster-arp-limits.json"
+NEIGH_SAVED = Path(tempfile.gettempdir()) / f"orch-testcluster{_TAG}-arp-limits.json"
 # An abstract unix socket: machine-wide (per network namespace, and every test runs in
 # the root one), released by the kernel when its holder dies, and leaves no file behind.
-LOCK_ADDRESS = "\0orch-testcluster.lock"
+LOCK_ADDRESS = f"\0orch-testcluster{_TAG}.lock"
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "mount", "ssh-keygen", "ssh")
 # sshd reads the home directory of root from passwd; that is what the private home hides.
 ROOT_HOME = Path(pwd.getpwuid(0).pw_dir)
@@ -478,7 +503,7 @@ class OrchRunner:
 
 
 class Cluster:
-    """Real SSH hosts ``node1..nodeN`` at 10.77.0.11.. on this machine (needs root).
+    """Real SSH hosts ``node1..nodeN`` at 10.77.NET.11.. on this machine (needs root).
 
     Hosts are numbered from 1. ``crash``, ``partition`` and ``heal`` inject faults;
     ``restart`` and ``ensure_healthy`` undo them. ``stop`` removes everything created.
@@ -711,7 +736,7 @@ class Cluster:
     def extra_hosts(self, n: int = 1) -> Iterator[list[Host]]:
         """Plug in and boot ``n`` more hosts after the last one, for a test that needs more.
 
-        ``with cluster.extra_hosts(1) as (node4,):`` adds node4 (10.77.0.14) to ``hosts``,
+        ``with cluster.extra_hosts(1) as (node4,):`` adds node4 (10.77.NET.14) to ``hosts``,
         built as the others (fresh host key, private home); ``write_inventory`` lists it
         from then on. This cluster's own controller (``ssh``, ``env``) trusts the added
         hosts until exit, but controllers made before do not: make one that does with
@@ -965,7 +990,7 @@ class Cluster:
 
         The host gets no default route: it can reach the bridge subnet and nothing else.
         """
-        peer = f"orchi{host.index}"
+        peer = f"{PEER_PREFIX}{host.index}"
         _run(["ip", "netns", "add", host.netns])
         _run(["ip", "link", "add", host.veth, "type", "veth", "peer", "name", peer])
         _run(["ip", "link", "set", host.veth, "master", BRIDGE, "up"])
@@ -1040,14 +1065,14 @@ class Cluster:
     def add_link(self, a: int, b: int, subnet: int = 240) -> tuple[str, str]:
         """A second interface, ``eth1``, on hosts ``a`` and ``b``: a direct cable between them.
 
-        The two ends get 10.77.0.{subnet+1} and {subnet+2} in a /30, a more specific
+        The two ends get 10.77.NET.{subnet+1} and {subnet+2} in a /30, a more specific
         route than the bridge's /24, so only traffic for those two addresses takes it.
 
         Returns:
             The addresses of host ``a``'s and host ``b``'s ends.
         """
         if subnet % 4 or not 16 <= subnet <= 252:
-            raise ValueError("subnet must be a /30 boundary of 10.77.0.x above the hosts")
+            raise ValueError(f"subnet must be a /30 boundary of {SUBNET}.x above the hosts")
         ends = [(self.host(a), f"{SUBNET}.{subnet + 1}"), (self.host(b), f"{SUBNET}.{subnet + 2}")]
         first, second = (f"{VETH_PREFIX}l{h.index}" for h, _ in ends)
         _run(["ip", "link", "add", first, "type", "veth", "peer", "name", second])

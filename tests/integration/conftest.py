@@ -38,7 +38,7 @@ def _children_get_default_signals() -> None:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    """The session's cluster of hosts node1..node3 (10.77.0.11..13)."""
+    """The session's cluster of hosts node1..node3 (10.77.N.11..13, N the worker's network)."""
     require_cluster_support()
     with Cluster(CLUSTER_SIZE) as started:
         yield started

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster import Cluster, ClusterError, OrchRunner, repo_python
+from tests.cluster import SUBNET, Cluster, ClusterError, OrchRunner, repo_python
 from tests.support import assert_nothing_started, clear_jobs, job_processes, write_job
 
 pytestmark = pytest.mark.cluster
@@ -48,7 +48,7 @@ def test_healthy_cluster_passes_with_a_row_per_host(
         ssh, _os, python, torch, *_rest, route = table[name]
         assert re.fullmatch(r"ok \d+ ms", ssh)
         assert python == sys.version.split()[0] and torch == TORCH
-        assert route == f"eth0 10.77.0.1{i}"
+        assert route == f"eth0 {SUBNET}.1{i}"
     assert "(a free port); reached from node2, node3" in result.stdout
     assert result.stdout.rstrip().endswith("3 hosts: all checks passed")
 
@@ -120,7 +120,7 @@ def test_port_held_on_master_is_named_and_submit_refuses(
     assert result.returncode == 3, result.stdout + result.stderr
     error = next(line for line in result.stdout.splitlines() if line.startswith("error:"))
     assert re.search(
-        rf"error: rendezvous port {held_port} on the master 10\.77\.0\.11 is busy: held by "
+        rf"error: rendezvous port {held_port} on the master {re.escape(SUBNET)}\.11 is busy: held by "
         r"pid \d+ \(.*leftover-trainer\) of user root \(host node1\)",
         error,
     ), error
@@ -166,7 +166,7 @@ def test_port_blocked_between_nodes_is_caught(
         cluster.unblock_port(1, 29556, source=3)
     assert result.returncode == 3, result.stdout + result.stderr
     assert (
-        "error: cannot connect to the master node1 at 10.77.0.11:29556: no answer within 3 s"
+        f"error: cannot connect to the master node1 at {SUBNET}.11:29556: no answer within 3 s"
         in result.stdout
     )
     assert "(host node3)" in result.stdout and "(host node2)" not in result.stdout
@@ -203,7 +203,7 @@ def test_interface_choice_follows_the_route_to_the_master(
         checked = orch("check", "-i", inventory, job, timeout=60)
         assert checked.returncode == 0, checked.stdout + checked.stderr
         table = rows(checked.stdout)
-        assert table["node1"][-1] == "eth0 10.77.0.11"
+        assert table["node1"][-1] == f"eth0 {SUBNET}.11"
         assert table["node2"][-1] == f"eth1 {node2_end}"
         submitted = orch("submit", job, "-i", inventory, timeout=120)
         assert submitted.returncode == 0, submitted.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import socket
 import subprocess
@@ -14,7 +15,11 @@ import yaml
 from tests.cluster import (
     BRIDGE,
     MAX_HOSTS,
+    NETNS_PREFIX,
+    PEER_PREFIX,
     ROOT_HOME,
+    SUBNET,
+    VETH_PREFIX,
     Cluster,
     ClusterError,
     _neighbour_limits,
@@ -55,7 +60,7 @@ def sshd_accepts(address: str, timeout: float = 2) -> bool:
 
 
 def orch_links() -> list[str]:
-    """Names of the links on this machine that belong to the harness."""
+    """Names of the links on this machine that belong to this network's harness."""
     out = subprocess.run(
         ["ip", "-o", "link", "show"], capture_output=True, text=True, check=True
     ).stdout
@@ -63,14 +68,15 @@ def orch_links() -> list[str]:
     return [
         name
         for name in names
-        if name == BRIDGE or name.startswith("orchv") or name.startswith("orchi")
+        if name == BRIDGE or re.fullmatch(rf"({VETH_PREFIX}|{PEER_PREFIX})l?\d+", name)
     ]
 
 
 def orch_namespaces() -> list[str]:
-    """Names of the network namespaces on this machine that belong to the harness."""
+    """Names of the network namespaces on this machine that belong to this network's harness."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith("orch")]
+    names = [line.split()[0] for line in out.splitlines()]
+    return [name for name in names if re.fullmatch(rf"{NETNS_PREFIX}\d+", name)]
 
 
 @pytest.mark.cluster
@@ -107,7 +113,7 @@ def test_exec_on_runs_inside_the_host(cluster: Cluster) -> None:
 
     assert cluster.exec_on(2, ["hostname"]).stdout.strip() == "node2"
     assert (
-        "10.77.0.12/24"
+        f"{SUBNET}.12/24"
         in cluster.exec_on(2, ["ip", "-o", "-4", "addr", "show", "dev", "eth0"]).stdout
     )
     assert "seen-from-inside" in cluster.exec_on(2, ["ls", "-A", str(ROOT_HOME)]).stdout.split()
@@ -126,11 +132,11 @@ def test_venv_python_imports_torch_over_ssh(cluster: Cluster) -> None:
 @pytest.mark.cluster
 def test_partition_cuts_host_off_until_healed(cluster: Cluster) -> None:
     cluster.partition(3)
-    assert not sshd_accepts("10.77.0.13", timeout=1)
+    assert not sshd_accepts(f"{SUBNET}.13", timeout=1)
     assert cluster.ssh(2, "true").returncode == 0  # the others stay reachable
 
     cluster.heal(3)
-    wait_for(lambda: sshd_accepts("10.77.0.13"), what="node3 to accept again")
+    wait_for(lambda: sshd_accepts(f"{SUBNET}.13"), what="node3 to accept again")
 
 
 @pytest.mark.cluster
@@ -142,7 +148,7 @@ def test_crash_kills_every_process_of_the_host_and_restart_boots_it(cluster: Clu
 
     assert machine_pids_running("sleep 4343") == []
     with pytest.raises(ConnectionRefusedError):
-        socket.create_connection(("10.77.0.12", 22), timeout=2)
+        socket.create_connection((f"{SUBNET}.12", 22), timeout=2)
     assert cluster.ssh(2, "true").returncode == 255
     cluster.restart(2)
     assert cluster.ssh(2, "hostname").stdout.strip() == "node2"
@@ -163,7 +169,7 @@ def test_stop_after_a_crash_leaves_nothing_behind(cluster: Cluster) -> None:
     assert not workdir.exists()
     assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == []
     cluster.start()  # the rest of the session still needs its cluster
-    assert sorted(orch_namespaces()) == ["orch-node1", "orch-node2", "orch-node3"]
+    assert sorted(orch_namespaces()) == [f"{NETNS_PREFIX}{i}" for i in (1, 2, 3)]
 
 
 @pytest.mark.cluster
@@ -187,13 +193,13 @@ def test_inventory_and_env_point_orch_at_the_cluster(cluster: Cluster, tmp_path:
         "python": str(repo_python()),
     }
     assert doc["hosts"] == [
-        {"name": "node1", "address": "10.77.0.11"},
-        {"name": "node3", "address": "10.77.0.13", "slots": 2},
+        {"name": "node1", "address": f"{SUBNET}.11"},
+        {"name": "node3", "address": f"{SUBNET}.13", "slots": 2},
     ]
     env = cluster.env(inventory=path)
     assert env["ORCH_INVENTORY"] == str(path)
     assert Path(env["HOME"]).is_dir() and Path(env["ORCH_HOME"]).is_dir()
-    assert "10.77.0.11 ssh-ed25519 " in Path(env["ORCH_KNOWN_HOSTS"]).read_text()
+    assert f"{SUBNET}.11 ssh-ed25519 " in Path(env["ORCH_KNOWN_HOSTS"]).read_text()
 
 
 def root_has(cluster: Cluster, i: int, name: str) -> str | None:
@@ -239,27 +245,27 @@ def test_extra_host_answers_ssh_and_is_gone_after_the_block(cluster: Cluster) ->
     controller_before = cluster.new_controller()
 
     with cluster.extra_hosts(1) as (node4,):
-        assert (node4.name, node4.address) == ("node4", "10.77.0.14")
+        assert (node4.name, node4.address) == ("node4", f"{SUBNET}.14")
         assert cluster.ssh(4, "hostname").stdout.strip() == "node4"
-        reach = "import socket; socket.create_connection(('10.77.0.11', 22), timeout=3).close()"
+        reach = f"import socket; socket.create_connection(('{SUBNET}.11', 22), timeout=3).close()"
         reached = cluster.exec_on(4, [sys.executable, "-I", "-S", "-c", reach])
         assert reached.returncode == 0, reached.stderr  # through the bridge, like the others
         start_background(cluster, 4, "sleep 4545")
         wait_for(lambda: machine_pids_running("sleep 4545") != [], what="sleep 4545 to start")
         trusted = cluster.new_controller().known_hosts.read_text()
         assert node4.known_hosts_line() in trusted
-        assert "10.77.0.14 " not in controller_before.known_hosts.read_text()
+        assert f"{SUBNET}.14 " not in controller_before.known_hosts.read_text()
         assert node4.process is not None and node4.init_pid is not None
         pids = [node4.process.pid, node4.init_pid]
 
     assert cluster.hosts == hosts_before
-    assert "orch-node4" not in orch_namespaces()
-    assert not {"orchv4", "orchi4"} & set(orch_links())
+    assert f"{NETNS_PREFIX}4" not in orch_namespaces()
+    assert not {f"{VETH_PREFIX}4", f"{PEER_PREFIX}4"} & set(orch_links())
     assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == []
     assert machine_pids_running("sleep 4545") == []
-    assert not sshd_accepts("10.77.0.14", timeout=1)
+    assert not sshd_accepts(f"{SUBNET}.14", timeout=1)
     assert not node4.workdir.exists()
-    assert "10.77.0.14 " not in Path(cluster.env()["ORCH_KNOWN_HOSTS"]).read_text()
+    assert f"{SUBNET}.14 " not in Path(cluster.env()["ORCH_KNOWN_HOSTS"]).read_text()
 
 
 @pytest.mark.cluster
@@ -287,7 +293,7 @@ def test_stop_inside_shared_home_and_extra_hosts_still_removes_everything(
         assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == []
         cluster.start()  # the rest of the session still needs its cluster
 
-    assert sorted(orch_namespaces()) == ["orch-node1", "orch-node2", "orch-node3"]
+    assert sorted(orch_namespaces()) == [f"{NETNS_PREFIX}{i}" for i in (1, 2, 3)]
     assert cluster.home(3) == cluster.host(3).private_home
     assert cluster.ssh(3, "hostname").stdout.strip() == "node3"
 

@@ -1,4 +1,4 @@
-"""A detached job restarts without the laptop (issue 14): a keeper on the master host
+"""A detached job restarts without the laptop: a keeper on the master host
 and a member on each host and spare stop a failed attempt and start the next, with no
 orch process on the controller; `orch status` and `orch logs` then show the attempts
 as for an attached submit; `orch kill` stops the keeper and its members too."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import REPO_ROOT, Cluster, OrchRunner, orch_command
+from tests.cluster import REPO_ROOT, SUBNET, Cluster, OrchRunner, orch_command
 
 pytestmark = pytest.mark.cluster
 
@@ -73,7 +73,9 @@ def test_unreachable_host_is_named_and_the_others_still_run(
     result = orch("exec", "-i", inventory, "--", "hostname", timeout=60)
     assert result.returncode == 3, result.stderr
     assert sorted(result.stdout.splitlines()) == ["[node1] node1", "[node3] node3"]
-    assert "error: command failed on node2 (connection refused by root@10.77.0.12)" in result.stderr
+    assert (
+        f"error: command failed on node2 (connection refused by root@{SUBNET}.12)" in result.stderr
+    )
 
 
 def test_ctrl_c_stops_the_command_on_every_host(

@@ -1,4 +1,4 @@
-"""The laptop's own faults never end a job (issue 18): the controller paused, or cut
+"""The laptop's own faults never end a job: the controller paused, or cut
 off the cluster, comes back and follows on, every line exactly once; a host that
 really went away is still found out."""
 

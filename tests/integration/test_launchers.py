@@ -1,4 +1,4 @@
-"""Scripts written for launching by hand, run unmodified (issue 16): a self-spawning
+"""Scripts written for launching by hand, run unmodified: a self-spawning
 script with its own -n/-g/-i arguments, the ImageNet example's --dist-url form, and a
 torch.distributed.launch-era script that needs --local_rank."""
 

@@ -1,4 +1,4 @@
-"""Outputs (issue 14) on real hosts: ORCH_OUTPUT_DIR on every node, copied back exact
+"""Outputs on real hosts: ORCH_OUTPUT_DIR on every node, copied back exact
 when the job ends (also after a failure, and after orch kill), and orch pull while it
 runs, moving only what changed."""
 

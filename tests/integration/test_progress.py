@@ -1,4 +1,4 @@
-"""Progress bars from the ranks (issue 19): a real tqdm bar on 2 hosts, redrawn in place
+"""Progress bars from the ranks: a real tqdm bar on 2 hosts, redrawn in place
 on a terminal (a pty), a bounded number of plain lines through a pipe, its final
 state in `orch logs`; the hosts' files keep every redraw."""
 

@@ -1,4 +1,4 @@
-"""Relay push on real hosts (issue 12): the controller sends the code to the master's
+"""Relay push on real hosts: the controller sends the code to the master's
 host only, the others fetch it from there; a host that cannot reach the master gets
 it directly, with a notice."""
 
@@ -20,7 +20,7 @@ from orchestrator.sync.manifest import HostMemory, scan_workdir
 from orchestrator.sync.push import push
 from orchestrator.sync.relay import Relay
 from orchestrator.transport import ConnectOptions
-from tests.cluster import Cluster, OrchRunner
+from tests.cluster import SUBNET, Cluster, OrchRunner
 from tests.support import JOBS, job_processes, write_workdir_job
 
 pytestmark = pytest.mark.cluster
@@ -104,10 +104,10 @@ def test_a_host_that_cannot_reach_the_seed_gets_the_code_directly(
             tree,
             dirs,
             memory=HostMemory(tmp_path / "memory"),
-            relay=Relay("node1", "10.77.0.11"),
+            relay=Relay("node1", f"{SUBNET}.11"),
         )
     assert [n for n in notices if "relay" in n] == [
-        next(n for n in notices if n.startswith("node3: cannot reach the relay at 10.77.0.11:"))
+        next(n for n in notices if n.startswith(f"node3: cannot reach the relay at {SUBNET}.11:"))
     ]
     assert notices[0].endswith("; pushing to it directly")
     sent = {name: (r.files_sent, r.relayed) for name, r in results.items()}

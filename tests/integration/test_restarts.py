@@ -1,4 +1,4 @@
-"""Restarts (issue 14): a job whose node is lost starts again on a spare host, as the
+"""Restarts: a job whose node is lost starts again on a spare host, as the
 next attempt with ORCH_ATTEMPT set, and resumes from what it kept in its output
 directory; `orch kill` never leads to a restart."""
 

@@ -1,6 +1,6 @@
 """Hosts that share a filesystem (an NFS home), on the real cluster: hosts whose home
 is one directory run every node in one snapshot, pushed once, set up once; pushes
-into one store never clash; gc leaves what a running job uses (issue 10)."""
+into one store never clash; gc leaves what a running job uses."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster import Cluster, ClusterError, Host, OrchRunner, skip_or_fail
+from tests.cluster import SUBNET, Cluster, ClusterError, Host, OrchRunner, skip_or_fail
 from tests.slurm_cluster import PARTITION, SlurmCluster, slurm_unavailable_reason
 from tests.support import Lines
 
@@ -124,7 +124,7 @@ def test_three_node_job_streams_every_rank_prefixed_and_exits_0(
         ]
         # Node rank from SLURM_NODEID; the master is node2, found on the node (NodeAddr).
         assert any(
-            f"rank {rank} of 3 on {node} sum 3 master 10.77.0.12 slurm {slurm_id[1]} "
+            f"rank {rank} of 3 on {node} sum 3 master {SUBNET}.12 slurm {slurm_id[1]} "
             f"ifname eth0 node {rank} setup True" in line
             for line in lines
         ), result.stdout

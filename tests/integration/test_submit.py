@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster import REPO_ROOT, Cluster, OrchRunner
+from tests.cluster import REPO_ROOT, SUBNET, Cluster, OrchRunner
 from tests.support import assert_no_job_left, write_job
 
 pytestmark = pytest.mark.cluster
@@ -123,7 +123,7 @@ def test_dry_run_prints_each_host_command_and_touches_no_host(
     for i, name in enumerate(["node1", "node2", "node3"]):
         assert f"[{name}] node rank {i}" in result.stdout
         assert f"--node-rank {i}" in result.stdout
-    assert "--master-addr 10.77.0.11 --master-port 29555" in result.stdout
+    assert f"--master-addr {SUBNET}.11 --master-port 29555" in result.stdout
     for i in (1, 2, 3):
         assert (
             not (cluster.home(i) / ".orch" / "jobs").exists()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import Cluster, OrchRunner
+from tests.cluster import SUBNET, Cluster, OrchRunner
 from tests.support import assert_nothing_started, clear_jobs, write_job
 
 pytestmark = pytest.mark.cluster
@@ -23,7 +23,7 @@ def test_refused_connection_names_the_host_and_starts_nothing(
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=3)
     result = orch("submit", str(job), "-i", str(inventory), timeout=60)
     assert result.returncode == 3, result.stderr
-    assert "error: connection refused by root@10.77.0.12 (host node2)" in result.stderr
+    assert f"error: connection refused by root@{SUBNET}.12 (host node2)" in result.stderr
     assert "hint:" in result.stderr and "Traceback" not in result.stderr
     assert result.stdout == "", "no job id: no job was started"
     assert_nothing_started(cluster, [1, 3])
@@ -39,7 +39,7 @@ def test_silent_host_times_out_within_10_seconds(
     result = orch("submit", str(job), "-i", str(inventory), timeout=60)
     elapsed = time.monotonic() - started
     assert result.returncode == 3, result.stderr
-    assert "no answer from root@10.77.0.13 within 10 s (host node3)" in result.stderr
+    assert f"no answer from root@{SUBNET}.13 within 10 s (host node3)" in result.stderr
     assert elapsed < 13, f"took {elapsed:.1f} s"
     assert_nothing_started(cluster, [1, 2])
 
@@ -55,9 +55,9 @@ def test_refused_key_gives_ssh_copy_id_hint(
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=2)
     result = orch("submit", str(job), "-i", str(inventory), timeout=60)
     assert result.returncode == 3, result.stderr
-    assert "authentication refused for root@10.77.0.12 (host node2)" in result.stderr
+    assert f"authentication refused for root@{SUBNET}.12 (host node2)" in result.stderr
     assert (
-        f"hint: install your public key on the host: ssh-copy-id -i {stranger} root@10.77.0.12"
+        f"hint: install your public key on the host: ssh-copy-id -i {stranger} root@{SUBNET}.12"
         in result.stderr
     )
 
@@ -96,8 +96,8 @@ def test_unknown_host_key_is_recorded_with_a_notice(
     first = run("submit", str(job), "-i", str(inventory), timeout=120)
     assert first.returncode == 0, first.stderr
     assert (
-        "added host key for 10.77.0.11" in first.stderr
-        and "added host key for 10.77.0.12" in first.stderr
+        f"added host key for {SUBNET}.11" in first.stderr
+        and f"added host key for {SUBNET}.12" in first.stderr
     )
     recorded = controller.known_hosts.read_text()
     assert cluster.host(1).known_hosts_line().split()[2] in recorded
@@ -116,14 +116,16 @@ def test_changed_host_key_is_refused_and_never_replaced(
     lines = [
         line
         for line in controller.known_hosts.read_text().splitlines()
-        if not line.startswith("10.77.0.12 ")
+        if not line.startswith(f"{SUBNET}.12 ")
     ]
-    controller.known_hosts.write_text("\n".join([*lines, f"10.77.0.12 {key_type} {key}"]) + "\n")
+    controller.known_hosts.write_text("\n".join([*lines, f"{SUBNET}.12 {key_type} {key}"]) + "\n")
     before = controller.known_hosts.read_text()
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=2)
     result = OrchRunner(controller)("submit", str(job), "-i", str(inventory), timeout=60)
     assert result.returncode == 3, result.stderr
-    assert "host key of 10.77.0.12 has CHANGED" in result.stderr and "(host node2)" in result.stderr
-    assert "ssh-keygen -R 10.77.0.12" in result.stderr
+    assert (
+        f"host key of {SUBNET}.12 has CHANGED" in result.stderr and "(host node2)" in result.stderr
+    )
+    assert f"ssh-keygen -R {SUBNET}.12" in result.stderr
     assert controller.known_hosts.read_text() == before
     assert_nothing_started(cluster, [1, 2])

@@ -1,4 +1,4 @@
-"""`orch top` on the test cluster (issue 15, item 6): a 2-node job whose rank 0 prints
+"""`orch top` on the test cluster: a 2-node job whose rank 0 prints
 fast and rank 1 slowly, watched with `--once --json`, then live in a terminal while
 rank 1 falls silent; then the errors for a job that ended and one that never was."""
 

@@ -1,4 +1,4 @@
-"""A detached job's keeper (issue 14), the pure parts: the next attempt's commands
+"""A detached job's keeper, the pure parts: the next attempt's commands
 rendered on the hosts as the plan renders them, the keeper's decisions driven by fake
 member messages, and the wire's authentication."""
 

@@ -1,4 +1,4 @@
-"""Launchers and placeholders (issue 16): `launcher:` python / torch.distributed.launch,
+"""Launchers and placeholders: `launcher:` python / torch.distributed.launch,
 `{node_rank}` and the other placeholders in args and env, expanded per node."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A detached job's wait in line, run by its keeper (agent/kernel/line.py, issue 13): the
+"""A detached job's wait in line, run by its keeper (agent/kernel/line.py): the
 rounds of poll, take, untake and go, driven by fake member answers, and how the
 keeper goes on from them."""
 

@@ -1,4 +1,4 @@
-"""`orch submit` overrides for sweeps (issue 15, item 3), and help texts that render
+"""`orch submit` overrides for sweeps, and help texts that render
 as written (item 4)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """While `orch submit` connects, probes, pushes and starts, a terminal's stderr shows
-one status line of where it is, gone once anything else prints (issue 15, item 7)."""
+one status line of where it is, gone once anything else prints."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Progress bars in ranks' output (issue 19): `\\r` redraws condensed to what a terminal
+"""Progress bars in ranks' output: `\\r` redraws condensed to what a terminal
 would show, however the bytes were split into reads; ANSI codes kept for a terminal
 and stripped elsewhere; which bars show; how often a bar is printed without a
 terminal."""

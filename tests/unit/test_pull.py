@@ -1,4 +1,4 @@
-"""`orch pull` (issue 14): a job's outputs from a host (this machine through
+"""`orch pull`: a job's outputs from a host (this machine through
 LocalTransport), exact and incremental; and whatever a host sends, nothing is written
 outside the target directory."""
 

@@ -1,4 +1,4 @@
-"""Relay push (issue 12) through LocalTransport: two "hosts" on this machine (two
+"""Relay push through LocalTransport: two "hosts" on this machine (two
 workdirs), the second fetching from the first's relay over loopback. The cluster test
 in tests/integration/test_relay.py does the same over SSH, with a host that cannot
 reach the seed."""

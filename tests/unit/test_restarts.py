@@ -1,4 +1,4 @@
-"""Restarts (issue 14), the pure part: which hosts the next attempt takes, and how long
+"""Restarts, the pure part: which hosts the next attempt takes, and how long
 it waits."""
 
 from __future__ import annotations
