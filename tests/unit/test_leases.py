@@ -103,20 +103,20 @@ def test_why_waiting_names_holders_and_the_place_in_line() -> None:
 
 
 def live_record(**extra: object) -> leases.Record:
-    return {"boot": leases.boot_id(), "holder": list(ME), **extra}
+    return {"boot": proc.boot_id(), "holder": list(ME), **extra}
 
 
 def test_a_lease_lives_while_its_holder_runs_with_the_recorded_start_time() -> None:
-    assert leases.is_live(live_record(), leases.boot_id())
+    assert leases.is_live(live_record(), proc.boot_id())
 
 
 def test_a_reused_pid_does_not_keep_a_lease_alive() -> None:
     record = live_record(holder=[ME[0], (ME[1] or 0) + 1])
-    assert not leases.is_live(record, leases.boot_id())
+    assert not leases.is_live(record, proc.boot_id())
 
 
 def test_a_lease_from_before_a_reboot_is_stale() -> None:
-    assert not leases.is_live(live_record(boot="another-boot"), leases.boot_id())
+    assert not leases.is_live(live_record(boot="another-boot"), proc.boot_id())
 
 
 def test_torchrun_keeps_the_lease_alive_after_its_supervisor_died() -> None:
@@ -124,8 +124,8 @@ def test_torchrun_keeps_the_lease_alive_after_its_supervisor_died() -> None:
     child.wait()  # gone, reaped: a pid and start time that name no process now
     dead = [child.pid, 1]
     record = live_record(holder=dead, torchrun=list(ME))
-    assert leases.is_live(record, leases.boot_id())
-    assert not leases.is_live(live_record(holder=dead), leases.boot_id())
+    assert leases.is_live(record, proc.boot_id())
+    assert not leases.is_live(live_record(holder=dead), proc.boot_id())
 
 
 @pytest.fixture
@@ -368,8 +368,8 @@ def test_the_queued_line_names_gpus_in_use_outside_orch_and_who_is_ahead() -> No
 
 
 def test_a_lease_recorded_by_another_host_in_a_shared_directory_holds_nothing_here() -> None:
-    assert not leases.is_live(live_record(host="elsewhere"), leases.boot_id())
-    assert leases.is_live(live_record(host=leases.HOST), leases.boot_id())
+    assert not leases.is_live(live_record(host="elsewhere"), proc.boot_id())
+    assert leases.is_live(live_record(host=leases.HOST), proc.boot_id())
 
 
 def test_another_hosts_lease_in_a_shared_directory_stays_for_that_host(lease_dir: Path) -> None:

@@ -20,16 +20,30 @@ def stat(pid: int) -> list[str] | None:
         return None
 
 
+def boot_id() -> str:
+    """The kernel's id of this boot ("?" where it cannot be read): pids recorded before
+    a reboot name nothing after it."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
 def host_id() -> str:
     """Names this host among those that share a filesystem: pids mean something only
     where they were recorded. The hostname, and the kernel's boot id (a rebooted host
     is another host: its old pids are gone)."""
+    return f"{os.uname().nodename}/{boot_id()}"
+
+
+def uptime() -> float | None:
+    """Seconds since this host booted: with a process's start time, its age."""
     try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = "?"
-    return f"{os.uname().nodename}/{boot}"
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def start_time(pid: int) -> int | None:
@@ -48,15 +62,21 @@ def alive(pid: int) -> bool:
     return fields is not None and fields[0] != "Z"
 
 
-def processes() -> list[tuple[int, int]]:
-    """(pid, pgid) of every live, non-zombie process in this host's process table."""
+def stats() -> list[tuple[int, list[str]]]:
+    """(pid, stat fields after the command name) of every live, non-zombie process in
+    this host's process table."""
     result = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             fields = stat(int(entry))
             if fields is not None and fields[0] != "Z":
-                result.append((int(entry), int(fields[2])))
+                result.append((int(entry), fields))
     return result
+
+
+def processes() -> list[tuple[int, int]]:
+    """(pid, pgid) of every live, non-zombie process in this host's process table."""
+    return [(pid, int(fields[2])) for pid, fields in stats()]
 
 
 def cmdline(pid: int) -> str | None:
@@ -69,13 +89,31 @@ def cmdline(pid: int) -> str | None:
     return " ".join(w.decode("utf-8", "replace") for w in words)[:200]
 
 
-def has_env(pid: int, entry: bytes) -> bool:
-    """Whether a process's environment holds `entry` (`NAME=value`) exactly."""
+def environ(pid: int) -> list[bytes]:
+    """A process's environment, `NAME=value` entries; none where it cannot be read."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            return entry in f.read().split(b"\0")
+            return f.read().split(b"\0")
     except OSError:
-        return False
+        return []
+
+
+def has_env(pid: int, entry: bytes) -> bool:
+    """Whether a process's environment holds `entry` (`NAME=value`) exactly."""
+    return entry in environ(pid)
+
+
+def user_of(pid: int) -> str:
+    """The name of the user a process runs as (its real uid), "?" where it cannot be
+    told."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return user_name(int(line.split()[1]))
+    except (OSError, ValueError, IndexError):
+        pass
+    return "?"
 
 
 def tcp_sockets() -> list[dict[str, Any]]:

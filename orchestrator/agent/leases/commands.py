@@ -155,14 +155,6 @@ def file_name(prefix: str, holder: tuple[int, int]) -> str:
 # ---------------------------------------------------------------- what is held
 
 
-def boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
-
-
 def runs(pair: Any) -> bool:
     """Whether [pid, start time] names a process that still runs."""
     if not pair or pair[1] is None:
@@ -182,7 +174,7 @@ def scan(root: str) -> tuple[list[Record], list[Record]]:
     """The live leases and tickets of the host; this user's stale ones are removed
     (another user's stay, as the sticky directory wants: they count for nothing, and
     so do another host's, in a directory that hosts share: they are its to remove)."""
-    boot, me = boot_id(), os.getuid()
+    boot, me = proc.boot_id(), os.getuid()
     leases: list[Record] = []
     tickets: list[Record] = []
     for name in sorted(os.listdir(root)):
@@ -274,17 +266,6 @@ def public(record: Record) -> Record:
     return {k: record[k] for k in keys if k in record}
 
 
-def user_of(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    return proc.user_name(int(line.split()[1]))
-    except (OSError, ValueError, IndexError):
-        pass
-    return "?"
-
-
 def nvidia_smi(*query: str) -> list[list[str]] | None:
     """Rows of an nvidia-smi CSV query, or None where there is no nvidia-smi."""
     import shutil
@@ -320,7 +301,7 @@ def foreign_gpus(leases: list[Record]) -> dict[int, Record]:
             continue
         gpu, pid = index[row[0]], int(row[1])
         if gpu not in held:
-            found.setdefault(gpu, {"gpu": gpu, "pid": pid, "user": user_of(pid)})
+            found.setdefault(gpu, {"gpu": gpu, "pid": pid, "user": proc.user_of(pid)})
     return found
 
 
@@ -369,7 +350,7 @@ class Turn:
             "user": proc.user_name(os.getuid()),
             "uid": os.getuid(),
             "holder": list(self.holder),
-            "boot": boot_id(),
+            "boot": proc.boot_id(),
             "host": HOST,
             "pool": request.get("pool", []),
             "since": time.time(),

@@ -74,13 +74,15 @@ def sample(job_id: str | None, offsets: dict[str, int]) -> dict[str, Any]:
     launcher = new_usage()
     owners: dict[int, Any] = {}  # pid -> its rank (None: the launcher)
     me = os.getpid()
-    for pid, fields in process_table():
+    for pid, fields in proc.stats():
+        if len(fields) <= 21:  # too short to hold rss and the start time
+            continue
         pgid = int(fields[2])
         if pgid in groups:
             owner: Any = groups[pgid]
         elif pgid == launcher_group:
             owner = None
-        elif tag is not None and pid != me and tag in (environ := environment(pid)):
+        elif tag is not None and pid != me and tag in (environ := proc.environ(pid)):
             owner = rank_of(environ)
         else:
             continue
@@ -92,7 +94,7 @@ def sample(job_id: str | None, offsets: dict[str, int]) -> dict[str, Any]:
         streams, usages = {NODE_STREAM: TORCHRUN_LOG}, {NODE_STREAM: launcher}
         launcher = new_usage()
         owners = {pid: NODE_STREAM for pid in owners}
-    now = uptime()
+    now = proc.uptime()
     ranks = []
     for key in sorted(set(usages) | set(streams), key=lambda k: (isinstance(k, str), k)):
         figures = usages.get(key) or new_usage()
@@ -163,25 +165,6 @@ def rank_groups() -> dict[int, int]:
         except (OSError, ValueError):
             continue
     return found
-
-
-def process_table() -> list[tuple[int, list[str]]]:
-    """(pid, stat fields after the command name) of every live process."""
-    table = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = proc.stat(int(entry))
-            if fields is not None and fields[0] != "Z" and len(fields) > 21:
-                table.append((int(entry), fields))
-    return table
-
-
-def environment(pid: int) -> list[bytes]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:
-        return []
 
 
 def rank_of(environ: list[bytes]) -> int | None:
@@ -266,15 +249,6 @@ def count_lines(f: Any, start: int, end: int) -> tuple[int, bool]:
     if read >= end - start or read == 0:
         return counted, False
     return round(counted * (end - start) / read), True
-
-
-def uptime() -> float | None:
-    """Seconds since this host booted: with a process's start time, its age."""
-    try:
-        with open("/proc/uptime") as f:
-            return float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 # ---------------------------------------------------------------- GPUs
