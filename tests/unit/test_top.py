@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent.host import proc
+from orchestrator.agent.host import nvidia, proc
 from orchestrator.agent.kernel.protocol import TopSample, parse_reply
 from orchestrator.agent.node import top as agent_top
 from orchestrator.jobs import top
@@ -68,13 +68,13 @@ def test_lines_that_are_not_gpu_rows_are_skipped() -> None:
 
 
 def test_compute_apps_rows_and_no_processes_at_all() -> None:
-    apps = agent_top.parse_apps(SMI_APPS)
+    apps = nvidia.processes(SMI_APPS)
     assert [(a["pid"], a["used_memory_mib"]) for a in apps] == [
         (81234, 40530),
         (81240, 30106),
         (81240, None),
     ]
-    assert agent_top.parse_apps("") == []
+    assert nvidia.processes("") == []
 
 
 # ---------------------------------------------------------------- the agent, on real processes

@@ -11,18 +11,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..kernel.protocol import FS_MARKS, TOKEN_RE
-from . import proc
+from . import nvidia, proc
 
 if TYPE_CHECKING:
     import subprocess
 
 MARK_TTL_S = 600.0  # marks of earlier probes go after this long
-# Queried with nounits so memory is a plain MiB number; one CSV line per GPU.
-GPU_QUERY = (
-    "nvidia-smi",
-    "--query-gpu=index,name,memory.total,driver_version",
-    "--format=csv,noheader,nounits",
-)
+GPU_QUERY = "gpu=index,name,memory.total,driver_version"  # one row per GPU (nvidia.py)
 GPU_QUERY_TIMEOUT_S = 10.0
 
 
@@ -299,27 +294,21 @@ def module_found(name: str) -> bool:
         return False
 
 
-def start_gpu_query() -> subprocess.Popen[str] | None:
-    import subprocess
-
+def start_gpu_query() -> subprocess.Popen[bytes] | None:
+    smi = nvidia.find()
+    if smi is None:
+        return None
     try:
-        return subprocess.Popen(
-            GPU_QUERY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        return nvidia.start(smi, GPU_QUERY)
     except OSError:
         return None
 
 
-def finish_gpu_query(query: subprocess.Popen[str]) -> dict[str, Any]:
-    import subprocess
-
-    try:
-        out, _ = query.communicate(timeout=GPU_QUERY_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        query.kill()
-        query.communicate()
-        return {"count": None, "error": f"nvidia-smi gave no answer in {GPU_QUERY_TIMEOUT_S:.0f} s"}
-    return parse_gpu_query(out, query.returncode)
+def finish_gpu_query(query: subprocess.Popen[bytes]) -> dict[str, Any]:
+    answer = nvidia.finish(query, GPU_QUERY_TIMEOUT_S)
+    if answer.error is not None or answer.returncode is None:
+        return {"count": None, "error": answer.error}
+    return parse_gpu_query(answer.text, answer.returncode)
 
 
 def parse_gpu_query(out: str, returncode: int) -> dict[str, Any]:
@@ -328,22 +317,16 @@ def parse_gpu_query(out: str, returncode: int) -> dict[str, Any]:
     A GPU that fell off the bus shows as a line like `Unable to determine the device
     handle for GPU0000:CA:00.0: Unknown Error` among the others' rows.
     """
-    gpus: list[dict[str, Any]] = []
-    notes: list[str] = []
-    for line in out.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) >= 3 and fields[0].isdigit():
-            memory = fields[2]
-            gpus.append(
-                {
-                    "index": int(fields[0]),
-                    "name": fields[1],
-                    "memory_mib": int(memory) if memory.isdigit() else None,
-                    "driver": fields[3] if len(fields) > 3 else None,
-                }
-            )
-        elif line.strip():
-            notes.append(line.strip())
+    found, notes = nvidia.rows(out, 3)
+    gpus = [
+        {
+            "index": int(fields[0]),
+            "name": fields[1],
+            "memory_mib": int(fields[2]) if fields[2].isdigit() else None,
+            "driver": fields[3] if len(fields) > 3 else None,
+        }
+        for fields in found
+    ]
     if returncode != 0 and not gpus:
         return {
             "count": None,

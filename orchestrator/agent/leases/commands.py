@@ -42,13 +42,12 @@ import json
 import os
 import signal
 import stat
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from typing import Any, Dict  # noqa: UP035
 
-from ..host import proc
+from ..host import nvidia, proc
 from ..kernel.protocol import EXIT, KILLED, PIDS, read_json, send_record, write_json
 
 LEASE_DIRS = ("/run/lock/orch-leases", "/dev/shm/orch-leases", "/var/tmp/orch-leases")
@@ -57,7 +56,6 @@ QUEUED = "queued.json"  # in the node's directory: its supervisor and ticket, wh
 GO = "go"  # in the node's directory: the controller took its leases; start
 POLL_S = 0.1  # how often a supervisor in line looks again
 GO_WAIT_S = 120.0  # a node of several waits this long for its controller's next poll
-NVIDIA_SMI_S = 10.0
 HOST = os.uname().nodename  # pids mean something on this host only (a shared /dev/shm)
 
 Record = Dict[str, Any]  # noqa: UP006 (run at import: hosts may have Python 3.8)
@@ -266,42 +264,25 @@ def public(record: Record) -> Record:
     return {k: record[k] for k in keys if k in record}
 
 
-def nvidia_smi(*query: str) -> list[list[str]] | None:
-    """Rows of an nvidia-smi CSV query, or None where there is no nvidia-smi."""
-    import shutil
-
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run(
-            [exe, *query, "--format=csv,noheader,nounits"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            timeout=NVIDIA_SMI_S,
-            check=False,
-        ).stdout.decode("utf-8", "replace")
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
-
-
 def foreign_gpus(leases: list[Record]) -> dict[int, Record]:
     """GPUs in use by a process that no live lease accounts for: {index: {gpu, pid,
-    user}}. Empty where nvidia-smi is missing."""
-    gpus = nvidia_smi("--query-gpu=index,uuid")
-    apps = nvidia_smi("--query-compute-apps=gpu_uuid,pid")
-    if not gpus or apps is None:
+    user}}. Empty where nvidia-smi is missing or fails."""
+    smi = nvidia.find()
+    if smi is None:
         return {}
-    index = {row[1]: int(row[0]) for row in gpus if len(row) >= 2 and row[0].isdigit()}
+    listed = nvidia.run(smi, "gpu=index,uuid")
+    apps = nvidia.run(smi, nvidia.APPS_QUERY)
+    if listed.error is not None or apps.error is not None:
+        return {}
+    gpus = [{"index": int(cells[0]), "uuid": cells[1]} for cells in nvidia.rows(listed.text, 2)[0]]
     held = held_units(leases, "gpu")
     found: dict[int, Record] = {}
-    for row in apps:
-        if len(row) < 2 or row[0] not in index or not row[1].isdigit():
-            continue
-        gpu, pid = index[row[0]], int(row[1])
-        if gpu not in held:
-            found.setdefault(gpu, {"gpu": gpu, "pid": pid, "user": proc.user_of(pid)})
+    for gpu, app in nvidia.held(gpus, nvidia.processes(apps.text)):
+        if gpu["index"] not in held:
+            pid = app["pid"]
+            found.setdefault(
+                gpu["index"], {"gpu": gpu["index"], "pid": pid, "user": proc.user_of(pid)}
+            )
     return found
 
 

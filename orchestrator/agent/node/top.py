@@ -36,16 +36,14 @@ import sys
 import time
 from typing import Any
 
-from ..host import proc
+from ..host import nvidia, proc
 from ..kernel.protocol import LOGS, NODE_SPEC, PIDS, TORCHRUN_LOG, read_json, send_record
 from . import state
 
 MAX_COUNT = 32 << 20  # bytes of new log read per rank and sample; past that, estimated
 CHUNK = 1 << 20
 NVIDIA_SMI_TIMEOUT_S = 5.0  # a wedged driver makes nvidia-smi hang: never the sample
-GPU_QUERY = ["--query-gpu=index,uuid,utilization.gpu,memory.used,memory.total"]
-APPS_QUERY = ["--query-compute-apps=pid,gpu_uuid,used_memory"]
-CSV = ["--format=csv,noheader,nounits"]
+GPU_QUERY = "gpu=index,uuid,utilization.gpu,memory.used,memory.total"
 NODE_STREAM = "node"
 
 
@@ -260,21 +258,19 @@ def gpu_sample(
     """Every GPU of the host, each with the memory the job's processes hold there by
     stream (`rank_memory_mib`); (None, None) where there is no nvidia-smi, (None, what
     it said) where it fails."""
-    import shutil
-
     path = os.pathsep.join(p for p in (node_path, os.environ.get("PATH", os.defpath)) if p)
-    smi = shutil.which("nvidia-smi", path=path)
+    smi = nvidia.find(path)
     if smi is None:
         return None, None
-    gpu_out, error = run_smi([smi, *GPU_QUERY, *CSV])
+    answer = nvidia.run(smi, GPU_QUERY, NVIDIA_SMI_TIMEOUT_S)
+    error = complaint(answer)
     if error is not None:
         return None, error
-    apps_out, error = run_smi([smi, *APPS_QUERY, *CSV])
-    gpus = parse_gpus(gpu_out)
-    by_uuid = {g["uuid"]: g for g in gpus}
-    for app in parse_apps(apps_out):
-        gpu = by_uuid.get(app["gpu_uuid"])
-        if gpu is None or app["pid"] not in owners:
+    apps = nvidia.run(smi, nvidia.APPS_QUERY, NVIDIA_SMI_TIMEOUT_S)
+    error = complaint(apps)
+    gpus = parse_gpus(answer.text)
+    for gpu, app in nvidia.held(gpus, [] if error else nvidia.processes(apps.text)):
+        if app["pid"] not in owners:
             continue
         owner = owners[app["pid"]]
         stream = NODE_STREAM if owner is None else str(owner)
@@ -283,69 +279,29 @@ def gpu_sample(
     return gpus, error
 
 
-def run_smi(argv: list[str]) -> tuple[str, str | None]:
-    """nvidia-smi's stdout, or its first line of complaint."""
-    import subprocess
-
-    try:
-        done = subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=NVIDIA_SMI_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
-        return "", f"nvidia-smi gave no answer in {NVIDIA_SMI_TIMEOUT_S:.0f} s"
-    except OSError as exc:
-        return "", f"nvidia-smi: {exc}"
-    text = done.stdout.decode("utf-8", "replace")
-    if done.returncode != 0:
-        first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-        return "", first or f"nvidia-smi exited with {done.returncode}"
-    return text, None
-
-
-def number(value: str) -> int | None:
-    """A value of nvidia-smi's CSV: `[N/A]`, `[Not Supported]` and the like are None."""
-    value = value.strip()
-    try:
-        return int(float(value))
-    except ValueError:
-        return None
+def complaint(answer: nvidia.Answer) -> str | None:
+    """nvidia-smi's first line of complaint, where it gave no answer to use."""
+    if answer.error is not None:
+        return answer.error
+    if answer.returncode != 0:
+        first = next((line.strip() for line in answer.text.splitlines() if line.strip()), "")
+        return first or f"nvidia-smi exited with {answer.returncode}"
+    return None
 
 
 def parse_gpus(text: str) -> list[dict[str, Any]]:
-    """Rows of `--query-gpu=index,uuid,utilization.gpu,memory.used,memory.total` in
-    csv,noheader,nounits: `0, GPU-5d1e..., 97, 40536, 81559`. Lines that are not such
-    a row (a warning nvidia-smi printed) are skipped."""
-    gpus: list[dict[str, Any]] = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 5 or number(cells[0]) is None:
-            continue
-        gpus.append(
-            {
-                "index": number(cells[0]),
-                "uuid": cells[1],
-                "utilization_percent": number(cells[2]),
-                "memory_used_mib": number(cells[3]),
-                "memory_total_mib": number(cells[4]),
-                "ranks": [],
-                "rank_memory_mib": {},  # stream -> MiB the job's processes hold
-            }
-        )
-    return gpus
-
-
-def parse_apps(text: str) -> list[dict[str, Any]]:
-    """Rows of `--query-compute-apps=pid,gpu_uuid,used_memory` in csv,noheader,nounits:
-    `81234, GPU-5d1e..., 40530`; nothing at all when no process uses a GPU."""
-    apps = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 3 or number(cells[0]) is None:
-            continue
-        pid, uuid, used = number(cells[0]), cells[1], number(cells[2])
-        apps.append({"pid": pid, "gpu_uuid": uuid, "used_memory_mib": used})
-    return apps
+    """Rows of GPU_QUERY: `0, GPU-5d1e..., 97, 40536, 81559`. Lines that are not such a
+    row (a warning nvidia-smi printed) are skipped."""
+    number = nvidia.number
+    return [
+        {
+            "index": int(cells[0]),
+            "uuid": cells[1],
+            "utilization_percent": number(cells[2]),
+            "memory_used_mib": number(cells[3]),
+            "memory_total_mib": number(cells[4]),
+            "ranks": [],
+            "rank_memory_mib": {},  # stream -> MiB the job's processes hold
+        }
+        for cells in nvidia.rows(text, 5)[0]
+    ]
