@@ -331,13 +331,13 @@ def test_a_detached_restart_on_shared_hosts_leases_its_slots_as_the_first_attemp
 TWO_USERS = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
-from orchestrator.agent.leases import commands as leases
+from orchestrator.agent.leases import holder, storage
 os.chdir(sys.argv[2])
 read_fd, write_fd = os.pipe()
 req = {"kind": "slot", "pool": [0, 1, 2, 3], "count": 2, "ticket": [time.time(), sys.argv[3]],
        "job": sys.argv[3]}
-turn = leases.wait_turn({"lease": req}, write_fd)
-root = leases.lease_dir()
+turn = holder.wait_turn({"lease": req}, write_fd)
+root = storage.lease_dir()
 others = [n for n in os.listdir(root) if n.startswith("L-") and not n.startswith(f"L-{os.getuid()}-")]
 tried = {}
 for name in others:
@@ -349,7 +349,7 @@ for name in others:
             tried[what] = "refused"
 print(json.dumps({"units": turn.units, "others": others, "tried": tried}), flush=True)
 time.sleep(float(sys.argv[4]))
-leases.release(turn)
+holder.release(turn)
 """
 
 

@@ -4,6 +4,7 @@ modes. Real files in a real sticky directory, real pids."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import stat
@@ -16,7 +17,7 @@ import pytest
 
 from orchestrator.agent.host import proc
 from orchestrator.agent.kernel.protocol import EXIT, read_json
-from orchestrator.agent.leases import commands as leases
+from orchestrator.agent.leases import holder, policy, storage
 from orchestrator.jobs.queue import lease_request, slot_offsets, waiting_text
 from orchestrator.models.inventory import Host
 from orchestrator.plan import build_plan
@@ -25,15 +26,15 @@ from tests.unit.conftest import WriteFile, dedent
 ME = (os.getpid(), proc.start_time(os.getpid()))
 
 
-def ticket(name: str, when: float, job: str, count: int, kind: str = "slot") -> leases.Record:
+def ticket(name: str, when: float, job: str, count: int, kind: str = "slot") -> policy.Record:
     return {"name": name, "ticket": [when, job], "count": count, "kind": kind, "job": job}
 
 
-def lease(name: str, units: list[int], job: str = "holder-1", kind: str = "slot") -> leases.Record:
+def lease(name: str, units: list[int], job: str = "holder-1", kind: str = "slot") -> policy.Record:
     return {"name": name, "units": units, "kind": kind, "job": job, "user": "alice", "since": 0}
 
 
-def request(count: int, pool: int = 4, kind: str = "slot") -> leases.Record:
+def request(count: int, pool: int = 4, kind: str = "slot") -> policy.Record:
     return {"kind": kind, "pool": list(range(pool)), "count": count}
 
 
@@ -43,13 +44,13 @@ def request(count: int, pool: int = 4, kind: str = "slot") -> leases.Record:
 def test_a_ticket_takes_the_first_free_units() -> None:
     mine = ticket("T-a", 1.0, "a", 2)
     held = [lease("L-x", [0, 2])]
-    assert leases.grant(request(2), mine, held, [mine], {}) == [1, 3]
+    assert policy.grant(request(2), mine, held, [mine], {}) == [1, 3]
 
 
 def test_two_jobs_of_two_fit_side_by_side_and_a_third_waits() -> None:
     first = [lease("L-1", [0, 1]), lease("L-2", [2, 3])]
     third = ticket("T-3", 3.0, "c", 2)
-    assert leases.grant(request(2), third, first, [third], {}) is None
+    assert policy.grant(request(2), third, first, [third], {}) is None
 
 
 def test_an_older_ticket_keeps_its_turn_against_a_younger_smaller_one() -> None:
@@ -58,65 +59,95 @@ def test_an_older_ticket_keeps_its_turn_against_a_younger_smaller_one() -> None:
     held = [lease("L-x", [0, 1])]
     older, younger = ticket("T-old", 1.0, "big", 4), ticket("T-new", 2.0, "small", 2)
     line = [older, younger]
-    assert leases.grant(request(2), younger, held, line, {}) is None
-    assert leases.grant(request(4), older, held, line, {}) is None
+    assert policy.grant(request(2), younger, held, line, {}) is None
+    assert policy.grant(request(4), older, held, line, {}) is None
 
 
 def test_a_younger_ticket_goes_beside_an_older_one_when_both_fit() -> None:
     older, younger = ticket("T-old", 1.0, "a", 2), ticket("T-new", 2.0, "b", 2)
-    assert leases.grant(request(2), younger, [], [older, younger], {}) == [0, 1]
+    assert policy.grant(request(2), younger, [], [older, younger], {}) == [0, 1]
 
 
 def test_tickets_of_another_kind_do_not_hold_a_turn() -> None:
     gpu_job, slot_job = ticket("T-g", 1.0, "g", 4, kind="gpu"), ticket("T-s", 2.0, "s", 4)
-    assert leases.grant(request(4), slot_job, [], [gpu_job, slot_job], {}) == [0, 1, 2, 3]
+    assert policy.grant(request(4), slot_job, [], [gpu_job, slot_job], {}) == [0, 1, 2, 3]
 
 
 def test_gpus_busy_outside_orch_are_not_handed_out() -> None:
     mine = ticket("T-a", 1.0, "a", 2, kind="gpu")
     busy = {1: {"gpu": 1, "pid": 4242, "user": "bob"}}
-    assert leases.grant(request(2, kind="gpu"), mine, [], [mine], busy) == [0, 2]
-    assert leases.grant(request(4, kind="gpu"), mine, [], [mine], busy) is None
+    assert policy.grant(request(2, kind="gpu"), mine, [], [mine], busy) == [0, 2]
+    assert policy.grant(request(4, kind="gpu"), mine, [], [mine], busy) is None
 
 
 def test_only_the_inventorys_gpus_are_handed_out() -> None:
     mine = ticket("T-a", 1.0, "a", 2, kind="gpu")
     pool = {"kind": "gpu", "pool": [0, 2, 4], "count": 2}
-    assert leases.grant(pool, mine, [lease("L-x", [0], kind="gpu")], [mine], {}) == [2, 4]
+    assert policy.grant(pool, mine, [lease("L-x", [0], kind="gpu")], [mine], {}) == [2, 4]
 
 
 def test_tickets_order_by_submit_time_then_job_id_the_same_on_every_host() -> None:
     line = [ticket("T-9", 2.0, "a", 1), ticket("T-1", 1.0, "z", 1), ticket("T-5", 1.0, "b", 1)]
-    assert [t["job"] for t in sorted(line, key=leases.ticket_key)] == ["b", "z", "a"]
+    assert [t["job"] for t in sorted(line, key=policy.ticket_key)] == ["b", "z", "a"]
 
 
 def test_why_waiting_names_holders_and_the_place_in_line() -> None:
     held = [lease("L-x", [0, 1, 2, 3], job="train-1a2b")]
     first, mine = ticket("T-1", 1.0, "a", 2), ticket("T-2", 2.0, "b", 2)
-    info = leases.why_waiting(request(2), mine, held, [first, mine], {})
+    info = policy.why_waiting(request(2), mine, held, [first, mine], {})
     assert info["position"] == 2 and info["free"] == 0 and info["want"] == 2
     assert [h["job"] for h in info["holders"]] == ["train-1a2b"]
     assert [a["job"] for a in info["ahead"]] == ["a"]
 
 
+def test_held_units_map_each_unit_of_a_kind_to_its_lease() -> None:
+    gpu, slot = lease("L-g", [1, 3], kind="gpu"), lease("L-s", [1], kind="slot")
+    assert policy.held_units([gpu, slot], "gpu") == {1: gpu, 3: gpu}
+    assert policy.held_units([gpu, slot], "slot") == {1: slot}
+
+
+def test_what_others_see_of_a_lease_leaves_its_pids_and_pool_out() -> None:
+    record = {**lease("L-x", [0]), "holder": [1, 2], "pool": [0, 1], "boot": "b", "name": "L-x"}
+    assert policy.public(record) == {
+        "kind": "slot",
+        "units": [0],
+        "job": "holder-1",
+        "user": "alice",
+        "since": 0,
+    }
+
+
+def test_the_lines_policy_is_pure() -> None:
+    """Records in, answers out: it reads no file, process or clock (storage.py,
+    holder.py and gpus.py do)."""
+    tree = ast.parse(Path(policy.__file__).read_text())
+    imported = {
+        alias.name.split(".")[0] if isinstance(node, ast.Import) else str(node.module)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert imported <= {"__future__", "typing"}
+
+
 # ---------------------------------------------------------------- stale or alive
 
 
-def live_record(**extra: object) -> leases.Record:
+def live_record(**extra: object) -> policy.Record:
     return {"boot": proc.boot_id(), "holder": list(ME), **extra}
 
 
 def test_a_lease_lives_while_its_holder_runs_with_the_recorded_start_time() -> None:
-    assert leases.is_live(live_record(), proc.boot_id())
+    assert storage.is_live(live_record(), proc.boot_id())
 
 
 def test_a_reused_pid_does_not_keep_a_lease_alive() -> None:
     record = live_record(holder=[ME[0], (ME[1] or 0) + 1])
-    assert not leases.is_live(record, proc.boot_id())
+    assert not storage.is_live(record, proc.boot_id())
 
 
 def test_a_lease_from_before_a_reboot_is_stale() -> None:
-    assert not leases.is_live(live_record(boot="another-boot"), proc.boot_id())
+    assert not storage.is_live(live_record(boot="another-boot"), proc.boot_id())
 
 
 def test_torchrun_keeps_the_lease_alive_after_its_supervisor_died() -> None:
@@ -124,8 +155,8 @@ def test_torchrun_keeps_the_lease_alive_after_its_supervisor_died() -> None:
     child.wait()  # gone, reaped: a pid and start time that name no process now
     dead = [child.pid, 1]
     record = live_record(holder=dead, torchrun=list(ME))
-    assert leases.is_live(record, proc.boot_id())
-    assert not leases.is_live(live_record(holder=dead), proc.boot_id())
+    assert storage.is_live(record, proc.boot_id())
+    assert not storage.is_live(live_record(holder=dead), proc.boot_id())
 
 
 @pytest.fixture
@@ -138,7 +169,7 @@ def lease_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_the_lease_directory_is_sticky_and_writable_by_all(lease_dir: Path) -> None:
     old = os.umask(0o077)
     try:
-        leases.open_dir(str(lease_dir))
+        storage.open_dir(str(lease_dir))
     finally:
         os.umask(old)
     assert stat.S_IMODE(lease_dir.stat().st_mode) == 0o1777
@@ -147,8 +178,8 @@ def test_the_lease_directory_is_sticky_and_writable_by_all(lease_dir: Path) -> N
 def test_a_lease_directory_that_is_not_sticky_is_refused(lease_dir: Path) -> None:
     lease_dir.mkdir(mode=0o777)
     os.chmod(lease_dir, 0o777)
-    with pytest.raises(leases.LeaseError, match="not 1777"):
-        leases.open_dir(str(lease_dir))
+    with pytest.raises(storage.LeaseError, match="not 1777"):
+        storage.open_dir(str(lease_dir))
 
 
 def test_a_lease_directory_another_node_is_still_making_is_waited_for(lease_dir: Path) -> None:
@@ -159,39 +190,39 @@ def test_a_lease_directory_another_node_is_still_making_is_waited_for(lease_dir:
     timer = threading.Timer(0.2, os.chmod, (lease_dir, 0o1777))
     timer.start()
     try:
-        assert leases.open_dir(str(lease_dir)) == str(lease_dir)
+        assert storage.open_dir(str(lease_dir)) == str(lease_dir)
     finally:
         timer.join()
     os.chmod(lease_dir, 0o700)  # never finished: refused after a second
-    with pytest.raises(leases.LeaseError, match="not 1777"):
-        leases.open_dir(str(lease_dir))
+    with pytest.raises(storage.LeaseError, match="not 1777"):
+        storage.open_dir(str(lease_dir))
 
 
 def test_a_lease_directory_that_is_a_link_is_refused(lease_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "elsewhere").mkdir()
     lease_dir.symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(leases.LeaseError, match="not a directory"):
-        leases.open_dir(str(lease_dir))
+    with pytest.raises(storage.LeaseError, match="not a directory"):
+        storage.open_dir(str(lease_dir))
 
 
 def test_lease_files_are_readable_by_all_and_hold_no_env(lease_dir: Path) -> None:
-    root = leases.open_dir(str(lease_dir))
-    leases.write_record(root, "L-x.json", {"job": "j", "units": [0]})
+    root = storage.open_dir(str(lease_dir))
+    storage.write_record(root, "L-x.json", {"job": "j", "units": [0]})
     mode = stat.S_IMODE((lease_dir / "L-x.json").stat().st_mode)
     assert mode == 0o644
     assert not [p for p in lease_dir.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_scan_drops_my_stale_leases_and_ignores_anothers(lease_dir: Path) -> None:
-    root = leases.open_dir(str(lease_dir))
+    root = storage.open_dir(str(lease_dir))
     uid = os.getuid()
     stale = {"boot": "old", "holder": [1, 1], "uid": uid, "kind": "slot", "units": [0]}
     theirs = {**stale, "uid": uid + 1}
     live = {**live_record(), "uid": uid, "kind": "slot", "units": [1]}
-    leases.write_record(root, "L-mine-stale.json", stale)
-    leases.write_record(root, "L-theirs-stale.json", theirs)
-    leases.write_record(root, "L-live.json", live)
-    held, _ = leases.scan(root)
+    storage.write_record(root, "L-mine-stale.json", stale)
+    storage.write_record(root, "L-theirs-stale.json", theirs)
+    storage.write_record(root, "L-live.json", live)
+    held, _ = storage.scan(root)
     assert [r["name"] for r in held] == ["L-live.json"]
     assert not (lease_dir / "L-mine-stale.json").exists()
     assert (lease_dir / "L-theirs-stale.json").exists()  # not ours to remove; counts for nothing
@@ -201,13 +232,13 @@ def test_scan_drops_my_stale_leases_and_ignores_anothers(lease_dir: Path) -> Non
 
 
 def wait_turn(
-    job_dir: Path, lease_req: leases.Record
-) -> tuple[leases.Turn | None, dict[str, object]]:
+    job_dir: Path, lease_req: policy.Record
+) -> tuple[holder.Turn | None, dict[str, object]]:
     """The supervisor's wait_turn in `job_dir`, and what it said on the start pipe."""
     job_dir.mkdir(exist_ok=True)
     os.chdir(job_dir)
     read_fd, write_fd = os.pipe()
-    turn = leases.wait_turn({"lease": lease_req}, write_fd)
+    turn = holder.wait_turn({"lease": lease_req}, write_fd)
     if turn is not None and not turn.reported:
         os.close(write_fd)
     said = os.read(read_fd, 65536)
@@ -224,10 +255,10 @@ def test_a_free_host_gives_the_lease_at_once_and_release_frees_it(
     assert turn is not None and said == {}
     assert turn.units == [0, 2]
     assert turn.env()["CUDA_VISIBLE_DEVICES"] == "0,2"
-    held, line = leases.scan(str(lease_dir))
+    held, line = storage.scan(str(lease_dir))
     assert [r["units"] for r in held] == [[0, 2]] and line == []
-    leases.release(turn)
-    assert leases.scan(str(lease_dir)) == ([], [])
+    holder.release(turn)
+    assert storage.scan(str(lease_dir)) == ([], [])
 
 
 def test_no_wait_on_a_busy_host_says_busy_and_records_why_the_node_ended(
@@ -235,8 +266,8 @@ def test_no_wait_on_a_busy_host_says_busy_and_records_why_the_node_ended(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     req = {"kind": "slot", "pool": [0, 1], "count": 2, "ticket": [1.0, "a"], "job": "a"}
-    holder, _ = wait_turn(tmp_path / "a", req)
-    assert holder is not None
+    first, _ = wait_turn(tmp_path / "a", req)
+    assert first is not None
     try:
         other = {**req, "ticket": [2.0, "b"], "job": "b", "wait": False}
         turn, said = wait_turn(tmp_path / "b", other)
@@ -245,9 +276,9 @@ def test_no_wait_on_a_busy_host_says_busy_and_records_why_the_node_ended(
         assert isinstance(busy, dict) and busy["holders"][0]["job"] == "a"
         ended = read_json(str(tmp_path / "b" / EXIT))
         assert ended is not None and ended["returncode"] is None
-        assert leases.scan(str(lease_dir))[1] == []  # its ticket left the line
+        assert storage.scan(str(lease_dir))[1] == []  # its ticket left the line
     finally:
-        leases.release(holder)
+        holder.release(first)
 
 
 # ---------------------------------------------------------------- the controller's side
@@ -368,14 +399,14 @@ def test_the_queued_line_names_gpus_in_use_outside_orch_and_who_is_ahead() -> No
 
 
 def test_a_lease_recorded_by_another_host_in_a_shared_directory_holds_nothing_here() -> None:
-    assert not leases.is_live(live_record(host="elsewhere"), proc.boot_id())
-    assert leases.is_live(live_record(host=leases.HOST), proc.boot_id())
+    assert not storage.is_live(live_record(host="elsewhere"), proc.boot_id())
+    assert storage.is_live(live_record(host=storage.HOST), proc.boot_id())
 
 
 def test_another_hosts_lease_in_a_shared_directory_stays_for_that_host(lease_dir: Path) -> None:
-    root = leases.open_dir(str(lease_dir))
-    leases.write_record(root, "L-there.json", {**live_record(host="elsewhere"), "units": [0]})
-    held, _ = leases.scan(root)
+    root = storage.open_dir(str(lease_dir))
+    storage.write_record(root, "L-there.json", {**live_record(host="elsewhere"), "units": [0]})
+    held, _ = storage.scan(root)
     assert held == []  # holds nothing here
     assert (lease_dir / "L-there.json").exists()  # and is left to its own host
 
@@ -412,11 +443,11 @@ def test_an_older_ticket_keeps_back_only_units_of_its_own_pool() -> None:
     first = {**ticket("T-1", 1.0, "demo", 1), "pool": [0]}
     second = {**ticket("T-2", 1.0, "demo", 1), "pool": [1]}
     line = [first, second]
-    assert leases.grant({"kind": "slot", "pool": [1], "count": 1}, second, [], line, {}) == [1]
-    assert leases.grant({"kind": "slot", "pool": [0], "count": 1}, first, [], line, {}) == [0]
+    assert policy.grant({"kind": "slot", "pool": [1], "count": 1}, second, [], line, {}) == [1]
+    assert policy.grant({"kind": "slot", "pool": [0], "count": 1}, first, [], line, {}) == [0]
     # Overlapping pools still queue in order.
     wide = {**ticket("T-0", 0.5, "big", 2), "pool": [0, 1]}
     assert (
-        leases.grant({"kind": "slot", "pool": [1], "count": 1}, second, [], [wide, *line], {})
+        policy.grant({"kind": "slot", "pool": [1], "count": 1}, second, [], [wide, *line], {})
         is None
     )

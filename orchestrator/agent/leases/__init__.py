@@ -1,2 +1,38 @@
-"""Leases of a host's GPUs and slots, and the line jobs wait in when they are busy
-(`commands.py` tells how)."""
+"""Leases of a host's GPUs and slots, shared by every user of the host, and the line
+that jobs wait in when they are busy. No daemon: each node's supervisor takes its
+own lease, and a lease whose holder is gone counts for nothing.
+
+**Where**: one local directory per host that every user can write
+(`lease_dir`): /run/lock (a tmpfs: a reboot empties it), else /dev/shm, else
+/var/tmp. It must be sticky (mode 1777): a user can then remove only their own
+files. Each file is created O_EXCL by its owner, 0644, and holds no job env, only
+who holds what: job id, user, pids, since when.
+
+    .lock                  flock()ed around every look-and-take (opened read-only)
+    L-UID-PID-START.json   a lease: units held by the supervisor PID (START: its
+                           start time, which names it for good)
+    T-UID-PID-START.json   a ticket: a supervisor waiting in line
+
+**A lease lives** while its supervisor or its torchrun runs (pid and start time,
+on this boot of this host); any other lease is stale: it holds nothing, and its
+owner's next look removes it. A host that reboots forgets its pids (the boot id
+is recorded). A ticket lives while its supervisor does.
+
+**The line**: tickets order by (time of submit, job id), the same key on every
+host of a job. A ticket may take units when the free ones, less what every older
+ticket of the same kind wants, still leave enough: first come, first served, and
+a job that needs a whole host is never overtaken by a stream of small ones. Jobs
+of one node take their lease as soon as their turn comes (`self_start`). Jobs of
+several nodes take them all or none: their controller asks each host whether the
+turn came (`poll`), takes every lease (`take`), and if one host refused, gives
+the others back (`untake`) and keeps waiting; the one global order of tickets
+means the oldest job always wins every host it waits for, so two jobs never
+deadlock and neither holds a host while it waits for another.
+
+GPUs that nvidia-smi shows in use by a process and that no live lease holds are
+busy too (a process orch did not start); each comes with a warning naming it.
+
+Its modules: `policy` (the rules above, pure), `storage` (the directory and its
+records), `gpus` (GPUs busy outside orch, from nvidia-smi), `holder` (the supervisor's
+side) and `commands` (the `lease` command).
+"""

@@ -28,7 +28,7 @@ from ..kernel.protocol import (
     read_json,
     write_json,
 )
-from ..leases import commands as leases
+from ..leases import holder
 
 
 def main(args: list[str]) -> int:
@@ -66,7 +66,7 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
     env["ORCH_OUTPUT_DIR"] = outputs
     argv = list(spec["argv"])
     argv[0] = os.path.expanduser(argv[0])
-    turn = leases.wait_turn(spec, ready_fd)  # its GPUs or slots: waits in line if busy
+    turn = holder.wait_turn(spec, ready_fd)  # its GPUs or slots: waits in line if busy
     if turn is None:
         return 1
     env.update(turn.env())
@@ -81,7 +81,7 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
                 start_new_session=True,
             )
     except (OSError, ValueError) as exc:
-        leases.release(turn)
+        holder.release(turn)
         write_json(EXIT, {"returncode": 127, "error": str(exc), "ended": time.time()})
         if not turn.reported:
             os.write(ready_fd, json.dumps({"error": f"cannot start {argv[0]}: {exc}"}).encode())
@@ -97,7 +97,7 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
         "host": host_id(),
     }
     write_json(PIDS, started)
-    leases.attach(turn, proc.pid)
+    holder.attach(turn, proc.pid)
     signal.signal(signal.SIGTERM, lambda *_: signal_group(proc.pid, signal.SIGTERM))
     if not turn.reported:  # else the reply said queued, and the node started since
         os.write(ready_fd, json.dumps({**started, "warnings": turn.warnings}).encode())
@@ -111,6 +111,6 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
             # tells their gc that the node still runs (gc.snapshot_end).
             with contextlib.suppress(OSError):
                 os.utime(PIDS)
-    leases.release(turn)  # before the exit record: a job waiting for it may start at once
+    holder.release(turn)  # before the exit record: a job waiting for it may start at once
     write_json(EXIT, {"returncode": returncode, "ended": time.time()})
     return 0

@@ -1,0 +1,206 @@
+"""The lease's holder, a node's supervisor, before torchrun starts and after it ends:
+its ticket, its wait for its turn (taking the lease itself, or waiting for its
+controller to take it), torchrun recorded in the lease, the lease given back."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+
+from ..host import proc
+from ..kernel.protocol import EXIT, KILLED, read_json, write_json
+from .gpus import busy_units
+from .policy import Record, foreign_warning, grant, why_waiting
+from .storage import (
+    HOST,
+    LeaseError,
+    file_name,
+    lease_dir,
+    locked,
+    open_dir,
+    remove,
+    scan,
+    write_record,
+)
+
+QUEUED = "queued.json"  # in the node's directory: its supervisor and ticket, while in line
+GO = "go"  # in the node's directory: the controller took its leases; start
+POLL_S = 0.1  # how often a supervisor in line looks again
+GO_WAIT_S = 120.0  # a node of several waits this long for its controller's next poll
+
+
+class Turn:
+    """A node's place in line and, once its turn came, its lease."""
+
+    def __init__(self, request: Record | None) -> None:
+        self.request = request
+        self.root = ""
+        self.holder = (os.getpid(), proc.start_time(os.getpid()) or 0)
+        self.units: list[int] = []
+        self.reported = False  # the start command's reply went out already (queued)
+        self.warnings: list[str] = []
+
+    @property
+    def lease_name(self) -> str:
+        return file_name("L", self.holder)
+
+    @property
+    def ticket_name(self) -> str:
+        return file_name("T", self.holder)
+
+    def env(self) -> dict[str, str]:
+        """What the lease adds to the job's environment."""
+        if self.request is None:
+            return {}
+        units = ",".join(map(str, self.units))
+        if self.request["kind"] == "gpu":
+            return {"CUDA_VISIBLE_DEVICES": units, "ORCH_GPUS": units}
+        return {"ORCH_SLOTS": units}
+
+    def record(self, kind: str) -> Record:
+        request = self.request or {}
+        return {
+            "kind": request.get("kind"),
+            "count": int(request.get("count", 0)),
+            "job": request.get("job"),
+            "ticket": request.get("ticket"),
+            "user": proc.user_name(os.getuid()),
+            "uid": os.getuid(),
+            "holder": list(self.holder),
+            "boot": proc.boot_id(),
+            "host": HOST,
+            "pool": request.get("pool", []),
+            "since": time.time(),
+            **({"units": self.units} if kind == "L" else {}),
+        }
+
+
+def wait_turn(spec: Record, ready_fd: int) -> Turn | None:
+    """The supervisor's wait in line, before torchrun starts: None when the node is
+    not to start (busy with `wait` false, killed or given up while in line; its exit
+    record says why and the start reply went out).
+
+    A node that must wait says `queued` in the start reply at once (the controller
+    may go away: a detached job's node takes its turn alone), then waits.
+    """
+    turn = Turn(spec.get("lease"))
+    if turn.request is None:
+        return turn
+    request = turn.request
+    try:
+        turn.root = open_dir(lease_dir())
+        write_record(turn.root, turn.ticket_name, turn.record("T"))
+    except (OSError, LeaseError) as exc:
+        refuse(turn, ready_fd, f"cannot use the lease directory: {exc}")
+        return None
+    write_json(QUEUED, {"holder": list(turn.holder), "ticket": turn.ticket_name, "root": turn.root})
+    stop: list[int] = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    while True:
+        try:
+            info = try_take(turn) if request.get("self_start", True) else taken_by_controller(turn)
+        except OSError as exc:  # the lock file is not readable (another user's doing)
+            remove(turn.root, turn.ticket_name)
+            if not turn.reported:
+                refuse(turn, ready_fd, f"cannot use the lease directory {turn.root}: {exc}")
+            else:
+                end_in_line(f"cannot use the lease directory {turn.root}: {exc}")
+            return None
+        if info is None:
+            break
+        if not request.get("wait", True):
+            remove(turn.root, turn.ticket_name)
+            refuse(turn, ready_fd, "busy", info)
+            return None
+        if not turn.reported:
+            os.write(ready_fd, json.dumps({"queued": info}).encode())
+            os.close(ready_fd)
+            turn.reported = True
+        why = gave_up(turn, stop)
+        if why:
+            remove(turn.root, turn.ticket_name)
+            remove(turn.root, turn.lease_name)
+            end_in_line(why)
+            return None
+        time.sleep(POLL_S)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    remove(turn.root, turn.ticket_name)
+    with contextlib.suppress(OSError):
+        os.unlink(QUEUED)
+    return turn
+
+
+def try_take(turn: Turn) -> Record | None:
+    """Take the lease if the node's turn came (None), else say what it waits for."""
+    assert turn.request is not None
+    with locked(turn.root):
+        leases, tickets = scan(turn.root)
+        mine = {**turn.record("T"), "name": turn.ticket_name}
+        if grant(turn.request, mine, leases, tickets, {}) is None:
+            return why_waiting(turn.request, mine, leases, tickets, {})
+        busy = busy_units(turn.request, leases)  # nvidia-smi: only when it may matter
+        units = grant(turn.request, mine, leases, tickets, busy)
+        if units is not None:
+            turn.units = units
+            write_record(turn.root, turn.lease_name, turn.record("L"))
+            turn.warnings = [foreign_warning(b) for b in busy.values()]
+            return None
+        return why_waiting(turn.request, mine, leases, tickets, busy)
+
+
+def taken_by_controller(turn: Turn) -> Record | None:
+    """A node of several: its controller takes the lease for it (`take`), then says
+    go. None once it did."""
+    if os.path.exists(GO):
+        lease = read_json(os.path.join(turn.root, turn.lease_name))
+        if lease is not None:
+            turn.units = [int(u) for u in lease.get("units", [])]
+            return None
+    assert turn.request is not None
+    return {"kind": turn.request["kind"], "want": turn.request["count"], "waiting_for": "go"}
+
+
+def gave_up(turn: Turn, stop: list[int]) -> str:
+    """Why a node in line stops waiting, or ''."""
+    if stop or os.path.exists(KILLED):
+        return "killed while it waited in line"
+    assert turn.request is not None
+    if not turn.request.get("self_start", True):
+        with contextlib.suppress(OSError):
+            if time.time() - os.stat(QUEUED).st_mtime > GO_WAIT_S:
+                return "its controller stopped asking while it waited in line (a job of several nodes needs its controller to start)"
+    return ""
+
+
+def refuse(turn: Turn, ready_fd: int, why: str, info: Record | None = None) -> None:
+    reply: Record = {"busy": info} if info is not None else {"error": why}
+    os.write(ready_fd, json.dumps(reply).encode())
+    os.close(ready_fd)
+    turn.reported = True
+    end_in_line(why)
+
+
+def end_in_line(why: str) -> None:
+    write_json(EXIT, {"returncode": None, "error": why, "ended": time.time(), "queued": True})
+    with contextlib.suppress(OSError):
+        os.unlink(QUEUED)
+
+
+def attach(turn: Turn | None, pid: int) -> None:
+    """Record torchrun in the lease: it keeps the lease alive if the supervisor dies."""
+    if turn is None or turn.request is None or not turn.units:
+        return
+    record = turn.record("L")
+    record["torchrun"] = [pid, proc.start_time(pid)]
+    with contextlib.suppress(OSError):
+        write_record(turn.root, turn.lease_name, record)
+
+
+def release(turn: Turn | None) -> None:
+    """Give the lease back: the node's job ended, however it did."""
+    if turn is not None and turn.root:
+        remove(turn.root, turn.lease_name)
+        remove(turn.root, turn.ticket_name)
