@@ -20,6 +20,7 @@ COMMANDS = {
     "setup": "node.setup",
     "outputs": "node.outputs",
     "top": "node.top",
+    "slurm-node": "node.srun",
     "sync": "store.sync",
     "relay": "store.relay",
     "gc": "store.gc",
@@ -45,6 +46,7 @@ USAGE = """usage: orch agent COMMAND ARGS...
   lease poll|take|untake|go JOB_DIR   a node's place in line for its GPUs or slots
   lease hosts                         every lease and ticket of this host
   top JOB_DIR                         (stdin: offsets) CPU, memory, GPUs, log growth of its ranks
+  slurm-node JOB_ROOT                 under srun, on each node of a Slurm job: its torchrun
 """
 
 

@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from orchestrator.agent.kernel.slurm import expand_nodelist, node_dir_name
 from orchestrator.jobs.follow import NodeExit, Notice, Output, Watcher
 from orchestrator.jobs.reporter import Reporter, phase
 from orchestrator.jobs.watch import TAIL_LINES, failure_summary
@@ -30,7 +31,6 @@ from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror
 from orchestrator.slurm.login import LoginNode
-from orchestrator.slurm.node import expand_nodelist, node_dir_name
 from orchestrator.slurm.queue import QueuedJob
 from orchestrator.transport import ConnectOptions, Transport, open_transport
 

@@ -10,11 +10,11 @@ import logging
 import shlex
 import time
 
+from orchestrator.agent.kernel.slurm import node_dir_name
 from orchestrator.models.errors import HostError, InputError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes.shell import sh_path
 from orchestrator.slurm import queue
-from orchestrator.slurm.node import node_dir_name
 from orchestrator.slurm.queue import Partition, QueuedJob
 from orchestrator.transport import CommandResult, Transport
 

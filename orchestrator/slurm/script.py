@@ -5,8 +5,8 @@ read them, and submit.py writes them on the login node.
 The job root on the shared home (`<workdir>/jobs/<job id>`) holds the code snapshot
 (code/, agent) as a push builds it, and beside it:
 
-    slurm/batch.sh      the batch script sbatch runs (on the first node)
-    slurm/node.py       the launcher srun starts on every node (node.py)
+    slurm/batch.sh      the batch script sbatch runs (on the first node); srun starts
+                        the agent's `slurm-node` on every node (agent/node/srun.py)
     slurm/spec.json     each node rank's args and env (0600: the env may hold secrets)
     slurm/batch-<id>.out  the batch script's own output (srun's complaints)
     slurm/exit-<id>.json  how srun ended, for where accounting is off
@@ -20,15 +20,14 @@ import shlex
 from dataclasses import dataclass
 
 from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel.slurm import MASTER_ADDR_MARK, MASTER_PORT_MARK, SLURM_DIR
 from orchestrator.models import placeholders
 from orchestrator.models.job import LEGACY_LAUNCH, JobSpec
 from orchestrator.models.slurm import SlurmSection
-from orchestrator.slurm.node import MASTER_ADDR_MARK, MASTER_PORT_MARK
 
-SLURM_DIR = "slurm"
 BATCH = f"{SLURM_DIR}/batch.sh"
-LAUNCHER = f"{SLURM_DIR}/node.py"
-SPEC = f"{SLURM_DIR}/spec.json"
+# The agent's launcher, from the version the job pinned (the job root's agent link).
+LAUNCHER = f"{protocol.AGENT}/{protocol.RUN_SCRIPT} slurm-node"
 
 
 def batch_output(slurm_id: str = "%j") -> str:
@@ -131,7 +130,7 @@ def batch_script(sj: SlurmJob) -> str:
     lines += [
         f"# orch job {sj.job_id}: one torchrun per node, {sj.nproc} processes each, "
         f"world size {sj.world_size}.",
-        "# Node rank, master, port and interface are worked out on each node by slurm/node.py;",
+        "# Node rank, master, port and interface are worked out on each node by the agent;",
         "# a rank that fails ends the whole allocation (--kill-on-bad-exit).",
         f"srun --kill-on-bad-exit=1 --ntasks-per-node=1 --nodes={sj.nodes} \\",
         f'    {q(sj.python)} -I -S {LAUNCHER} "$PWD"',

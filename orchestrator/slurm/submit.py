@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel.slurm import SPEC
 from orchestrator.jobs.reporter import ProgressReporter, Reporter, phase
 from orchestrator.models.errors import InputError, Interrupted, OrchError
 from orchestrator.models.inventory import Host, Inventory, resolve_inventory
@@ -23,7 +24,7 @@ from orchestrator.nodes.group import HostGroup
 from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobDB, JobRecord
 from orchestrator.records.logmirror import LogMirror
-from orchestrator.slurm import node, script
+from orchestrator.slurm import script
 from orchestrator.slurm.follow import follow_job
 from orchestrator.slurm.login import LoginNode
 from orchestrator.slurm.queue import Partition
@@ -162,8 +163,7 @@ def submit(
             login_node.write_files(
                 {
                     f"{sj.job_root}/{script.BATCH}": (script.batch_script(sj), 0o700),
-                    f"{sj.job_root}/{script.LAUNCHER}": (_launcher_source(), 0o600),
-                    f"{sj.job_root}/{script.SPEC}": (script.spec_json(sj), 0o600),
+                    f"{sj.job_root}/{SPEC}": (script.spec_json(sj), 0o600),
                 }
             )
             phase(reporter, "sbatch")
@@ -225,11 +225,6 @@ def _setup(sj: SlurmJob, login: LoginNode, key: str, digest: str, reporter: Repo
         reporter.output(f"{login.host.name} setup", None, (text + "\n").encode())
 
     ops.setup(target, login.transport, sj.job.setup, key, digest, line)
-
-
-def _launcher_source() -> str:
-    """node.py's own text: what srun runs on every compute node."""
-    return Path(node.__file__).read_text(encoding="utf-8")
 
 
 def dry_run(

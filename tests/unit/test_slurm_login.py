@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.kernel.protocol import ExitRecord
+from orchestrator.agent.node import srun
 from orchestrator.jobs.follow import NodeExit
 from orchestrator.models.inventory import Host
-from orchestrator.slurm import node
 from orchestrator.slurm.follow import _first_failure
 from orchestrator.slurm.login import LoginNode
 from orchestrator.transport.local import LocalTransport
@@ -74,10 +74,10 @@ def test_node_rank_0_hands_its_free_port_to_the_others_through_the_shared_home(
     (tmp_path / "slurm").mkdir()
     got: list[int] = []
     waiter = threading.Thread(
-        target=lambda: got.append(node.rendezvous_port(str(tmp_path), "7", 1, "127.0.0.1"))
+        target=lambda: got.append(srun.rendezvous_port(str(tmp_path), "7", 1, "127.0.0.1"))
     )
     waiter.start()
-    port = node.rendezvous_port(str(tmp_path), "7", 0, "127.0.0.1")
+    port = srun.rendezvous_port(str(tmp_path), "7", 0, "127.0.0.1")
     waiter.join(10)
     assert got == [port] and 1024 < port < 65536
     record = json.loads((tmp_path / "slurm" / "rdzv-7.json").read_text())
@@ -85,7 +85,7 @@ def test_node_rank_0_hands_its_free_port_to_the_others_through_the_shared_home(
 
 
 def test_the_route_to_this_machine_itself_leaves_by_the_interface_that_holds_it() -> None:
-    address, iface = node.route_to("127.0.0.1")
+    address, iface = srun.route_to("127.0.0.1")
     assert address == "127.0.0.1"
     assert iface in ("lo", None)  # None only where the ip tool is missing
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.agent.kernel.slurm import expand_nodelist
 from orchestrator.models.states import JobState
 from orchestrator.slurm.jobs import note
-from orchestrator.slurm.node import expand_nodelist
 from orchestrator.slurm.queue import (
     QueuedJob,
     from_exit_record,

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent.kernel.slurm import fill_marks, node_dir_name
 from orchestrator.models.errors import InputError
 from orchestrator.models.inventory import load_inventory
 from orchestrator.models.job import load_job
-from orchestrator.slurm import node, script
+from orchestrator.slurm import script
 from orchestrator.slurm.queue import Partition
 from orchestrator.slurm.submit import check_partition, slurm_job
 from tests.unit.conftest import Orch, WriteFile, expect_input_error
@@ -109,7 +110,7 @@ def test_the_batch_script_asks_for_the_nodes_and_starts_one_launcher_each(
     ):
         assert f"#SBATCH {option}\n" in text
     assert "srun --kill-on-bad-exit=1 --ntasks-per-node=1 --nodes=3" in text
-    assert '/shared/venvs/torch/bin/python -I -S slurm/node.py "$PWD"' in text
+    assert '/shared/venvs/torch/bin/python -I -S agent/run.py slurm-node "$PWD"' in text
     assert "exit-$SLURM_JOB_ID.json" in text and text.rstrip().endswith("exit $rc")
     assert subprocess.run(["sh", "-n"], input=text, text=True, check=False).returncode == 0
 
@@ -158,7 +159,7 @@ def test_each_node_rank_gets_its_placeholders_and_orch_variables(
     assert second["env"]["WHO"] == "node 1 of 3" and second["env"]["TOKEN"] == "s3cret"
     assert second["env"]["ORCH_NODE_RANK"] == "1" and second["env"]["ORCH_WORLD_SIZE"] == "24"
     # The master is known only on the nodes: the launcher fills in its marks.
-    filled = node._fill(second["args"][2], "10.0.0.7", 29500)
+    filled = fill_marks(second["args"][2], "10.0.0.7", 29500)
     assert filled == "--master=10.0.0.7:29500"
     assert "s3cret" not in script.batch_script(sj)  # the env never goes in the script
 
@@ -196,8 +197,9 @@ def test_the_partition_must_exist_and_hold_the_jobs_nodes(write: WriteFile, work
 
 
 def test_node_directories_never_take_the_name_of_the_job_roots_own_files() -> None:
-    assert node.node_dir_name("gpu07") == "gpu07"
-    assert node.node_dir_name("code") == "node-code"
+    assert node_dir_name("gpu07") == "gpu07"
+    for name in ("code", "agent", "outputs", "snapshot.json", "seal.json", "slurm"):
+        assert node_dir_name(name) == f"node-{name}"
 
 
 def test_the_cli_dry_run_prints_the_batch_script_and_refuses_ssh_keys(

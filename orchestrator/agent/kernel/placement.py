@@ -116,28 +116,52 @@ def _torchrun_argv(
     values: Mapping[str, str],
     args: list[str],
 ) -> list[str]:
-    argv = [
+    argv = torchrun_argv(
         template["python"],
+        num_nodes=values["num_nodes"],
+        node_rank=values["node_rank"],
+        nproc=values["nproc"],
+        master_addr=values["master_addr"],
+        master_port=values["master_port"],
+        max_restarts=template["max_restarts"],
+        local_addr=place["master_addr"] if node_rank == 0 else template.get("addr"),
+    )
+    return argv + _entry_argv(template, LOGS, args)
+
+
+def torchrun_argv(
+    python: str,
+    num_nodes: str,
+    node_rank: str,
+    nproc: str,
+    master_addr: str,
+    master_port: str,
+    max_restarts: int,
+    local_addr: str | None,
+) -> list[str]:
+    """torchrun's part of a node's command, before the entry: a static rendezvous at
+    the master (node rank 0 is the master host), on an SSH host or a Slurm node."""
+    argv = [
+        python,
         "-m",
         "torch.distributed.run",
         "--nnodes",
-        values["num_nodes"],
+        num_nodes,
         "--node-rank",
-        values["node_rank"],
+        node_rank,
         "--nproc-per-node",
-        values["nproc"],
+        nproc,
         "--master-addr",
-        values["master_addr"],
+        master_addr,
         "--master-port",
-        values["master_port"],
+        master_port,
         "--max-restarts",
-        str(template["max_restarts"]),
+        str(max_restarts),
     ]
-    local_addr = place["master_addr"] if node_rank == 0 else template.get("addr")
     if local_addr:
         # Without it torchrun hands workers its FQDN, which peers may not resolve.
         argv += ["--local-addr", local_addr]
-    return argv + _entry_argv(template, LOGS, args)
+    return argv
 
 
 def _entry_argv(template: dict[str, Any], logs: str, args: list[str]) -> list[str]:
@@ -156,9 +180,7 @@ def _entry_argv(template: dict[str, Any], logs: str, args: list[str]) -> list[st
 def _node_env(template: dict[str, Any], values: Mapping[str, str], names: str) -> dict[str, str]:
     env = dict(template["host_env"])
     env.update({k: expand(v, values) for k, v in template["env"].items()})
-    if template.get("iface"):
-        for var in IFNAME_VARS:
-            env.setdefault(var, template["iface"])
+    set_ifname(env, template.get("iface"))
     gpus = list(template.get("gpus") or ())
     if gpus and gpus != list(range(len(gpus))):
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
@@ -179,6 +201,14 @@ def _node_env(template: dict[str, Any], values: Mapping[str, str], names: str) -
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+def set_ifname(env: dict[str, str], iface: str | None) -> None:
+    """Point gloo and NCCL at the interface that routes to the master, where the job or
+    the host did not name one: names differ per host, and a wrong one hangs the job."""
+    if iface:
+        for var in IFNAME_VARS:
+            env.setdefault(var, iface)
 
 
 # ---------------------------------------------------------------- restarts

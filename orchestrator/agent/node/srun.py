@@ -1,0 +1,150 @@
+"""`slurm-node JOB_ROOT`: what `srun` starts on each compute node of a Slurm job: one
+torchrun there, from the agent version the job pinned (`JOB_ROOT/agent`).
+
+On each node, from Slurm's environment and the job's spec (`slurm/spec.json`, never
+an argv: it holds the job's env):
+
+1. node rank = SLURM_NODEID; the master = the first node of the allocation, its
+   address as Slurm reaches it (`scontrol show node`: NodeAddr), not from DNS;
+2. the rendezvous port: the job's, else node rank 0 picks a free one on the master
+   and leaves it on the shared home for the others (`slurm/rdzv-<slurm id>.json`);
+3. `--local-addr` and GLOO/NCCL_SOCKET_IFNAME from the route to the master, as the
+   probe finds it on an SSH host (host/probe.py);
+4. torchrun (its command as kernel/placement.py writes it) runs in the node's own
+   directory of the job root with the agent's rank entry, each rank writing its own
+   `logs/rank-N.log` (what `orch` follows over the login node);
+5. `exit.json` records how it ended, and the launcher exits with torchrun's code, so
+   that `srun --kill-on-bad-exit=1` brings the allocation down on a failure. SIGTERM
+   (scancel) goes on to torchrun, which stops its ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+
+from ..host import probe
+from ..kernel.placement import set_ifname, torchrun_argv
+from ..kernel.protocol import (
+    AGENT,
+    CODE,
+    EXIT,
+    LOGS,
+    NODE_SPEC,
+    OUTPUTS,
+    TORCHRUN_LOG,
+    read_json,
+    write_json,
+)
+from ..kernel.slurm import SPEC, expand_nodelist, fill_marks, node_dir_name, rendezvous_record
+
+PORT_WAIT_S = 120.0
+
+
+def node_addr(name: str) -> str:
+    """The address Slurm reaches node `name` at (NodeAddr), else what `name` resolves to."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "node", "--oneliner", name],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    match = re.search(r"\bNodeAddr=(\S+)", out)
+    if match and match.group(1) not in ("", "(null)"):
+        return match.group(1)
+    return socket.gethostbyname(name)
+
+
+def route_to(address: str) -> tuple[str | None, str | None]:
+    """This node's own address toward `address`, and the interface it leaves by."""
+    facts = probe.route_facts(address, probe.own_addresses())
+    return facts["local_addr"], facts["iface"]
+
+
+def rendezvous_port(root: str, slurm_id: str, node_rank: int, master_addr: str) -> int:
+    """Node rank 0 picks a free port on the master (itself) and writes it on the shared
+    home; the others wait for it there."""
+    path = os.path.join(root, rendezvous_record(slurm_id))
+    if node_rank == 0:
+        with socket.socket() as probe_socket:
+            probe_socket.bind((master_addr, 0))
+            port = int(probe_socket.getsockname()[1])
+        write_json(path, {"port": port, "master_addr": master_addr})
+        return port
+    deadline = time.monotonic() + PORT_WAIT_S
+    while time.monotonic() < deadline:
+        record = read_json(path)
+        if record is not None and "port" in record:
+            return int(record["port"])
+        time.sleep(0.1)
+    raise SystemExit(f"orch: node rank 0 left no rendezvous port in {path}")
+
+
+def _link(target: str, name: str) -> None:
+    if not os.path.lexists(name):
+        with contextlib.suppress(FileExistsError):  # the controller made it meanwhile
+            os.symlink(target, name)
+
+
+def main(args: list[str]) -> int:
+    root = os.path.abspath(os.path.expanduser(args[0]))
+    with open(os.path.join(root, SPEC)) as f:
+        spec = json.load(f)
+    node_rank = int(os.environ["SLURM_NODEID"])
+    slurm_id = os.environ.get("SLURM_JOB_ID", "0")
+    name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    nodes = expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
+    master_addr = node_addr(nodes[0])
+    port = spec["port"] or rendezvous_port(root, slurm_id, node_rank, master_addr)
+    local_addr, iface = route_to(master_addr)
+
+    node_dir = os.path.join(root, node_dir_name(name))
+    os.makedirs(os.path.join(node_dir, LOGS), exist_ok=True)
+    os.chdir(node_dir)
+    _link(os.path.join(os.pardir, CODE), CODE)
+    _link(os.path.join(os.pardir, AGENT), AGENT)
+    mine = spec["nodes"][node_rank]
+    argv = torchrun_argv(
+        spec["python"],
+        num_nodes=str(len(spec["nodes"])),
+        node_rank=str(node_rank),
+        nproc=str(mine["nproc"]),
+        master_addr=master_addr,
+        master_port=str(port),
+        max_restarts=spec["max_restarts"],
+        local_addr=local_addr,
+    )
+    argv += [fill_marks(a, master_addr, port) for a in spec["entry"] + mine["args"]]
+    env = dict(os.environ)
+    env.update({k: fill_marks(v, master_addr, port) for k, v in mine["env"].items()})
+    set_ifname(env, iface)
+    env.update(
+        ORCH_SLURM_JOB_ID=slurm_id,
+        ORCH_HOSTS=",".join(nodes),
+        ORCH_OUTPUT_DIR=os.path.join(root, OUTPUTS),
+    )
+    os.makedirs(env["ORCH_OUTPUT_DIR"], exist_ok=True)
+    # What ran here, for a person looking later.
+    write_json(NODE_SPEC, {"argv": argv, "slurm_node": name, "node_rank": node_rank})
+    with open(TORCHRUN_LOG, "ab") as out:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(OSError):
+            proc.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    returncode = proc.wait()
+    write_json(EXIT, {"returncode": returncode, "ended": time.time()})
+    return returncode if returncode >= 0 else 128 - returncode
