@@ -5,12 +5,13 @@ Its rooms:
 
 - `kernel/`: what the controller imports too, written once for both ends: the
   protocol (frames, replies, the job-directory layout), placement (a node's torchrun
-  command, the rules of restarts), the waiting line's rounds, open-file limits. Pure
-  or nearly: nothing here runs a command or reads /proc.
+  command, the rules of restarts), the waiting line's rounds, open-file limits, a
+  Slurm job's names. Pure or nearly: nothing here runs a command or reads /proc.
 - `host/`: this host's facts: /proc (`proc.py` is its one reader), nvidia-smi, the
   probe, network tests, daemons that outlive their SSH channel.
 - `node/`: one node of a job on this host: its supervisor (`start`), status, logs,
-  kill, each rank's entry, setup, outputs, a `top` sample.
+  kill, each rank's entry, setup, outputs, a `top` sample; on a Slurm compute node,
+  the launcher srun starts (`srun`).
 - `store/`: the content store, the snapshots a push builds from it, the relay between
   hosts, takeover of a shared snapshot and gc.
 - `keeper/`: a detached job's restarts on its hosts: what the keeper decides (pure),

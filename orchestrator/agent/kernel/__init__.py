@@ -1,4 +1,6 @@
 """The agent's kernel: what both ends import, the controller from the package and the
 agent on every host. Standard library only, valid on Python 3.8, and free of host
-effects at import: the protocol and job-directory layout, placement, the waiting
-line's rounds, open-file limits. Nothing outside the agent imports any other room."""
+effects: the protocol and job-directory layout (`protocol`), a node's command and the
+rules of restarts (`placement`), the waiting line's rounds (`line`), open-file limits
+(`limits`), a Slurm job's names (`slurm`). Nothing outside the agent imports any other
+room of it."""
