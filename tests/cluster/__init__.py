@@ -93,7 +93,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SSHD = "/usr/sbin/sshd"
 
 

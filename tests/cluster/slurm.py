@@ -1,4 +1,4 @@
-"""A real Slurm cluster on the namespace test cluster (tests/cluster.py), for integration tests.
+"""A real Slurm cluster on the namespace test cluster (tests/cluster/), for integration tests.
 
 One host is the login node, running ``munged`` and ``slurmctld``; the others are compute
 nodes running ``slurmd``; every host mounts one shared home, as on an HPC cluster with
