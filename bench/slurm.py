@@ -44,8 +44,7 @@ import yaml
 
 from bench.common import ssh_argv
 from bench.report import write_section
-from tests.cluster import Cluster, orch_command, repo_python
-from tests.cluster.slurm import SlurmCluster
+from tests.cluster import Cluster, SlurmCluster, orch_command, repo_python
 
 WORKLOAD = """\
 import time

@@ -46,6 +46,8 @@ change without notice; only the harness's own tests look at them.
   skip (in CI, fail) where the cluster cannot run; ``ClusterError`` when it breaks.
 - ``BRIDGE``, ``SUBNET``, ``ROOT_HOME``: the bridge's name, the first three octets of
   the hosts' addresses, and the home directory every host hides.
+- ``SlurmCluster``: a Slurm cluster (login node, compute nodes, one shared home) on a
+  ``Cluster``'s hosts, its partition ``PARTITION``, and ``slurm_unavailable_reason()``.
 
 Rooms, each one module:
 
@@ -60,6 +62,7 @@ Rooms, each one module:
   cluster gives it (inventory, known hosts, environment).
 - ``lifecycle``: ``Cluster`` itself, made of the rooms above; ``availability``:
   skip or fail where the cluster cannot run; ``commands``: setup commands, the error.
+- ``slurm``: ``SlurmCluster``, slurmctld, slurmd and munged on the hosts.
 """
 
 from tests.cluster.availability import (
@@ -72,10 +75,12 @@ from tests.cluster.controller import REPO_ROOT, Controller, OrchRunner, orch_com
 from tests.cluster.hosts import ROOT_HOME, Host
 from tests.cluster.lifecycle import Cluster
 from tests.cluster.network import BRIDGE, SUBNET
+from tests.cluster.slurm import PARTITION, SlurmCluster, slurm_unavailable_reason
 from tests.cluster.users import PasswordLogin
 
 __all__ = [
     "BRIDGE",
+    "PARTITION",
     "REPO_ROOT",
     "ROOT_HOME",
     "SUBNET",
@@ -85,9 +90,11 @@ __all__ = [
     "Host",
     "OrchRunner",
     "PasswordLogin",
+    "SlurmCluster",
     "cluster_unavailable_reason",
     "orch_command",
     "repo_python",
     "require_cluster_support",
     "skip_or_fail",
+    "slurm_unavailable_reason",
 ]

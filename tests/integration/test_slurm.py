@@ -18,8 +18,17 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster import SUBNET, Cluster, ClusterError, Host, OrchRunner, skip_or_fail
-from tests.cluster.slurm import PARTITION, SlurmCluster, slurm_unavailable_reason
+from tests.cluster import (
+    PARTITION,
+    SUBNET,
+    Cluster,
+    ClusterError,
+    Host,
+    OrchRunner,
+    SlurmCluster,
+    skip_or_fail,
+    slurm_unavailable_reason,
+)
 from tests.support import Lines
 
 pytestmark = pytest.mark.cluster
