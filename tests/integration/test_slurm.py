@@ -31,7 +31,10 @@ from tests.cluster import (
 )
 from tests.support import Lines
 
-pytestmark = pytest.mark.cluster
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.xdist_group("slurm"),
+]  # one Slurm cluster serves the module
 
 TRAIN = """\
 import os, socket, time
