@@ -42,15 +42,15 @@ from orchestrator.api.types import (
     WaitTimeout,
 )
 from orchestrator.jobs import submit as submitting
-from orchestrator.jobs.logs import LogFilter
 from orchestrator.jobs.logs import logs as relay_logs
 from orchestrator.jobs.reconcile import status as reconciled
-from orchestrator.jobs.reporter import Reporter
 from orchestrator.jobs.teardown import kill as kill_jobs
 from orchestrator.models.job import JobSpec, Overrides
 from orchestrator.models.states import JobState
 from orchestrator.plan import LaunchPlan
 from orchestrator.records.db import JobDB
+from orchestrator.reporting.filters import LogFilter
+from orchestrator.reporting.reporter import Reporter
 from orchestrator.slurm import jobs as slurm_jobs
 
 __all__ = [

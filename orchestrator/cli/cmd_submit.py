@@ -10,10 +10,10 @@ import typer
 from orchestrator import api
 from orchestrator.cli.app import InventoryOpt, ProgressEveryOpt, ProgressOpt, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.jobs.progress import PROGRESS_EVERY_S, ProgressMode
 from orchestrator.models.errors import InputError
 from orchestrator.models.job import Overrides
 from orchestrator.plan import describe
+from orchestrator.reporting.progress import PROGRESS_EVERY_S, ProgressMode
 from orchestrator.slurm.submit import dry_run as slurm_dry_run
 from orchestrator.sync.ignore import collect_files
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 
 from orchestrator.jobs import keep
-from orchestrator.jobs.reporter import Reporter
 from orchestrator.jobs.teardown import teardown
 from orchestrator.models.errors import HostError
 from orchestrator.models.states import JobState, job_state, node_state
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import connect_reachable
 from orchestrator.records.db import JobDB, JobRecord
+from orchestrator.reporting.reporter import Reporter
 
 log = logging.getLogger(__name__)
 SETTLED = (JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED)

@@ -19,7 +19,6 @@ from orchestrator.check.run import preflight
 from orchestrator.jobs.keep import start_keeper
 from orchestrator.jobs.pull import bring_outputs
 from orchestrator.jobs.queue import start_nodes
-from orchestrator.jobs.reporter import ProgressReporter, Reporter, phase
 from orchestrator.jobs.teardown import teardown
 from orchestrator.jobs.watch import watch_job
 from orchestrator.models.errors import (
@@ -48,6 +47,7 @@ from orchestrator.plan import (
 )
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror
+from orchestrator.reporting.reporter import ProgressReporter, Reporter, phase
 from orchestrator.slurm.script import SlurmJob
 from orchestrator.slurm.submit import slurm_job
 from orchestrator.slurm.submit import submit as slurm_submit

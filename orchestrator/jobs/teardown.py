@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from orchestrator.agent.protocol import KillReport
 from orchestrator.jobs import keep
 from orchestrator.jobs.pull import bring_outputs
-from orchestrator.jobs.reporter import Reporter
 from orchestrator.models.errors import HostError, OrchError
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
@@ -21,6 +20,7 @@ from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup, connect_reachable
 from orchestrator.nodes.ops import NodeRef
 from orchestrator.records.db import JobDB, JobRecord
+from orchestrator.reporting.reporter import Reporter
 from orchestrator.transport.base import Transport
 
 log = logging.getLogger(__name__)

@@ -35,12 +35,12 @@ from typing import Any
 
 from orchestrator.agent.protocol import TopSample
 from orchestrator.jobs.reconcile import SETTLED, reconcile
-from orchestrator.jobs.reporter import Reporter
 from orchestrator.models.errors import HostError, InputError, MultiHostError, OrchError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup, connect_reachable
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
+from orchestrator.reporting.reporter import Reporter
 from orchestrator.transport import Transport
 
 INTERVAL_S = 2.0  # default refresh; bench/top.py measures what it costs the ranks

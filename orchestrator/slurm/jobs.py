@@ -14,15 +14,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
-from orchestrator.jobs.follow import IDLE_TIMEOUT_S, NodeExit, Watcher
-from orchestrator.jobs.logs import FilteredReporter, LogFilter
-from orchestrator.jobs.reporter import Reporter
 from orchestrator.models.errors import HostError, InfraError, JobFailed
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
 from orchestrator.nodes.group import HostGroup
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror, rank_of
+from orchestrator.reporting.filters import FilteredReporter, LogFilter
+from orchestrator.reporting.follow import IDLE_TIMEOUT_S, NodeExit, Watcher
+from orchestrator.reporting.reporter import Reporter
 from orchestrator.slurm.follow import cancel, follow_job, nodes_of, slurm_id_of
 from orchestrator.slurm.login import LoginNode
 from orchestrator.slurm.queue import QueuedJob

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.agent import protocol
-from orchestrator.jobs.reporter import ProgressReporter, Reporter, phase
 from orchestrator.models.errors import InputError, Interrupted, OrchError
 from orchestrator.models.inventory import Host, Inventory, resolve_inventory
 from orchestrator.models.job import PYTHON, JobSpec, Overrides, load_job, with_overrides
@@ -23,6 +22,7 @@ from orchestrator.nodes.group import HostGroup
 from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobDB, JobRecord
 from orchestrator.records.logmirror import LogMirror
+from orchestrator.reporting.reporter import ProgressReporter, Reporter, phase
 from orchestrator.slurm import node, script
 from orchestrator.slurm.follow import follow_job
 from orchestrator.slurm.login import LoginNode

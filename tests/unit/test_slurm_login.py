@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.protocol import ExitRecord
-from orchestrator.jobs.follow import NodeExit
 from orchestrator.models.inventory import Host
+from orchestrator.reporting.follow import NodeExit
 from orchestrator.slurm import node
 from orchestrator.slurm.follow import _first_failure
 from orchestrator.slurm.login import LoginNode
