@@ -28,6 +28,7 @@ from orchestrator.slurm.follow import follow_job
 from orchestrator.slurm.login import LoginNode
 from orchestrator.slurm.queue import Partition
 from orchestrator.slurm.script import SlurmJob
+from orchestrator.slurm.unsupported import refuse
 from orchestrator.sync.ignore import collect_files
 from orchestrator.sync.manifest import scan_workdir
 from orchestrator.sync.push import push
@@ -43,6 +44,7 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
     Raises:
         SpecError: a key that only makes sense for SSH hosts (exit 2), with the Slurm
             way to say it in the hint.
+        Unsupported: a key Slurm cannot do yet (exit 2; slurm/unsupported.py).
     """
     assert inventory.slurm is not None
     if job.hosts:
@@ -59,23 +61,11 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
             "ask Slurm for node features in the inventory: slurm: {sbatch: [--constraint=a100]}",
         )
     if job.restarts:
-        raise job.error(
-            "restarts",
-            "restarts: is not supported on a Slurm cluster yet",
-            "let Slurm requeue the job: slurm: {sbatch: [--requeue]}, or leave restarts out",
-        )
+        refuse("restarts", job.where("restarts"))
     if job.outputs:
-        raise job.error(
-            "outputs",
-            "outputs: is not brought back from a Slurm cluster yet",
-            "leave outputs: out; the job's ORCH_OUTPUT_DIR is on the shared home",
-        )
+        refuse("outputs", job.where("outputs"))
     if job.launcher == PYTHON:
-        raise job.error(
-            "launcher",
-            "launcher: python is not supported on a Slurm cluster yet",
-            "leave launcher: out (torchrun)",
-        )
+        refuse("launcher", job.where("launcher"))
     login = inventory.hosts[0]
     root = protocol.job_root(login.workdir, job_id)
     return SlurmJob(job, job_id, inventory.slurm, login.python, root, inventory.path)
