@@ -408,7 +408,7 @@ def ended_error(record: JobRecord) -> InputError:
 
 def watch(
     store: JobDB,
-    job_id: str | None,
+    record: JobRecord,
     reporter: Reporter,
     interval_s: float = INTERVAL_S,
     silent_s: float = SILENT_S,
@@ -418,10 +418,9 @@ def watch(
     `silent_s`: how long a rank that talks may be silent before it is behind.
 
     Raises:
-        InputError: no such job, or it has ended before the first view (exit 2).
+        InputError: the job has ended before the first view (exit 2).
         HostError / MultiHostError: no host of the job answers (exit 3).
     """
-    record = pick_job(store, job_id)
     nodes = [n for n in record.nodes if n.state not in SETTLED]
     if not nodes:  # every node's end is recorded, the job's not yet
         raise ended_error(reconcile(store, record, reporter))

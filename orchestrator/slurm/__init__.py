@@ -13,4 +13,7 @@ home, and the login node's one SSH connection streams them back as for SSH hosts
 - node.py: the launcher srun starts on each compute node (standard library only).
 - submit.py: `orch submit` for a Slurm inventory; follow.py: its output and end.
 - jobs.py: `orch status`, `logs`, `kill` of recorded Slurm jobs; check.py: `orch check`.
+- unsupported.py: what orch cannot do on Slurm yet, refused with one error.
+
+backends/slurm.py puts these behind the Backend protocol; slurm/ never imports jobs/.
 """

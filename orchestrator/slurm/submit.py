@@ -14,8 +14,8 @@ from pathlib import Path
 
 from orchestrator.agent import protocol
 from orchestrator.models.errors import InputError, Interrupted, OrchError
-from orchestrator.models.inventory import Host, Inventory, resolve_inventory
-from orchestrator.models.job import PYTHON, JobSpec, Overrides, load_job, with_overrides
+from orchestrator.models.inventory import Host, Inventory
+from orchestrator.models.job import PYTHON, JobSpec
 from orchestrator.models.states import JobState
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
@@ -222,21 +222,13 @@ def _launcher_source() -> str:
     return Path(node.__file__).read_text(encoding="utf-8")
 
 
-def dry_run(
-    job_path: Path, inventory_path: Path | None, overrides: Overrides | None
-) -> list[str] | None:
+def dry_run(job: JobSpec, inventory: Inventory) -> list[str]:
     """`orch submit --dry-run` for a Slurm inventory: the batch script and the sbatch
-    command, touching no host; None when the inventory is no Slurm cluster's.
+    command, touching no host.
 
     Raises:
-        InputError: a bad job file, inventory or override.
+        InputError: a job key the Slurm cluster refuses.
     """
-    job = load_job(job_path)
-    if overrides is not None:
-        job = with_overrides(job, overrides)
-    inventory = resolve_inventory(inventory_path, job.inventory)
-    if inventory.slurm is None:
-        return None
     sj = slurm_job(job, inventory, f"{job.name}-<id>")
     files = collect_files(job.workdir, job.exclude)
     return [*script.describe(sj), "", f"pushes {len(files)} files from {job.workdir}"]

@@ -22,6 +22,22 @@ NOT_YET: dict[str, tuple[str, str]] = {
         "launcher: python is not supported on a Slurm cluster yet",
         "leave launcher: out (torchrun)",
     ),
+    "plan": (
+        "a launch plan is not made for a Slurm cluster yet: Slurm picks the nodes at start",
+        "orch submit --dry-run prints the batch script and the sbatch command",
+    ),
+    "top": (
+        "orch top does not watch a Slurm job yet",
+        "on the login node: sstat -j SLURM_ID (orch status shows the Slurm id)",
+    ),
+    "pull": (
+        "orch pull does not copy a Slurm job's outputs yet",
+        "its ORCH_OUTPUT_DIR is on the cluster's shared home: copy it from the login node",
+    ),
+    "hosts": (
+        "orch status --hosts does not show a Slurm cluster's nodes yet",
+        "on the login node: sinfo -N",
+    ),
 }
 
 
