@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.check.run import CheckReport
-from orchestrator.jobs.pull import Progress, PullReport
-from orchestrator.jobs.top import TopView
 from orchestrator.models.errors import OrchError
 from orchestrator.models.inventory import Inventory
 from orchestrator.models.job import JobSpec
@@ -25,7 +23,9 @@ from orchestrator.plan import LaunchPlan
 from orchestrator.records.db import JobDB, JobRecord
 from orchestrator.reporting.filters import LogFilter
 from orchestrator.reporting.outcomes import KillOutcome
+from orchestrator.reporting.pull import Progress, PullReport
 from orchestrator.reporting.reporter import Reporter
+from orchestrator.reporting.top import TopView
 
 # Runs a pull, handing it a progress callback (or None): the caller draws the bars.
 PullBars = Callable[[Callable[[Progress | None], list[PullReport]]], list[PullReport]]

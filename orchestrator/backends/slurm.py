@@ -7,15 +7,15 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from orchestrator.backends.base import CheckView, HostsView, PullBars
-from orchestrator.jobs.pull import PullReport
-from orchestrator.jobs.top import TopView
 from orchestrator.models.inventory import Inventory
 from orchestrator.models.job import JobSpec
 from orchestrator.plan import LaunchPlan
 from orchestrator.records.db import JobDB, JobRecord, new_job_id
 from orchestrator.reporting.filters import LogFilter
 from orchestrator.reporting.outcomes import KillOutcome
+from orchestrator.reporting.pull import PullReport
 from orchestrator.reporting.reporter import Reporter
+from orchestrator.reporting.top import TopView
 from orchestrator.slurm import check, jobs
 from orchestrator.slurm import submit as submitting
 from orchestrator.slurm.unsupported import refuse

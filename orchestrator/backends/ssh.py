@@ -12,7 +12,7 @@ from orchestrator.check.run import run_check
 from orchestrator.jobs import reconcile, teardown, top
 from orchestrator.jobs import submit as submitting
 from orchestrator.jobs.logs import logs
-from orchestrator.jobs.pull import PullReport, pull, sources
+from orchestrator.jobs.pull import pull, sources
 from orchestrator.jobs.queue import host_views, queue_rows, unit_rows
 from orchestrator.models.inventory import Inventory
 from orchestrator.models.job import JobSpec
@@ -21,7 +21,9 @@ from orchestrator.plan import LaunchPlan, describe
 from orchestrator.records.db import JobDB, JobRecord
 from orchestrator.reporting.filters import LogFilter
 from orchestrator.reporting.outcomes import KillOutcome
+from orchestrator.reporting.pull import PullReport
 from orchestrator.reporting.reporter import Reporter
+from orchestrator.reporting.top import TopView
 from orchestrator.sync.ignore import collect_files
 from orchestrator.transport import ConnectOptions
 
@@ -90,7 +92,7 @@ class SshBackend:
         reporter: Reporter,
         interval_s: float,
         silent_s: float,
-    ) -> Iterator[top.TopView]:
+    ) -> Iterator[TopView]:
         return top.watch(store, record, reporter, interval_s, silent_s)
 
     def check(

@@ -15,8 +15,8 @@ from rich.progress import Progress as Bars
 from orchestrator import backends
 from orchestrator.cli.app import JobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.jobs.pull import Progress, PullReport, default_target
 from orchestrator.records.db import JobDB
+from orchestrator.reporting.pull import Progress, PullReport, default_target
 
 
 @app.command("pull")

@@ -14,7 +14,8 @@ from rich.text import Text
 from orchestrator import backends
 from orchestrator.cli.app import OptionalJobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.jobs.top import (
+from orchestrator.records.db import JobDB
+from orchestrator.reporting.top import (
     INTERVAL_S,
     SILENT_S,
     GpuView,
@@ -23,7 +24,6 @@ from orchestrator.jobs.top import (
     TopView,
     pick_job,
 )
-from orchestrator.records.db import JobDB
 
 BEHIND_STYLE = "bold red"
 

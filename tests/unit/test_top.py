@@ -25,9 +25,9 @@ from orchestrator.agent import proc
 from orchestrator.agent import top as agent_top
 from orchestrator.agent.protocol import TopSample, parse_reply
 from orchestrator.jobs import top
-from orchestrator.jobs.top import NodeView, RankView, TopView
 from orchestrator.models.inventory import Host
 from orchestrator.records.db import NodeRecord
+from orchestrator.reporting.top import NodeView, RankView, TopView
 
 # What `nvidia-smi --query-gpu=index,uuid,utilization.gpu,memory.used,memory.total
 # --format=csv,noheader,nounits` prints: ", " between cells, no units; a MIG-enabled
