@@ -26,15 +26,18 @@ test-deps:
 	fi
 	@if [ "$$(id -u)" = 0 ] && ! command -v slurmctld >/dev/null; then sh tests/install_slurm.sh; fi
 
-## test: unit and integration tests (the integration tests start real sshd hosts)
+## test: unit and integration tests (the integration tests start real sshd hosts),
+## TEST_WORKERS at once: each worker boots its own test cluster on a network of its own
+TEST_WORKERS ?= 4
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 test: setup test-deps
-	$(PY) -m pytest -q tests
+	$(PYTEST) tests
 
 unit: setup test-deps
-	$(PY) -m pytest -q tests/unit
+	$(PYTEST) tests/unit
 
 integration: setup test-deps
-	$(PY) -m pytest -q tests/integration
+	$(PYTEST) tests/integration
 
 ## lint: ruff (lint and format) on the package, tests and bench; mypy --strict on the package
 lint: setup

@@ -15,7 +15,7 @@ HEADER = """# Benchmarks
 Each figure comes from a script in `bench/` that runs orch and the baseline (what users
 do by hand today) side by side in the same run, on the same hosts: these machines are
 noisy, and only ratios carry over. Hosts are network namespaces with their own sshd on
-one machine (the test cluster of `tests/cluster.py`), so every host shares the same
+one machine (the test cluster of `tests/cluster/`), so every host shares the same
 CPUs: absolute times include that contention.
 """
 

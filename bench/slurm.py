@@ -1,6 +1,6 @@
 """orch on a Slurm cluster against what a user does by hand, on the same cluster.
 
-The cluster is tests/slurm_cluster.py's: a login node (slurmctld) and 3 compute nodes
+The cluster is tests/cluster/slurm.py's: a login node (slurmctld) and 3 compute nodes
 (slurmd), one shared home. The same 3-node torchrun job (one rank per node) runs:
 
 - through orch: `orch submit job.yaml -i hpc.yaml`, which pushes the code, writes the
@@ -44,8 +44,7 @@ import yaml
 
 from bench.common import ssh_argv
 from bench.report import write_section
-from tests.cluster import Cluster, orch_command, repo_python
-from tests.slurm_cluster import SlurmCluster
+from tests.cluster import Cluster, SlurmCluster, orch_command, repo_python
 
 WORKLOAD = """\
 import time
@@ -261,7 +260,7 @@ def main() -> None:
 ## Slurm: orch against sbatch + tail -f by hand
 
 A 3-node torchrun job (one rank per node, gloo) on the Slurm test cluster
-(tests/slurm_cluster.py: slurmctld on a login node, slurmd on 3 compute nodes, one
+(tests/cluster/slurm.py: slurmctld on a login node, slurmd on 3 compute nodes, one
 shared home), through `orch submit -i hpc.yaml` and by hand: the usual batch script
 (`scontrol show hostnames`, NodeAddr, `srun --kill-on-bad-exit=1 torchrun ...`) with
 the code already on the shared home, `ssh login sbatch`, then `ssh login tail -F` of

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Installs Debian's Slurm (slurmctld, slurmd, slurm-client) and munge for the Slurm test
-# cluster (tests/slurm_cluster.py), without leaving any system-wide daemon running: their
+# cluster (tests/cluster/slurm.py), without leaving any system-wide daemon running: their
 # postinst scripts would start slurmctld, slurmd and munged on this machine, outside the test
 # namespaces. A policy-rc.d that refuses every start (exit 101) is put in place for the
 # install, unless one is there already, and anything started anyway is stopped by PID.

@@ -1,7 +1,7 @@
 """Helpers the integration tests share: job files, what runs on a host, job ids, waiting.
 
 Test modules import shared helpers from here and never from each other; a helper only
-one module uses stays in that module. The cluster itself is ``tests/cluster.py``.
+one module uses stays in that module. The cluster itself is ``tests/cluster/``.
 tests/integration/conftest.py has pytest rewrite the asserts here, so a failing check
 shows its values as it would inside a test.
 """

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from orchestrator import backends
 from orchestrator.api.lines import LineQueue, LineReporter, QuietReporter
 from orchestrator.api.types import (
     EarlierAttempt,
@@ -41,17 +42,12 @@ from orchestrator.api.types import (
     NodeStatus,
     WaitTimeout,
 )
-from orchestrator.jobs import submit as submitting
-from orchestrator.jobs.logs import LogFilter
-from orchestrator.jobs.logs import logs as relay_logs
-from orchestrator.jobs.reconcile import status as reconciled
-from orchestrator.jobs.reporter import Reporter
-from orchestrator.jobs.teardown import kill as kill_jobs
 from orchestrator.models.job import JobSpec, Overrides
 from orchestrator.models.states import JobState
 from orchestrator.plan import LaunchPlan
-from orchestrator.records.db import JobDB
-from orchestrator.slurm import jobs as slurm_jobs
+from orchestrator.records.db import JobDB, JobRecord
+from orchestrator.reporting.filters import LogFilter
+from orchestrator.reporting.reporter import Reporter
 
 __all__ = [
     "EarlierAttempt",
@@ -145,9 +141,16 @@ def submit(
     """
     out = reporter or QuietReporter()
     with _owner_only():
-        sub = submitting.prepare(_spec(job), _path(inventory), _path(outputs_dir), overrides)
-        submitting.submit(sub, out, detach=detach)
-    return Job(sub.job_id, reporter)
+        chosen = backends.load(_spec(job), _path(inventory), overrides)
+        job_id = chosen.backend.submit(
+            chosen.job,
+            chosen.inventory,
+            out,
+            detach=detach,
+            outputs_dir=_path(outputs_dir),
+            no_wait=overrides is not None and overrides.no_wait,
+        )
+    return Job(job_id, reporter)
 
 
 def plan(
@@ -162,7 +165,8 @@ def plan(
     Raises:
         InputError: a bad job file, inventory or override.
     """
-    return submitting.dry_run(submitting.prepare(_spec(job), _path(inventory), None, overrides))
+    chosen = backends.load(_spec(job), _path(inventory), overrides)
+    return chosen.backend.plan(chosen.job, chosen.inventory)
 
 
 def _spec(job: PathLike | JobSpec) -> Path | JobSpec:
@@ -198,11 +202,15 @@ def statuses(job_id: str | None = None, reporter: Reporter | None = None) -> lis
     """
     reporter = reporter or QuietReporter()
     with _owner_only():
-        records = reconciled(JobDB(), job_id, reporter)
-        # Slurm jobs: asked of their login node (squeue, sacct), not of their nodes.
-        return slurm_jobs.statuses(
-            [JobStatus.of(r) for r in records], JobStatus.of, reporter.notice
-        )
+        store = JobDB()
+        records = [store.get(job_id)] if job_id else store.jobs()
+        return [_status(store, r, reporter, thorough=job_id is not None) for r in records]
+
+
+def _status(store: JobDB, record: JobRecord, reporter: Reporter, thorough: bool) -> JobStatus:
+    backend = backends.for_record(record)
+    record = backend.status(record, store, reporter, thorough)
+    return JobStatus.of(record, note=backend.note(record))
 
 
 def kill_all(reporter: Reporter | None = None) -> list[KillResult]:
@@ -210,21 +218,15 @@ def kill_all(reporter: Reporter | None = None) -> list[KillResult]:
     reporter = reporter or QuietReporter()
     with _owner_only():
         store = JobDB()
-        slurm = [
-            KillResult(r.id, notes=tuple(slurm_jobs.kill(r.id, reporter, store)))
-            for r in store.jobs()
-            if r.backend == "slurm" and not r.state.is_terminal()
-        ]
-        outcomes = kill_jobs(store, None, reporter)
-    return [*slurm, *(KillResult.of(o) for o in outcomes)]
+        running = [r for r in store.jobs() if not r.state.is_terminal()]
+        return [KillResult.of(backends.for_record(r).kill(r, store, reporter)) for r in running]
 
 
 def _relay_logs(job_id: str, want: LogFilter, follow: bool, reporter: Reporter) -> int:
-    """`orch logs` of any job: from its hosts, or a Slurm job's through its login node."""
+    """`orch logs` of any job, from wherever it runs."""
     store = JobDB()
-    if store.get(job_id).backend == "slurm":
-        return slurm_jobs.logs(job_id, reporter, want, follow, store)
-    return relay_logs(store, job_id, want, follow, reporter)
+    record = store.get(job_id)
+    return backends.for_record(record).logs(record, store, want, follow, reporter)
 
 
 class Job:
@@ -338,9 +340,8 @@ class Job:
         reached are in `unreachable`."""
         with _owner_only():
             store = JobDB()
-            if store.get(self.id).backend == "slurm":  # scancel, through its login node
-                return KillResult(self.id, notes=tuple(slurm_jobs.kill(self.id, self._reporter)))
-            return KillResult.of(kill_jobs(store, self.id, self._reporter)[0])
+            record = store.get(self.id)
+            return KillResult.of(backends.for_record(record).kill(record, store, self._reporter))
 
 
 def _lines(

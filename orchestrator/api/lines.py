@@ -2,7 +2,7 @@
 its notices through `logging`; and a queue that carries lines from the thread that
 follows a job to the caller's iterator.
 
-The chunks come as the Reporter contract says (jobs/reporter.py): complete lines,
+The chunks come as the Reporter contract says (reporting/reporter.py): complete lines,
 except a progress bar's line being redrawn and a stream's very last piece. They are
 cut into lines exactly as the console does it (a `Condenser` per stream), so that a
 LogLine is what `orch logs` prints, without its prefix.
@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from orchestrator.api.types import LineKind, LogLine
-from orchestrator.jobs.progress import Condenser, Key, strip_ansi
+from orchestrator.reporting.progress import Condenser, Key, strip_ansi
 
 log = logging.getLogger(__name__)
 SETUP_SUFFIX = " setup"  # submit's setup output comes as host "node1 setup", rank None

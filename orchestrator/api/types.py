@@ -16,10 +16,10 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from orchestrator.jobs.reconcile import STILL_RUNNING
-from orchestrator.jobs.teardown import KillOutcome
 from orchestrator.models.errors import OrchError
 from orchestrator.models.states import JobState
 from orchestrator.records.db import JobRecord, NodeRecord
+from orchestrator.reporting.outcomes import KillOutcome
 
 
 class WaitTimeout(OrchError, TimeoutError):
@@ -127,6 +127,9 @@ class JobStatus:
     restarts: int = 0
     earlier: tuple[EarlierAttempt, ...] = ()
     spec: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    # What `orch status` adds to the state, from the job's backend: for a Slurm job,
+    # ` (slurm 42, Resources)`, its Slurm id and why it waits or how Slurm ended it.
+    note: str = ""
 
     @property
     def ok(self) -> bool:
@@ -134,7 +137,7 @@ class JobStatus:
         return self.state is JobState.SUCCEEDED
 
     @classmethod
-    def of(cls, record: JobRecord) -> JobStatus:
+    def of(cls, record: JobRecord, note: str = "") -> JobStatus:
         spec = record.spec
         earlier = tuple(
             EarlierAttempt(
@@ -161,6 +164,7 @@ class JobStatus:
             restarts=int(spec.get("restarts") or 0),
             earlier=earlier,
             spec=dict(spec),
+            note=note,
         )
 
 
@@ -200,4 +204,5 @@ class KillResult:
             },
             outcome.port_free,
             tuple(outcome.unreachable),
+            tuple(outcome.notes),
         )

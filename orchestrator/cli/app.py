@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.jobs.progress import AUTO_MAX, ProgressMode
+from orchestrator.reporting.progress import AUTO_MAX, ProgressMode
 
 app = typer.Typer(
     name="orch",

@@ -12,12 +12,11 @@ from rich.console import Console
 from rich.progress import DownloadColumn, TextColumn, TransferSpeedColumn
 from rich.progress import Progress as Bars
 
+from orchestrator import backends
 from orchestrator.cli.app import JobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.jobs.pull import Progress, PullReport, default_target, pull, sources
-from orchestrator.nodes.group import HostGroup
 from orchestrator.records.db import JobDB
-from orchestrator.transport import ConnectOptions
+from orchestrator.reporting.pull import Progress, PullReport, default_target
 
 
 @app.command("pull")
@@ -46,13 +45,8 @@ def pull_command(
     record = JobDB().get(job_id)
     target = outputs_dir or default_target(record.id)
     wanted = paths or list(record.spec.get("outputs") or [])
-    nodes = sources(record, every_node)
-    reporter = ConsoleReporter()
-    with HostGroup([n.host for n in nodes], ConnectOptions(notice=reporter.notice)) as group:
-        group.connect()
-        reports = with_progress(
-            lambda progress: pull(record, group, target, wanted, nodes, progress)
-        )
+    backend = backends.for_record(record)
+    reports = backend.pull(record, target, wanted, every_node, ConsoleReporter(), with_progress)
     for line in summary(reports):
         typer.echo(line)
 

@@ -18,7 +18,6 @@ from orchestrator.cli.console import ConsoleReporter
 from orchestrator.cli.hosts_view import show_hosts
 from orchestrator.jobs.queue import positions
 from orchestrator.models.states import JobState
-from orchestrator.slurm.jobs import note
 
 
 @app.command()
@@ -51,7 +50,7 @@ def status(
         table.add_row(
             r.id,
             r.name,
-            f"[cyan]{queued[r.id]}[/cyan]" if r.id in queued else _state(r.state) + note(r.spec),
+            f"[cyan]{queued[r.id]}[/cyan]" if r.id in queued else _state(r.state) + r.note,
             str(len(r.nodes)),
             _when(r.started or r.created),
             _duration(r.duration),
@@ -113,7 +112,7 @@ def _nodes_table(record: JobStatus) -> Table:
         "exit",
         box=None,
         title=f"job {record.id} ({record.name}): {record.state.value}{_attempt(record)}"
-        + note(record.spec),
+        + record.note,
         title_justify="left",
     )
     for n in record.nodes:

@@ -7,15 +7,12 @@ from typing import Annotated
 
 import typer
 
-from orchestrator import api
+from orchestrator import api, backends
 from orchestrator.cli.app import InventoryOpt, ProgressEveryOpt, ProgressOpt, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.jobs.progress import PROGRESS_EVERY_S, ProgressMode
 from orchestrator.models.errors import InputError
 from orchestrator.models.job import Overrides
-from orchestrator.plan import describe
-from orchestrator.slurm.submit import dry_run as slurm_dry_run
-from orchestrator.sync.ignore import collect_files
+from orchestrator.reporting.progress import PROGRESS_EVERY_S, ProgressMode
 
 
 @app.command()
@@ -81,15 +78,9 @@ def submit(
         replace_args=replace_args,
         no_wait=no_wait,
     )
-    if dry_run and (batch := slurm_dry_run(job, inventory, overrides)) is not None:
-        typer.echo("\n".join(batch))  # a Slurm inventory: the batch script and sbatch
-        return
-    if dry_run:
-        plan = api.plan(job, inventory, overrides=overrides)
-        for line in describe(plan):
-            typer.echo(line)
-        files = collect_files(plan.job.workdir, plan.job.exclude)  # and its ignore files read
-        typer.echo(f"\npushes {len(files)} files from {plan.job.workdir}")
+    if dry_run:  # each host's command (a Slurm cluster: the batch script and sbatch)
+        chosen = backends.load(job, inventory, overrides)
+        typer.echo("\n".join(chosen.backend.dry_run(chosen.job, chosen.inventory)))
         return
     with ConsoleReporter(progress, progress_every) as reporter:
         api.submit(

@@ -11,18 +11,19 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator import backends
 from orchestrator.cli.app import OptionalJobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.jobs.top import (
+from orchestrator.records.db import JobDB
+from orchestrator.reporting.top import (
     INTERVAL_S,
     SILENT_S,
     GpuView,
     NodeView,
     RankView,
     TopView,
-    watch,
+    pick_job,
 )
-from orchestrator.records.db import JobDB
 
 BEHIND_STYLE = "bold red"
 
@@ -62,7 +63,11 @@ def top(
     last line. The node that falls behind the others shows in red, with why.
     Rates are measured between two refreshes: the first table has none yet.
     """
-    views = watch(JobDB(), job_id, ConsoleReporter(), interval, silent_after)
+    store = JobDB()
+    record = pick_job(store, job_id)
+    views = backends.for_record(record).top(
+        record, store, ConsoleReporter(), interval, silent_after
+    )
     first = next(views)
     if once:
         view = next(views)  # the first has no rates: one interval later

@@ -4,7 +4,7 @@ progress on stderr.
 The ranks' progress bars (lines redrawn with `\\r`) are condensed here: on a
 terminal, redrawn in place under the other lines (live_bars.py); elsewhere, and in
 `orch logs`, printed as a plain line at most once every `every` seconds per rank,
-then once more in their final state (orchestrator/jobs/progress.py).
+then once more in their final state (orchestrator/reporting/progress.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from rich.progress import (
 )
 
 from orchestrator.cli.live_bars import LiveBars, prefix
-from orchestrator.jobs.progress import (
+from orchestrator.reporting.progress import (
     PROGRESS_EVERY_S,
     Condenser,
     Key,

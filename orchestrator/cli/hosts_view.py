@@ -12,11 +12,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator import backends
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.jobs.queue import host_views, queue_rows, unit_rows
 from orchestrator.models.errors import MultiHostError
 from orchestrator.models.inventory import resolve_inventory
-from orchestrator.nodes.group import connect_reachable
 
 
 def show_hosts(inventory_path: Path | None, as_json: bool) -> None:
@@ -27,21 +26,12 @@ def show_hosts(inventory_path: Path | None, as_json: bool) -> None:
         OrchError: a host (or several) did not answer.
     """
     inventory = resolve_inventory(inventory_path, None)
-    reporter = ConsoleReporter()
-    group, failures = connect_reachable(list(inventory.hosts), reporter.notice)
-    with group:
-        views, more = host_views(group)
-    units: list[dict[str, Any]] = []
-    line: list[dict[str, Any]] = []
-    for host in inventory.hosts:
-        if host.name in views:
-            units += unit_rows(host, views[host.name])
-            line += queue_rows(host, views[host.name])
+    found = backends.for_inventory(inventory).hosts(inventory, ConsoleReporter())
     if as_json:
-        typer.echo(json.dumps({"units": units, "queue": line}, indent=2))
+        typer.echo(json.dumps({"units": found.units, "queue": found.queue}, indent=2))
     else:
-        _print_tables(units, line)
-    errors = [*failures, *more]
+        _print_tables(found.units, found.queue)
+    errors = found.errors
     if errors:
         raise errors[0] if len(errors) == 1 else MultiHostError(errors)
 

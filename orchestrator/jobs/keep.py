@@ -22,10 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.agent.kernel import placement, protocol
-from orchestrator.jobs.contact import LOST_AFTER_S
-from orchestrator.jobs.follow import Watcher
 from orchestrator.jobs.queue import NO_UNITS, lease_units, slot_offsets
-from orchestrator.jobs.reporter import Reporter
 from orchestrator.models.errors import OrchError, RemoteCommandError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
@@ -36,6 +33,9 @@ from orchestrator.nodes.probe import probe
 from orchestrator.plan import LaunchPlan, build_plan, fs_groups, node_count, node_template
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord, host_from_json, host_to_json
 from orchestrator.records.logmirror import LogMirror
+from orchestrator.reporting.contact import LOST_AFTER_S
+from orchestrator.reporting.follow import Watcher
+from orchestrator.reporting.reporter import Reporter
 from orchestrator.transport import Transport
 
 log = logging.getLogger(__name__)

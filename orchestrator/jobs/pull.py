@@ -17,7 +17,6 @@ import os
 import secrets
 import stat
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,27 +25,10 @@ from orchestrator.models.errors import HostError, InputError
 from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
 from orchestrator.records.db import JobRecord, NodeRecord
+from orchestrator.reporting.pull import Progress, PullReport, default_target
 from orchestrator.transport import Transport
 
-DEFAULT_DIR = "orch-outputs"
 MAX_NAME = 4096
-Progress = Callable[[str, int], None]  # host, bytes received so far (all files)
-
-
-@dataclass
-class PullReport:
-    """What one node's pull brought: files written, their bytes, files already here."""
-
-    host: str
-    target: Path
-    files: int = 0
-    bytes: int = 0
-    unchanged: int = 0
-    errors: list[str] = field(default_factory=list)
-
-
-def default_target(job_id: str) -> Path:
-    return Path(DEFAULT_DIR) / job_id
 
 
 def sources(record: JobRecord, every_node: bool | None = None) -> list[NodeRecord]:

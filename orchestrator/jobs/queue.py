@@ -22,7 +22,6 @@ from typing import Any
 
 from orchestrator.agent.kernel import protocol
 from orchestrator.agent.kernel.line import Line, Outcome, why_left
-from orchestrator.jobs.reporter import Reporter
 from orchestrator.models.errors import HostError, InfraError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.models.job import JobSpec
@@ -31,6 +30,7 @@ from orchestrator.nodes import agent, ops
 from orchestrator.nodes.group import HostGroup
 from orchestrator.plan import LaunchPlan, NodeLaunch
 from orchestrator.records.db import JobDB
+from orchestrator.reporting.reporter import Reporter
 from orchestrator.transport import Transport
 
 log = logging.getLogger(__name__)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 
 from orchestrator.jobs import keep
-from orchestrator.jobs.reporter import Reporter
 from orchestrator.jobs.teardown import teardown
 from orchestrator.models.errors import HostError
 from orchestrator.models.states import JobState, job_state, node_state
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import connect_reachable
 from orchestrator.records.db import JobDB, JobRecord
+from orchestrator.reporting.reporter import Reporter
 
 log = logging.getLogger(__name__)
 SETTLED = (JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED)
@@ -89,13 +89,13 @@ def _exit_code(record: JobRecord) -> int:
     return codes[0] if codes else 1
 
 
-def status(store: JobDB, job_id: str | None, reporter: Reporter) -> list[JobRecord]:
-    """Every job (or one), reconciled with its hosts where it has not ended; for one
-    job that ended, its lost nodes are looked for too (they may run on)."""
-    if job_id:
-        record = reconcile(store, store.get(job_id), reporter)
-        return [look_for_lost(store, record, reporter)]
-    return [reconcile(store, r, reporter) for r in store.jobs()]
+def status(
+    store: JobDB, record: JobRecord, reporter: Reporter, thorough: bool = False
+) -> JobRecord:
+    """A job reconciled with its hosts where it has not ended; `thorough` (the job
+    asked for by name), and it ended: its lost nodes are looked for too (they may run on)."""
+    record = reconcile(store, record, reporter)
+    return look_for_lost(store, record, reporter) if thorough else record
 
 
 def look_for_lost(store: JobDB, record: JobRecord, reporter: Reporter) -> JobRecord:

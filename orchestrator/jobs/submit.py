@@ -7,7 +7,6 @@ implements. Errors are raised as OrchError subclasses and mapped to exit codes t
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -19,7 +18,6 @@ from orchestrator.check.run import preflight
 from orchestrator.jobs.keep import start_keeper
 from orchestrator.jobs.pull import bring_outputs
 from orchestrator.jobs.queue import start_nodes
-from orchestrator.jobs.reporter import ProgressReporter, Reporter, phase
 from orchestrator.jobs.teardown import teardown
 from orchestrator.jobs.watch import watch_job
 from orchestrator.models.errors import (
@@ -29,11 +27,8 @@ from orchestrator.models.errors import (
     OrchError,
     RemoteCommandError,
 )
-from orchestrator.models.inventory import (
-    Host,
-    resolve_inventory,
-)
-from orchestrator.models.job import JobSpec, Overrides, load_job, with_overrides
+from orchestrator.models.inventory import Host, Inventory
+from orchestrator.models.job import JobSpec
 from orchestrator.models.states import JobState
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
@@ -46,11 +41,9 @@ from orchestrator.plan import (
     select_hosts,
     static_master_addr,
 )
-from orchestrator.records.db import JobDB, JobRecord, NodeRecord
+from orchestrator.records.db import JobDB, JobRecord, NodeRecord, new_job_id
 from orchestrator.records.logmirror import LogMirror
-from orchestrator.slurm.script import SlurmJob
-from orchestrator.slurm.submit import slurm_job
-from orchestrator.slurm.submit import submit as slurm_submit
+from orchestrator.reporting.reporter import ProgressReporter, Reporter, phase
 from orchestrator.sync.manifest import Tree, scan_workdir
 from orchestrator.sync.push import PushResult, push
 from orchestrator.sync.relay import Relay
@@ -58,11 +51,6 @@ from orchestrator.sync.store import setup_key
 from orchestrator.transport import ConnectOptions, Transport
 
 log = logging.getLogger(__name__)
-
-
-def new_job_id(name: str) -> str:
-    """A short id that reads well in prefixes and commands: `digits-3fa9c2`."""
-    return f"{name}-{secrets.token_hex(3)}"
 
 
 @dataclass(frozen=True)
@@ -75,27 +63,15 @@ class Submission:
     # spares that a restart may take in place of a host that failed or went silent.
     candidates: Sequence[Host] = ()
     no_wait: bool = False  # GPUs or slots held: fail at once (QueueBusy), not wait in line
-    slurm: SlurmJob | None = None  # a Slurm inventory: sbatch through `hosts[0]`, its login node
 
 
 def prepare(
-    job_path: Path | JobSpec,
-    inventory_path: Path | None,
-    outputs_dir: Path | None = None,
-    overrides: Overrides | None = None,
+    job: JobSpec, inventory: Inventory, outputs_dir: Path | None = None, no_wait: bool = False
 ) -> Submission:
-    """Load and check everything that needs no host: job (a file, or one loaded
-    already, with the command line's overrides), inventory, selection."""
-    job = job_path if isinstance(job_path, JobSpec) else load_job(job_path)
-    if overrides is not None:
-        job = with_overrides(job, overrides)
-    inventory = resolve_inventory(inventory_path, job.inventory)
-    if inventory.slurm is not None:  # a Slurm cluster: orchestrator/slurm
-        job_id = new_job_id(job.name)
-        return Submission(job, inventory.hosts, job_id, slurm=slurm_job(job, inventory, job_id))
+    """Check everything that needs no host: the job's selection of the inventory's hosts
+    (and, for a job with restarts, the spares a restart may take)."""
     hosts = select_hosts(job, inventory)
     candidates = pick_hosts(inventory, job.hosts, job.labels) if job.restarts else hosts
-    no_wait = overrides is not None and overrides.no_wait
     return Submission(job, hosts, new_job_id(job.name), outputs_dir, candidates, no_wait)
 
 
@@ -124,8 +100,6 @@ def submit(
         Interrupted: Ctrl-C; the job was stopped on every node.
     """
     store = store or JobDB()
-    if sub.slurm is not None:
-        return slurm_submit(sub.slurm, sub.hosts[0], reporter, detach, store)
     tree = scan_workdir(sub.job.workdir, sub.job.exclude)
     hosts, attempt = list(sub.hosts), 0
     while True:

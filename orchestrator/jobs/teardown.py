@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from orchestrator.agent.kernel.protocol import KillReport
 from orchestrator.jobs import keep
 from orchestrator.jobs.pull import bring_outputs
-from orchestrator.jobs.reporter import Reporter
-from orchestrator.models.errors import HostError, OrchError
+from orchestrator.models.errors import HostError
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup, connect_reachable
 from orchestrator.nodes.ops import NodeRef
 from orchestrator.records.db import JobDB, JobRecord
+from orchestrator.reporting.outcomes import KillOutcome
+from orchestrator.reporting.reporter import Reporter
 from orchestrator.transport.base import Transport
 
 log = logging.getLogger(__name__)
@@ -55,26 +55,8 @@ def teardown(
     return results
 
 
-@dataclass
-class KillOutcome:
-    """What `orch kill` did to one job."""
-
-    job_id: str
-    already: JobState | None = None  # the job had ended before: nothing to do
-    killed: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
-    port_free: bool | None = None
-    unreachable: list[OrchError] = field(default_factory=list)
-
-
-def kill(store: JobDB, job_id: str | None, reporter: Reporter) -> list[KillOutcome]:
-    """Stop a job (or, with job_id None, every job not yet ended) on every host."""
-    records = (
-        [store.get(job_id)] if job_id else [r for r in store.jobs() if not r.state.is_terminal()]
-    )
-    return [_kill_one(store, r, reporter) for r in records]
-
-
-def _kill_one(store: JobDB, record: JobRecord, reporter: Reporter) -> KillOutcome:
+def kill(store: JobDB, record: JobRecord, reporter: Reporter) -> KillOutcome:
+    """`orch kill` of one job: stop it on every host, bring its `outputs:` back."""
     # A detached job's keeper first: it stops its nodes and never restarts them.
     record = keep.sync(store, record, reporter, stop=True).record
     outcome = KillOutcome(record.id)

@@ -35,167 +35,28 @@ from typing import Any
 
 from orchestrator.agent.kernel.protocol import TopSample
 from orchestrator.jobs.reconcile import SETTLED, reconcile
-from orchestrator.jobs.reporter import Reporter
-from orchestrator.models.errors import HostError, InputError, MultiHostError, OrchError
+from orchestrator.models.errors import HostError, MultiHostError, OrchError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup, connect_reachable
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
+from orchestrator.reporting.reporter import Reporter
+from orchestrator.reporting.top import (
+    INTERVAL_S,
+    SILENT_S,
+    GpuView,
+    NodeView,
+    RankView,
+    TopView,
+    ended_error,
+)
 from orchestrator.transport import Transport
 
-INTERVAL_S = 2.0  # default refresh; bench/top.py measures what it costs the ranks
 SAMPLE_TIMEOUT_S = 20.0
 STARTUP_S = 30.0
-SILENT_S = 10.0
 SILENT_RATIO = 3.0
 SLOW_RATIO = 0.25
 MIN_RATE = 1.0
-
-
-@dataclass(frozen=True)
-class RankView:
-    """One rank over the last window. None: not known yet (the first sample has no
-    window) or not known at all (no log yet)."""
-
-    host: str
-    rank: int | None  # None: launcher python's one process per node
-    pids: tuple[int, ...]
-    cpu_percent: float | None  # of one core; a rank with 4 busy threads shows 400
-    rss_bytes: int
-    lines: int | None  # new lines in the window
-    lines_per_s: float | None
-    idle_s: float | None  # seconds since its last line
-    age_s: float | None  # seconds since it started
-    gpus: tuple[int, ...]
-    gpu_memory_mib: int
-    talks: bool = False
-    behind: str | None = None  # why, in words
-
-    @property
-    def label(self) -> str:
-        return "node" if self.rank is None else f"r{self.rank}"
-
-
-@dataclass(frozen=True)
-class GpuView:
-    index: int | None
-    uuid: str
-    utilization_percent: int | None
-    memory_used_mib: int | None
-    memory_total_mib: int | None
-    used: bool  # a process of the job holds memory there
-    ranks: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """One node: `state` is running, starting, ended, missing (no job directory on the
-    host) or unreachable (`error` says why)."""
-
-    host: str
-    node_rank: int
-    state: str
-    ranks: tuple[RankView, ...] = ()
-    window_s: float | None = None
-    launcher_cpu_percent: float | None = None
-    launcher_rss_bytes: int = 0
-    gpus: tuple[GpuView, ...] | None = None  # None: no nvidia-smi there
-    gpu_error: str | None = None
-    error: str | None = None
-
-    @property
-    def behind(self) -> str | None:
-        return next((f"{r.label} {r.behind}" for r in self.ranks if r.behind), None)
-
-
-@dataclass(frozen=True)
-class TopView:
-    """One refresh of a job."""
-
-    job_id: str
-    name: str
-    state: str
-    time: float  # the controller's wall clock
-    interval_s: float
-    nodes: tuple[NodeView, ...]
-
-    @property
-    def ended(self) -> bool:
-        return all(n.state in ("ended", "missing") for n in self.nodes)
-
-    @property
-    def behind(self) -> list[str]:
-        return [n.host for n in self.nodes if n.behind]
-
-    def to_json(self) -> dict[str, Any]:
-        """The `--once --json` shape:
-
-        {"job", "name", "state", "time", "interval_s", "behind": [host...],
-         "nodes": [{"host", "node_rank", "state", "error", "behind": why | null,
-                    "window_s", "launcher": {"cpu_percent", "rss_bytes"},
-                    "gpus": null (no nvidia-smi) | [{"index", "uuid",
-                        "utilization_percent", "memory_used_mib", "memory_total_mib",
-                        "used", "ranks"}],
-                    "gpu_error",
-                    "ranks": [{"rank", "pids", "cpu_percent", "rss_bytes", "lines",
-                               "lines_per_s", "idle_s", "age_s", "gpus",
-                               "gpu_memory_mib", "talks", "behind": why | null}]}]}
-        """
-        return {
-            "job": self.job_id,
-            "name": self.name,
-            "state": self.state,
-            "time": self.time,
-            "interval_s": self.interval_s,
-            "behind": self.behind,
-            "nodes": [
-                {
-                    "host": n.host,
-                    "node_rank": n.node_rank,
-                    "state": n.state,
-                    "error": n.error,
-                    "behind": n.behind,
-                    "window_s": n.window_s,
-                    "launcher": {
-                        "cpu_percent": n.launcher_cpu_percent,
-                        "rss_bytes": n.launcher_rss_bytes,
-                    },
-                    "gpus": None if n.gpus is None else [_gpu_json(g) for g in n.gpus],
-                    "gpu_error": n.gpu_error,
-                    "ranks": [_rank_json(r) for r in n.ranks],
-                }
-                for n in self.nodes
-            ],
-        }
-
-
-def _gpu_json(g: GpuView) -> dict[str, Any]:
-    return {
-        "index": g.index,
-        "uuid": g.uuid,
-        "utilization_percent": g.utilization_percent,
-        "memory_used_mib": g.memory_used_mib,
-        "memory_total_mib": g.memory_total_mib,
-        "used": g.used,
-        "ranks": list(g.ranks),
-    }
-
-
-def _rank_json(r: RankView) -> dict[str, Any]:
-    return {
-        "rank": r.rank,
-        "pids": list(r.pids),
-        "cpu_percent": r.cpu_percent,
-        "rss_bytes": r.rss_bytes,
-        "lines": r.lines,
-        "lines_per_s": r.lines_per_s,
-        "idle_s": r.idle_s,
-        "age_s": r.age_s,
-        "gpus": list(r.gpus),
-        "gpu_memory_mib": r.gpu_memory_mib,
-        "talks": r.talks,
-        "behind": r.behind,
-    }
 
 
 # ---------------------------------------------------------------- rates
@@ -379,36 +240,9 @@ class Sampler:
         return agent.parse(host, TopSample, reply)
 
 
-def pick_job(store: JobDB, job_id: str | None) -> JobRecord:
-    """The job to watch: the one named, or the newest that has not ended.
-
-    Raises:
-        InputError: no such job, it has ended, or (none named) no job runs.
-    """
-    if job_id is None:
-        record = next((r for r in store.jobs() if not r.state.is_terminal()), None)
-        if record is None:
-            raise InputError(
-                f"no running job to watch (in {store.path})",
-                "start one with: orch submit -d JOB.yaml; past jobs: orch status",
-            )
-        return record
-    record = store.get(job_id)
-    if record.state.is_terminal():
-        raise ended_error(record)
-    return record
-
-
-def ended_error(record: JobRecord) -> InputError:
-    return InputError(
-        f"job {record.id} has ended ({record.state.value}): there is nothing to watch",
-        f"what it printed: orch logs {record.id}; how it ended: orch status {record.id}",
-    )
-
-
 def watch(
     store: JobDB,
-    job_id: str | None,
+    record: JobRecord,
     reporter: Reporter,
     interval_s: float = INTERVAL_S,
     silent_s: float = SILENT_S,
@@ -418,10 +252,9 @@ def watch(
     `silent_s`: how long a rank that talks may be silent before it is behind.
 
     Raises:
-        InputError: no such job, or it has ended before the first view (exit 2).
+        InputError: the job has ended before the first view (exit 2).
         HostError / MultiHostError: no host of the job answers (exit 3).
     """
-    record = pick_job(store, job_id)
     nodes = [n for n in record.nodes if n.state not in SETTLED]
     if not nodes:  # every node's end is recorded, the job's not yet
         raise ended_error(reconcile(store, record, reporter))

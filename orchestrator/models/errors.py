@@ -36,6 +36,13 @@ class InputError(OrchError):
     exit_code = EXIT_BAD_INPUT
 
 
+def place(path: str, line: int | None = None, column: int | None = None) -> str:
+    """Where in a file, as errors name it: `job.yaml`, `job.yaml:7` or `job.yaml:7:3`."""
+    if line is None:
+        return path
+    return f"{path}:{line}" + ("" if column is None else f":{column}")
+
+
 class SpecError(InputError):
     """A YAML file does not match its schema; names file, line and key."""
 
@@ -47,13 +54,27 @@ class SpecError(InputError):
         line: int | None = None,
         column: int | None = None,
     ) -> None:
-        where = (
-            path if line is None else f"{path}:{line}" + ("" if column is None else f":{column}")
-        )
-        super().__init__(f"{where}: {message}", hint)
+        super().__init__(f"{place(path, line, column)}: {message}", hint)
         self.path = path
         self.line = line
         self.column = column
+
+
+class Unsupported(InputError):
+    """What a backend cannot do yet (exit 2): a job key or a command it refuses, with
+    the way around it. Each backend raises it from its one list of what it lacks
+    (slurm/unsupported.py), never from scattered checks.
+
+    Args:
+        message: what is not supported, and on which backend.
+        hint: the way around it.
+        where: the job file's key (`job.yaml:7:1`) or the job (`job digits-3fa9c2`)
+            that asked for it; the message starts with it.
+    """
+
+    def __init__(self, message: str, hint: str = "", where: str = "") -> None:
+        super().__init__(f"{where}: {message}" if where else message, hint)
+        self.where = where
 
 
 class InfraError(OrchError):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pathspec
 
 from orchestrator.models import placeholders
-from orchestrator.models.errors import SpecError
+from orchestrator.models.errors import SpecError, place
 from orchestrator.models.schema import (
     Where,
     check_keys,
@@ -87,6 +87,10 @@ class JobSpec:
         """A SpecError pointing at `key` of this job file."""
         line, column = self.positions.get(key, (None, None))
         return SpecError(self.path, message, hint, line, column)
+
+    def where(self, key: str) -> str:
+        """Where `key` is in this job file, as errors name it: `job.yaml:7:1`."""
+        return place(self.path, *self.positions.get(key, (None, None)))
 
     @property
     def entry(self) -> str:

@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import json
 import logging
+import secrets
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -56,6 +57,11 @@ CREATE TABLE IF NOT EXISTS nodes (
 """
 
 log = logging.getLogger(__name__)
+
+
+def new_job_id(name: str) -> str:
+    """A short id that reads well in prefixes and commands: `digits-3fa9c2`."""
+    return f"{name}-{secrets.token_hex(3)}"
 
 
 @dataclass

@@ -12,4 +12,7 @@ home, and the login node's one SSH connection streams them back as for SSH hosts
 - login.py: what runs on the login node: sbatch, squeue, scancel, sinfo, files.
 - submit.py: `orch submit` for a Slurm inventory; follow.py: its output and end.
 - jobs.py: `orch status`, `logs`, `kill` of recorded Slurm jobs; check.py: `orch check`.
+- unsupported.py: what orch cannot do on Slurm yet, refused with one error.
+
+backends/slurm.py puts these behind the Backend protocol; slurm/ never imports jobs/.
 """

@@ -21,15 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from orchestrator.agent.kernel.slurm import expand_nodelist, node_dir_name
-from orchestrator.jobs.follow import NodeExit, Notice, Output, Watcher
-from orchestrator.jobs.reporter import Reporter, phase
-from orchestrator.jobs.watch import TAIL_LINES, failure_summary
 from orchestrator.models.errors import InfraError, Interrupted, JobFailed
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState, node_state
 from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror
+from orchestrator.reporting.failure import TAIL_LINES, failure_summary
+from orchestrator.reporting.follow import NodeExit, Notice, Output, Watcher
+from orchestrator.reporting.reporter import Reporter, phase
 from orchestrator.slurm.login import LoginNode
 from orchestrator.slurm.queue import QueuedJob
 from orchestrator.transport import ConnectOptions, Transport, open_transport

@@ -10,34 +10,23 @@ known, the node list, state and reason.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
-from orchestrator.jobs.follow import IDLE_TIMEOUT_S, NodeExit, Watcher
-from orchestrator.jobs.logs import FilteredReporter, LogFilter
-from orchestrator.jobs.reporter import Reporter
 from orchestrator.models.errors import HostError, InfraError, JobFailed
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
 from orchestrator.nodes.group import HostGroup
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror, rank_of
+from orchestrator.reporting.filters import FilteredReporter, LogFilter
+from orchestrator.reporting.follow import IDLE_TIMEOUT_S, NodeExit, Watcher
+from orchestrator.reporting.reporter import Reporter
 from orchestrator.slurm.follow import cancel, follow_job, nodes_of, slurm_id_of
 from orchestrator.slurm.login import LoginNode
 from orchestrator.slurm.queue import QueuedJob
 from orchestrator.transport import ConnectOptions, Transport
-
-S = TypeVar("S", bound="_Listed")
-
-
-def is_slurm(job_id: str, store: JobDB | None = None) -> bool:
-    """Whether the job (an id or unique prefix) went through a Slurm cluster.
-
-    Raises:
-        InputError: no such job.
-    """
-    return (store or JobDB()).get(job_id).backend == "slurm"
 
 
 def login_host(record: JobRecord) -> Host:
@@ -85,45 +74,21 @@ def refresh(store: JobDB, record: JobRecord, login: LoginNode) -> JobRecord:
     return store.get(record.id)
 
 
-class _Listed(Protocol):
-    """A job as `orch status` lists it (a JobRecord, or the API's JobStatus)."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def spec(self) -> Mapping[str, Any]: ...
-
-
-def statuses(
-    listed: Sequence[S],
-    of: Callable[[JobRecord], S],
-    notice: Callable[[str], None],
-    store: JobDB | None = None,
-) -> list[S]:
-    """`orch status`: each Slurm job among `listed` asked of its login node (those that
-    have not ended), with its nodes from Slurm's node list, made into what the list
-    holds by `of`; other jobs as they are."""
-    store = store or JobDB()
-    out = []
-    for status in listed:
-        if status.spec.get("backend") != "slurm":
-            out.append(status)
-            continue
-        record = store.get(status.id)
-        if not record.state.is_terminal():
-            try:
-                with connected(record, notice) as login:
-                    record = refresh(store, record, login)
-            except HostError as exc:
-                notice(f"job {record.id}: {exc.message}")
-        nodelist = str(record.spec["slurm"].get("nodelist") or "")
-        record.nodes = [
-            dataclasses.replace(n, state=record.state)
-            for n in nodes_of(record, login_host(record), nodelist)
-        ]
-        out.append(of(record))
-    return out
+def status(store: JobDB, record: JobRecord, notice: Callable[[str], None]) -> JobRecord:
+    """`orch status` of a Slurm job: asked of its login node when it has not ended, with
+    its nodes from Slurm's node list."""
+    if not record.state.is_terminal():
+        try:
+            with connected(record, notice) as login:
+                record = refresh(store, record, login)
+        except HostError as exc:
+            notice(f"job {record.id}: {exc.message}")
+    nodelist = str(record.spec["slurm"].get("nodelist") or "")
+    record.nodes = [
+        dataclasses.replace(n, state=record.state)
+        for n in nodes_of(record, login_host(record), nodelist)
+    ]
+    return record
 
 
 def note(spec: Mapping[str, Any]) -> str:
@@ -165,16 +130,6 @@ def kill(job_id: str, reporter: Reporter, store: JobDB | None = None) -> list[st
             f"look at it on the login node: squeue -j {slurm_id}",
         )
     return [f"slurm job {slurm_id} cancelled: gone from squeue", f"job {record.id} killed"]
-
-
-def kill_all(reporter: Reporter, store: JobDB | None = None) -> list[str]:
-    """`orch kill --all`: every Slurm job not yet ended."""
-    store = store or JobDB()
-    lines: list[str] = []
-    for record in store.jobs():
-        if record.backend == "slurm" and not record.state.is_terminal():
-            lines += kill(record.id, reporter, store)
-    return lines
 
 
 def logs(

@@ -10,25 +10,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from orchestrator.agent.kernel import protocol
 from orchestrator.agent.kernel.slurm import SPEC
-from orchestrator.jobs.reporter import ProgressReporter, Reporter, phase
 from orchestrator.models.errors import InputError, Interrupted, OrchError
-from orchestrator.models.inventory import Host, Inventory, resolve_inventory
-from orchestrator.models.job import PYTHON, JobSpec, Overrides, load_job, with_overrides
+from orchestrator.models.inventory import Host, Inventory
+from orchestrator.models.job import PYTHON, JobSpec
 from orchestrator.models.states import JobState
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
 from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobDB, JobRecord
 from orchestrator.records.logmirror import LogMirror
+from orchestrator.reporting.reporter import ProgressReporter, Reporter, phase
 from orchestrator.slurm import script
 from orchestrator.slurm.follow import follow_job
 from orchestrator.slurm.login import LoginNode
 from orchestrator.slurm.queue import Partition
 from orchestrator.slurm.script import SlurmJob
+from orchestrator.slurm.unsupported import refuse
 from orchestrator.sync.ignore import collect_files
 from orchestrator.sync.manifest import scan_workdir
 from orchestrator.sync.push import push
@@ -44,6 +44,7 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
     Raises:
         SpecError: a key that only makes sense for SSH hosts (exit 2), with the Slurm
             way to say it in the hint.
+        Unsupported: a key Slurm cannot do yet (exit 2; slurm/unsupported.py).
     """
     assert inventory.slurm is not None
     if job.hosts:
@@ -60,23 +61,11 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
             "ask Slurm for node features in the inventory: slurm: {sbatch: [--constraint=a100]}",
         )
     if job.restarts:
-        raise job.error(
-            "restarts",
-            "restarts: is not supported on a Slurm cluster yet",
-            "let Slurm requeue the job: slurm: {sbatch: [--requeue]}, or leave restarts out",
-        )
+        refuse("restarts", job.where("restarts"))
     if job.outputs:
-        raise job.error(
-            "outputs",
-            "outputs: is not brought back from a Slurm cluster yet",
-            "leave outputs: out; the job's ORCH_OUTPUT_DIR is on the shared home",
-        )
+        refuse("outputs", job.where("outputs"))
     if job.launcher == PYTHON:
-        raise job.error(
-            "launcher",
-            "launcher: python is not supported on a Slurm cluster yet",
-            "leave launcher: out (torchrun)",
-        )
+        refuse("launcher", job.where("launcher"))
     login = inventory.hosts[0]
     root = protocol.job_root(login.workdir, job_id)
     return SlurmJob(job, job_id, inventory.slurm, login.python, root, inventory.path)
@@ -227,21 +216,13 @@ def _setup(sj: SlurmJob, login: LoginNode, key: str, digest: str, reporter: Repo
     ops.setup(target, login.transport, sj.job.setup, key, digest, line)
 
 
-def dry_run(
-    job_path: Path, inventory_path: Path | None, overrides: Overrides | None
-) -> list[str] | None:
+def dry_run(job: JobSpec, inventory: Inventory) -> list[str]:
     """`orch submit --dry-run` for a Slurm inventory: the batch script and the sbatch
-    command, touching no host; None when the inventory is no Slurm cluster's.
+    command, touching no host.
 
     Raises:
-        InputError: a bad job file, inventory or override.
+        InputError: a job key the Slurm cluster refuses.
     """
-    job = load_job(job_path)
-    if overrides is not None:
-        job = with_overrides(job, overrides)
-    inventory = resolve_inventory(inventory_path, job.inventory)
-    if inventory.slurm is None:
-        return None
     sj = slurm_job(job, inventory, f"{job.name}-<id>")
     files = collect_files(job.workdir, job.exclude)
     return [*script.describe(sj), "", f"pushes {len(files)} files from {job.workdir}"]

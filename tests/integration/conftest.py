@@ -1,4 +1,4 @@
-"""Fixtures for integration tests against the namespace test cluster (tests/cluster.py)."""
+"""Fixtures for integration tests against the namespace test cluster (tests/cluster/)."""
 
 from __future__ import annotations
 

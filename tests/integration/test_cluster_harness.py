@@ -14,17 +14,19 @@ import yaml
 
 from tests.cluster import (
     BRIDGE,
+    ROOT_HOME,
+    SUBNET,
+    Cluster,
+    ClusterError,
+    repo_python,
+    skip_or_fail,
+)
+from tests.cluster.network import (
     MAX_HOSTS,
     NETNS_PREFIX,
     PEER_PREFIX,
-    ROOT_HOME,
-    SUBNET,
     VETH_PREFIX,
-    Cluster,
-    ClusterError,
     _neighbour_limits,
-    repo_python,
-    skip_or_fail,
 )
 from tests.support import wait_for
 

@@ -24,7 +24,10 @@ import pytest
 from tests.cluster import Cluster, OrchRunner, orch_command
 from tests.support import Lines, job_id_of, write_job
 
-pytestmark = pytest.mark.cluster
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.xdist_group("progress"),
+]  # one piped job serves the module
 
 STEPS, SECONDS = 60, 4.0  # 15 redraws a second: more than a display should show
 # `[node1 r0] train r0:  45%|████▌     | 27/60 [00:01<00:02, 14.9it/s, t=1795444569.710]`

@@ -1,4 +1,4 @@
-"""The Slurm backend against a real Slurm cluster (tests/slurm_cluster.py): node1 is the
+"""The Slurm backend against a real Slurm cluster (tests/cluster/slurm.py): node1 is the
 login node (slurmctld, munged), node2..node4 the compute nodes (slurmd), one shared
 home. The real `orch` CLI talks to the login node only; every job runs through sbatch
 and srun, a real torchrun per node, gloo between the nodes."""
@@ -18,11 +18,23 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster import SUBNET, Cluster, ClusterError, Host, OrchRunner, skip_or_fail
-from tests.slurm_cluster import PARTITION, SlurmCluster, slurm_unavailable_reason
+from tests.cluster import (
+    PARTITION,
+    SUBNET,
+    Cluster,
+    ClusterError,
+    Host,
+    OrchRunner,
+    SlurmCluster,
+    skip_or_fail,
+    slurm_unavailable_reason,
+)
 from tests.support import Lines
 
-pytestmark = pytest.mark.cluster
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.xdist_group("slurm"),
+]  # one Slurm cluster serves the module
 
 TRAIN = """\
 import os, socket, time

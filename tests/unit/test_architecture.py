@@ -1,6 +1,7 @@
 """The layering of the package, checked on its imports (read with ast, nothing run):
 models import nothing else of orch; the agent only the standard library; only the
-transport touches paramiko and fabric; only the CLI typer and rich."""
+transport touches paramiko and fabric; only the CLI typer and rich; no package
+imports one that imports it back, and the SSH and Slurm backends neither the other."""
 
 from __future__ import annotations
 
@@ -109,3 +110,70 @@ def test_no_bench_script_shadows_a_standard_module() -> None:
     made `import queue` (fabric's, paramiko's) find it instead of the standard one."""
     scripts = {p.stem for p in (PACKAGE.parent / "bench").glob("*.py")}
     assert sorted(scripts & set(sys.stdlib_module_names)) == []
+
+
+def package_imports() -> dict[str, dict[str, set[str]]]:
+    """Which top-level parts of orchestrator (packages, and modules such as plan.py)
+    import which others: part -> imported part -> the files that do. The package's own
+    `__init__` and `__main__` (entry points) are left out."""
+    graph: dict[str, dict[str, set[str]]] = {}
+    for path in files(""):
+        parts = path.relative_to(PACKAGE).parts
+        source = parts[0].removesuffix(".py")
+        if source in ("__init__", "__main__"):
+            continue
+        for name in imports_of(path):
+            pieces = name.split(".")
+            if pieces[0] != "orchestrator" or len(pieces) < 2 or pieces[1] == source:
+                continue
+            target = pieces[1]
+            if (PACKAGE / target).is_dir() or (PACKAGE / f"{target}.py").is_file():
+                graph.setdefault(source, {}).setdefault(target, set()).add("/".join(parts))
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, set[str]]]) -> list[list[str]]:
+    """Every import that closes a circle: [a, b, ..., a] for each edge a -> b from which
+    a can be reached back."""
+
+    def path(start: str, goal: str) -> list[str] | None:
+        seen, todo = {start}, [[start]]
+        while todo:
+            trail = todo.pop(0)
+            for nxt in sorted(graph.get(trail[-1], {})):
+                if nxt == goal:
+                    return [*trail, nxt]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append([*trail, nxt])
+        return None
+
+    found = []
+    for source in sorted(graph):
+        for target in sorted(graph[source]):
+            back = path(target, source)
+            if back is not None:
+                found.append([source, *back])
+    return found
+
+
+def test_no_package_imports_one_that_imports_it_back() -> None:
+    graph = package_imports()
+    described = [
+        " -> ".join(circle) + f" (first: {sorted(graph[circle[0]][circle[1]])})"
+        for circle in cycles(graph)
+    ]
+    assert described == []
+
+
+def test_the_ssh_and_slurm_backends_import_neither_the_other() -> None:
+    """What both use lives in reporting/; backends/ alone sees both."""
+    assert offenders(files("jobs"), lambda n: n.startswith("orchestrator.slurm")) == {}
+    assert offenders(files("slurm"), lambda n: n.startswith("orchestrator.jobs")) == {}
+
+
+def test_the_cycle_check_finds_a_circle_through_several_packages() -> None:
+    graph = {"a": {"b": {"a/x.py"}}, "b": {"c": {"b/y.py"}}, "c": {"a": {"c/z.py"}}, "d": {}}
+    assert cycles(graph) == [["a", "b", "c", "a"], ["b", "c", "a", "b"], ["c", "a", "b", "c"]]
+    assert cycles({"a": {"b": {"a/x.py"}}, "b": {}}) == []
+    assert {"jobs", "reporting"} <= set(package_imports()["backends"])

@@ -1,9 +1,9 @@
 """The decision that ends a job when a host goes silent, and never because of the
-controller's own silence (jobs/contact.py)."""
+controller's own silence (reporting/contact.py)."""
 
 from __future__ import annotations
 
-from orchestrator.jobs.contact import LOST_AFTER_S, Contact, StallClock, judge
+from orchestrator.reporting.contact import LOST_AFTER_S, Contact, StallClock, judge
 
 LIMITS = {"node1": LOST_AFTER_S, "node2": LOST_AFTER_S, "node3": LOST_AFTER_S}
 

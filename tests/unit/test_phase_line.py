@@ -8,7 +8,7 @@ import io
 import pytest
 
 from orchestrator.cli.console import CLEAR_LINE, ConsoleReporter
-from orchestrator.jobs.reporter import PhaseReporter, phase
+from orchestrator.reporting.reporter import PhaseReporter, phase
 
 
 class Terminal(io.StringIO):

@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.cli.live_bars import rows
-from orchestrator.jobs.progress import (
+from orchestrator.reporting.progress import (
     AUTO_MAX,
     Condenser,
     Key,

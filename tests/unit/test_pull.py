@@ -15,11 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.agent.kernel import protocol
-from orchestrator.jobs.pull import PullReport, SafeTree, frames, pull
+from orchestrator.jobs.pull import SafeTree, frames, pull
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
 from orchestrator.nodes.group import HostGroup
 from orchestrator.records.db import JobRecord, NodeRecord
+from orchestrator.reporting.pull import PullReport
 from orchestrator.transport import ConnectOptions
 
 

@@ -16,8 +16,8 @@ import pytest
 
 from orchestrator.agent.kernel.protocol import ExitRecord
 from orchestrator.agent.node import srun
-from orchestrator.jobs.follow import NodeExit
 from orchestrator.models.inventory import Host
+from orchestrator.reporting.follow import NodeExit
 from orchestrator.slurm.follow import _first_failure
 from orchestrator.slurm.login import LoginNode
 from orchestrator.transport.local import LocalTransport

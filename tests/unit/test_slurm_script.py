@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.kernel.slurm import fill_marks, node_dir_name
-from orchestrator.models.errors import InputError
+from orchestrator.models.errors import InputError, Unsupported
 from orchestrator.models.inventory import load_inventory
 from orchestrator.models.job import load_job
 from orchestrator.slurm import script
@@ -74,8 +74,6 @@ def test_a_bad_slurm_section_is_an_input_error(
     [
         ("hosts: [node1, node2]\n", "hosts", "sbatch: [--nodelist=node1,node2]"),
         ("labels: [a100]\n", "labels", "sbatch: [--constraint=a100]"),
-        ("restarts: 2\n", "restarts", "--requeue"),
-        ("launcher: python\n", "launcher", "leave launcher: out"),
     ],
 )
 def test_job_keys_for_ssh_hosts_are_refused_with_the_slurm_way(
@@ -215,3 +213,25 @@ def test_the_cli_dry_run_prints_the_batch_script_and_refuses_ssh_keys(
     assert refused.returncode == 2
     assert "labels: selects SSH hosts" in refused.stderr
     assert "hint: ask Slurm for node features" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "message", "hint"),
+    [
+        ("restarts: 2\n", "restarts", "restarts: is not supported on a Slurm", "--requeue"),
+        ("outputs: [ckpt]\n", "outputs", "outputs: is not brought back from a Slurm", "shared"),
+        ("launcher: python\n", "launcher", "launcher: python is not supported on a", "leave"),
+    ],
+)
+def test_what_slurm_cannot_do_yet_is_one_error_at_the_job_files_key(
+    write: WriteFile, workdir: Path, extra: str, key: str, message: str, hint: str
+) -> None:
+    inventory = load_inventory(write("hpc.yaml", HPC))
+    job = load_job(write("job.yaml", job_text(extra)))
+    with pytest.raises(Unsupported) as caught:
+        slurm_job(job, inventory, "digits-1")
+    line = job.positions[key][0]
+    assert (
+        caught.value.message.startswith(f"{job.path}:{line}:") and message in caught.value.message
+    )
+    assert hint in caught.value.hint and caught.value.exit_code == 2

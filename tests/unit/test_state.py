@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.jobs.watch import root_cause
 from orchestrator.models.errors import InfraError, InputError
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState, job_state, node_state
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
+from orchestrator.reporting.failure import root_cause
 
 S, F, K, L, R, P = (
     JobState.SUCCEEDED,

@@ -25,9 +25,9 @@ from orchestrator.agent.host import nvidia, proc
 from orchestrator.agent.kernel.protocol import TopSample, parse_reply
 from orchestrator.agent.node import top as agent_top
 from orchestrator.jobs import top
-from orchestrator.jobs.top import NodeView, RankView, TopView
 from orchestrator.models.inventory import Host
 from orchestrator.records.db import NodeRecord
+from orchestrator.reporting.top import NodeView, RankView, TopView
 
 # What `nvidia-smi --query-gpu=index,uuid,utilization.gpu,memory.used,memory.total
 # --format=csv,noheader,nounits` prints: ", " between cells, no units; a MIG-enabled

@@ -1,4 +1,4 @@
-"""A real Slurm cluster on the namespace test cluster (tests/cluster.py), for integration tests.
+"""A real Slurm cluster on the namespace test cluster (tests/cluster/), for integration tests.
 
 One host is the login node, running ``munged`` and ``slurmctld``; the others are compute
 nodes running ``slurmd``; every host mounts one shared home, as on an HPC cluster with
@@ -39,7 +39,10 @@ from typing import Any
 
 import yaml
 
-from tests.cluster import Cluster, ClusterError, Controller, Host, _child_pid, repo_python
+from tests.cluster.commands import ClusterError, _child_pid
+from tests.cluster.controller import Controller, repo_python
+from tests.cluster.hosts import Host
+from tests.cluster.lifecycle import Cluster
 
 __all__ = ["PARTITION", "SlurmCluster", "slurm_unavailable_reason"]
 

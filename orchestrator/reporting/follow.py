@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from orchestrator.agent.kernel.protocol import ExitRecord, NodeStatus, describe_error
-from orchestrator.jobs.contact import Contact, StallClock, judge
 from orchestrator.models.errors import OrchError, Refused
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
 from orchestrator.nodes.ops import NodeRef, follow_command
 from orchestrator.records.logmirror import LogMirror, rank_of
+from orchestrator.reporting.contact import Contact, StallClock, judge
 from orchestrator.transport import RemoteProcess, Transport
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,67 @@
+"""Where jobs run: one protocol (base.py), one implementation per backend (ssh.py,
+slurm.py), and the one choice between them, made where the inventory is read
+(`load`, `for_inventory`) or from a job's record (`for_record`). Nothing above asks
+which backend it is; a new backend is a new module and a line in BACKENDS."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.backends.base import Backend, CheckView, HostsView, PullBars
+from orchestrator.backends.slurm import SlurmBackend
+from orchestrator.backends.ssh import SshBackend
+from orchestrator.models.errors import InputError
+from orchestrator.models.inventory import Inventory, resolve_inventory
+from orchestrator.models.job import JobSpec, Overrides, load_job, with_overrides
+from orchestrator.records.db import JobRecord
+
+__all__ = ["Backend", "CheckView", "Chosen", "HostsView", "PullBars", "for_inventory", "load"]
+
+_ALL: tuple[Backend, ...] = (SshBackend(), SlurmBackend())
+BACKENDS: dict[str, Backend] = {b.name: b for b in _ALL}
+
+
+def for_inventory(inventory: Inventory) -> Backend:
+    """The backend of an inventory: Slurm where it has a `slurm:` section, else SSH."""
+    return BACKENDS["slurm" if inventory.slurm is not None else "ssh"]
+
+
+def for_record(record: JobRecord) -> Backend:
+    """The backend that ran a recorded job.
+
+    Raises:
+        InputError: the record names a backend this orch does not know.
+    """
+    backend = BACKENDS.get(record.backend)
+    if backend is None:
+        raise InputError(
+            f"job {record.id} ran on backend '{record.backend}', which this orch does not know",
+            "manage it with the orch that submitted it",
+        )
+    return backend
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A job with the command line's overrides, its inventory, and the backend that
+    runs it there."""
+
+    job: JobSpec
+    inventory: Inventory
+    backend: Backend
+
+
+def load(job: Path | JobSpec, inventory: Path | None, overrides: Overrides | None = None) -> Chosen:
+    """Load a job (a file, or one loaded already) with the command line's overrides,
+    read its inventory (`-i`, else $ORCH_INVENTORY, the job's `inventory:`, then
+    localhost), and pick the backend from it.
+
+    Raises:
+        InputError: a bad job file, inventory or override.
+    """
+    spec = job if isinstance(job, JobSpec) else load_job(job)
+    if overrides is not None:
+        spec = with_overrides(spec, overrides)
+    found = resolve_inventory(inventory, spec.inventory)
+    return Chosen(spec, found, for_inventory(found))

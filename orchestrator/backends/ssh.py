@@ -1,0 +1,122 @@
+"""The SSH backend: the inventory's hosts, each reached over its own SSH connection
+(or run locally); the work itself is in jobs/ (submit, watch, logs, kill, top, pull),
+check/ and plan.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from orchestrator.backends.base import CheckView, HostsView, PullBars
+from orchestrator.check.run import run_check
+from orchestrator.jobs import reconcile, teardown, top
+from orchestrator.jobs import submit as submitting
+from orchestrator.jobs.logs import logs
+from orchestrator.jobs.pull import pull, sources
+from orchestrator.jobs.queue import host_views, queue_rows, unit_rows
+from orchestrator.models.inventory import Inventory
+from orchestrator.models.job import JobSpec
+from orchestrator.nodes.group import HostGroup, connect_reachable
+from orchestrator.plan import LaunchPlan, describe
+from orchestrator.records.db import JobDB, JobRecord
+from orchestrator.reporting.filters import LogFilter
+from orchestrator.reporting.outcomes import KillOutcome
+from orchestrator.reporting.pull import PullReport
+from orchestrator.reporting.reporter import Reporter
+from orchestrator.reporting.top import TopView
+from orchestrator.sync.ignore import collect_files
+from orchestrator.transport import ConnectOptions
+
+
+class SshBackend:
+    """Jobs on the inventory's hosts: torchrun started on each over SSH."""
+
+    name = "ssh"
+
+    def submit(
+        self,
+        job: JobSpec,
+        inventory: Inventory,
+        reporter: Reporter,
+        *,
+        detach: bool = False,
+        outputs_dir: Path | None = None,
+        no_wait: bool = False,
+    ) -> str:
+        sub = submitting.prepare(job, inventory, outputs_dir, no_wait)
+        submitting.submit(sub, reporter, detach=detach)
+        return sub.job_id
+
+    def dry_run(self, job: JobSpec, inventory: Inventory) -> list[str]:
+        plan = self.plan(job, inventory)
+        files = collect_files(plan.job.workdir, plan.job.exclude)  # and its ignore files read
+        return [*describe(plan), "", f"pushes {len(files)} files from {plan.job.workdir}"]
+
+    def plan(self, job: JobSpec, inventory: Inventory) -> LaunchPlan:
+        return submitting.dry_run(submitting.prepare(job, inventory))
+
+    def status(
+        self, record: JobRecord, store: JobDB, reporter: Reporter, thorough: bool = False
+    ) -> JobRecord:
+        return reconcile.status(store, record, reporter, thorough)
+
+    def note(self, record: JobRecord) -> str:
+        return ""
+
+    def logs(
+        self, record: JobRecord, store: JobDB, want: LogFilter, follow: bool, reporter: Reporter
+    ) -> int:
+        return logs(store, record.id, want, follow, reporter)
+
+    def kill(self, record: JobRecord, store: JobDB, reporter: Reporter) -> KillOutcome:
+        return teardown.kill(store, record, reporter)
+
+    def pull(
+        self,
+        record: JobRecord,
+        target: Path,
+        paths: Sequence[str],
+        every_node: bool | None,
+        reporter: Reporter,
+        bars: PullBars,
+    ) -> list[PullReport]:
+        nodes = sources(record, every_node)
+        with HostGroup([n.host for n in nodes], ConnectOptions(notice=reporter.notice)) as group:
+            group.connect()
+            return bars(lambda progress: pull(record, group, target, paths, nodes, progress))
+
+    def top(
+        self,
+        record: JobRecord,
+        store: JobDB,
+        reporter: Reporter,
+        interval_s: float,
+        silent_s: float,
+    ) -> Iterator[TopView]:
+        return top.watch(store, record, reporter, interval_s, silent_s)
+
+    def check(
+        self,
+        inventory: Inventory,
+        job: JobSpec | None,
+        view: CheckView,
+        *,
+        bandwidth: bool = False,
+        compute: bool = False,
+    ) -> bool:
+        probing = "probing the job's hosts" if job else f"probing {len(inventory.hosts)} hosts"
+        with view.probing(probing):
+            report = run_check(inventory, job, bandwidth, ConnectOptions(notice=view.notice))
+        view.report(report)
+        return bool(report.errors)
+
+    def hosts(self, inventory: Inventory, reporter: Reporter) -> HostsView:
+        group, failures = connect_reachable(list(inventory.hosts), reporter.notice)
+        with group:
+            views, more = host_views(group)
+        found = HostsView(errors=[*failures, *more])
+        for host in inventory.hosts:
+            if host.name in views:
+                found.units += unit_rows(host, views[host.name])
+                found.queue += queue_rows(host, views[host.name])
+        return found

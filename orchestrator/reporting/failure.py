@@ -1,0 +1,82 @@
+"""How a job failed, in words: the first failing host and rank, how it ended, and the
+last lines it wrote. Both backends end a failed job's follow with it."""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections import deque
+from collections.abc import Sequence
+
+from orchestrator.records.db import JobRecord
+from orchestrator.reporting.follow import NodeExit
+
+TAIL_LINES = 20
+
+
+def describe_exit(event: NodeExit) -> str:
+    """How a node ended, in words."""
+    if event.killed:
+        return f"node {event.host} was killed"
+    if event.returncode is None:
+        return f"lost node {event.host} ({event.reason or 'unknown'})"
+    if event.returncode < 0:
+        return f"node {event.host} was killed by {_signal_name(-event.returncode)}"
+    return f"node {event.host} exited with code {event.returncode}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
+
+
+_ROOT_RANK = re.compile(rb"^\s*rank\s*:\s*(\d+)")
+
+
+_ROOT_EXIT = re.compile(rb"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+def root_cause(torchrun_tail: Sequence[bytes]) -> tuple[int | None, int | None]:
+    """The first failing rank and its exit code, from torchrun's failure report."""
+    lines = list(torchrun_tail)
+    start = next((i for i, line in enumerate(lines) if b"Root Cause" in line), None)
+    rank = code = None
+    for line in lines[start or 0 :]:
+        if rank is None and (m := _ROOT_RANK.match(line)):
+            rank = int(m.group(1))
+        elif code is None and (m := _ROOT_EXIT.match(line)):
+            code = int(m.group(1))
+    return rank, code
+
+
+def failure_summary(
+    record: JobRecord, failure: NodeExit, tails: dict[tuple[str, int | None], deque[bytes]]
+) -> str:
+    """The first failing host and rank, how it ended, and the end of its output."""
+    node = record.node(failure.host)
+    rank, code = root_cause(list(tails.get((failure.host, None), ())))
+    if rank is None:  # no torchrun report: the rank whose output ends in a traceback
+        rank = next(
+            (
+                r
+                for r in node.ranks
+                if any(b"Traceback" in line for line in tails.get((node.host.name, r), ()))
+            ),
+            None,
+        )
+    what = describe_exit(failure)
+    if rank is not None:
+        how = (
+            ""
+            if code is None
+            else (f", exit code {code}" if code >= 0 else f", {_signal_name(-code)}")
+        )
+        what += f"; first failure: rank {rank}{how}"
+    lines = [f"job {record.id} failed: {what}"]
+    tail = tails.get((failure.host, rank)) if rank is not None else None
+    if tail:
+        lines.append(f"last lines of [{failure.host} r{rank}]:")
+        lines.extend("  " + line.decode("utf-8", "replace") for line in tail)
+    return "\n".join(lines)
