@@ -13,7 +13,7 @@ from orchestrator.jobs import reconcile, teardown, top
 from orchestrator.jobs import submit as submitting
 from orchestrator.jobs.logs import logs
 from orchestrator.jobs.pull import pull, sources
-from orchestrator.jobs.queue import host_views, queue_rows, unit_rows
+from orchestrator.jobs.queue import host_views, positions, queue_rows, unit_rows
 from orchestrator.models.inventory import Inventory
 from orchestrator.models.job import JobSpec
 from orchestrator.nodes.group import HostGroup, connect_reachable
@@ -62,6 +62,9 @@ class SshBackend:
 
     def note(self, record: JobRecord) -> str:
         return ""
+
+    def places(self, records: Sequence[JobRecord], store: JobDB) -> dict[str, str]:
+        return positions([r.id for r in records], store)
 
     def logs(
         self, record: JobRecord, store: JobDB, want: LogFilter, follow: bool, reporter: Reporter

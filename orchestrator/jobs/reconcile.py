@@ -12,7 +12,7 @@ import logging
 from orchestrator.jobs import keep
 from orchestrator.jobs.teardown import teardown
 from orchestrator.models.errors import HostError
-from orchestrator.models.states import JobState, job_state, node_state
+from orchestrator.models.states import STILL_RUNNING, JobState, job_state, node_state
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import connect_reachable
 from orchestrator.records.db import JobDB, JobRecord
@@ -20,7 +20,6 @@ from orchestrator.reporting.reporter import Reporter
 
 log = logging.getLogger(__name__)
 SETTLED = (JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED)
-STILL_RUNNING = "still running there"  # a lost node found running after the job ended
 
 
 # ---------------------------------------------------------------- status

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+# A lost node's error once its host answers again and the node still runs there.
+STILL_RUNNING = "still running there"
+
 
 class JobState(StrEnum):
     """A job's (or one node's) state.
