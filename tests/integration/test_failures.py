@@ -19,6 +19,7 @@ from tests.support import (
     assert_no_job_left,
     job_id_of,
     job_processes,
+    release,
     start_attached,
     status_json,
     wait_for,
@@ -208,9 +209,9 @@ def test_killing_one_job_leaves_the_other_running(
     first = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--hang"]).rename(
         tmp_path / "first.yaml"
     )
-    keep = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--sleep", "6"]).rename(
-        tmp_path / "keep.yaml"
-    )
+    keep = write_job(
+        tmp_path, "workload", "workload.py", nodes=2, args=["--until", "~/release-keep"]
+    ).rename(tmp_path / "keep.yaml")
     submitted = orch("submit", "-d", str(first), "-i", str(inventory), timeout=120)
     assert submitted.returncode == 0, submitted.stderr
     victim = job_id_of(submitted.stdout)
@@ -218,6 +219,7 @@ def test_killing_one_job_leaves_the_other_running(
     killed = orch("kill", victim, timeout=60)
     assert killed.returncode == 0, killed.stderr
     assert status_json(orch, survivor)["state"] == "running"
+    release(cluster, [1, 2], "release-keep")
     followed = orch("logs", survivor, "-f", timeout=120)
     assert followed.returncode == 0, followed.stderr
     assert status_json(orch, survivor)["state"] == "succeeded"

@@ -8,7 +8,8 @@ Every rank joins a gloo process group, then, in order:
   1 s of "cleaning up"; with `--on-term ignore`, ignores SIGTERM;
 - prints `ready r<RANK>`;
 - rank `--fail-rank` fails after `--fail-after` s: `--fail-how` raise | sigkill | exit;
-- sleeps `--sleep` s (0 = forever with `--hang`), then meets the others in a barrier
+- sleeps `--sleep` s (0 = forever with `--hang`; with `--until PATH`, until PATH
+  exists on its host: a test says when, not the clock), then meets the others in a barrier
   (where survivors of a failure would block), and exits 0.
 """
 
@@ -81,6 +82,7 @@ def main() -> None:
     parser.add_argument("--fail-how", choices=["raise", "sigkill", "exit"], default="raise")
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--hang", action="store_true")
+    parser.add_argument("--until", default=None)
     parser.add_argument("--on-term", choices=["exit", "cleanup", "ignore"], default="exit")
     args = parser.parse_args()
 
@@ -100,7 +102,8 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         sys.exit(3)
     deadline = time.monotonic() + args.sleep
-    while args.hang or time.monotonic() < deadline:
+    release = os.path.expanduser(args.until) if args.until else None
+    while args.hang or time.monotonic() < deadline or (release and not os.path.exists(release)):
         time.sleep(0.2)
     dist.barrier()
     dist.destroy_process_group()
