@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Sequence
 
+from orchestrator.jobs.retry import retry_each
 from orchestrator.jobs.teardown import teardown
-from orchestrator.models.errors import Interrupted, JobFailed, OrchError
+from orchestrator.models.errors import Interrupted, JobFailed
 from orchestrator.models.states import JobState, job_state, node_state
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
@@ -21,6 +21,7 @@ from orchestrator.reporting.progress import Condenser
 from orchestrator.reporting.reporter import Reporter
 
 LOST_RETRY_S = 15.0  # how long an attached submit keeps trying to stop a lost node
+STOPPED_LATER = "lost; stopped later"  # a lost node's error, once it was stopped there
 
 
 def watch_job(
@@ -135,29 +136,33 @@ def stop_when_reachable(
     within_s: float = LOST_RETRY_S,
 ) -> None:
     """Keep trying, for a while, to stop the job on nodes that were lost: their ranks
-    may run on behind a partition. Ctrl-C stops trying."""
+    may run on behind a partition. Every lost node is tried at once and on its own
+    (retry.py), so one that waits out its connect timeout delays no other. Ctrl-C
+    stops trying."""
     names = ", ".join(n.host.name for n in lost)
     reporter.notice(
         f"{names}: not reachable; stopping the job there once it is "
         f"(trying for {within_s:.0f} s, Ctrl-C to stop trying)"
     )
-    pending = {n.host.name: n for n in lost}
-    deadline = time.monotonic() + within_s
+    by_name = {n.host.name: n for n in lost}
+
+    def stop(name: str) -> None:
+        node = by_name[name]
+        ops.kill(node, group.fresh(node.host), record.id)
+
+    pending = dict(by_name)
+    tries = retry_each(by_name, stop, within_s)
     try:
-        while pending and time.monotonic() < deadline:
-            for name, node in list(pending.items()):
-                try:
-                    transport = group.fresh(node.host)
-                    ops.kill(node, transport, record.id)
-                except OrchError:
-                    continue
-                del pending[name]
-                reporter.notice(f"stopped the job on {name}, reachable again")
-                store.update_node(record.id, name, JobState.LOST, error="lost; stopped later")
-            if pending:
-                time.sleep(1.0)
+        for tried in tries:
+            if not tried.ok:
+                continue
+            del pending[tried.name]
+            reporter.notice(f"stopped the job on {tried.name}, reachable again")
+            store.update_node(record.id, tried.name, JobState.LOST, error=STOPPED_LATER)
     except KeyboardInterrupt:
         pass
+    finally:
+        tries.close()
     if pending:
         reporter.notice(
             f"the job may still run on {', '.join(pending)}: "
