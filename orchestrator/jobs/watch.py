@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from orchestrator.jobs.retry import retry_each
-from orchestrator.jobs.teardown import teardown
+from orchestrator.jobs.teardown import STOPPED_LATER, teardown
 from orchestrator.models.errors import Interrupted, JobFailed
 from orchestrator.models.states import JobState, job_state, node_state
 from orchestrator.nodes import ops
@@ -21,7 +21,6 @@ from orchestrator.reporting.progress import Condenser
 from orchestrator.reporting.reporter import Reporter
 
 LOST_RETRY_S = 15.0  # how long an attached submit keeps trying to stop a lost node
-STOPPED_LATER = "lost; stopped later"  # a lost node's error, once it was stopped there
 
 
 def watch_job(
