@@ -11,11 +11,13 @@ import logging
 
 from orchestrator.jobs import keep
 from orchestrator.jobs.teardown import STOPPED_LATER, teardown
+from orchestrator.models.clocks import clocks_from_json
 from orchestrator.models.errors import HostError
 from orchestrator.models.states import STILL_RUNNING, JobState, job_state, node_state
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import FRESH_TIMEOUT_S, connect_reachable
 from orchestrator.records.db import JobDB, JobRecord
+from orchestrator.reporting.failure import first_in_time
 from orchestrator.reporting.reporter import Reporter
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ def reconcile(store: JobDB, record: JobRecord, reporter: Reporter) -> JobRecord:
         statuses, more = group.try_each(lambda h, t: ops.node_status(by_host[h.name], t))
         unreachable = {f.host for f in [*failures, *more] if isinstance(f, HostError)}
         last_end: float | None = None
+        ended_at: dict[str, float | None] = {}  # on the host's clock
         for node in open_nodes:
             if node.host.name in unreachable:
                 node.state, node.error = JobState.LOST, "host not answering"
@@ -51,14 +54,19 @@ def reconcile(store: JobDB, record: JobRecord, reporter: Reporter) -> JobRecord:
                 node.state = node_state(ended.returncode, ended.killed)
                 node.exit_code, node.error = ended.returncode, ended.error
                 last_end = max(last_end or 0.0, ended.ended or 0.0) or None
+                ended_at[node.host.name] = ended.ended
                 store.update_node(record.id, node.host.name, node.state, node.exit_code, node.error)
             elif statuses[node.host.name].started:
                 node.state = JobState.RUNNING
         failed = [n for n in record.nodes if n.state is JobState.FAILED]
         running = [n for n in record.nodes if n.state is JobState.RUNNING]
         if failed and running and not kept.acting:
+            clocks = clocks_from_json(record.spec.get("clocks"))
+            first = first_in_time(
+                [(n.host.name, ended_at.get(n.host.name)) for n in failed], clocks
+            )
             reporter.notice(
-                f"job {record.id}: node {failed[0].host.name} failed; stopping the others"
+                f"job {record.id}: node {failed[first].host.name} failed; stopping the others"
             )
             teardown(record.id, record.master_port, running, group, reporter)
             for node in running:

@@ -179,6 +179,37 @@ def test_three_lost_hosts_at_once_are_all_stopped_within_the_15_s(
         assert_no_job_left(cluster, [1, 2, 3, 4])
 
 
+def test_a_secondary_failure_that_arrives_first_is_not_named_as_the_cause(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    """node2's rank fails first, behind a partition; node3's rank fails 4 s later (exit
+    code 7) and its news comes first. Once node2 is back, its earlier failure is the one named."""
+    job = write_job(
+        tmp_path,
+        "workload",
+        "workload.py",
+        nodes=3,
+        lost_after=60,  # node2's silence must not make it lost
+        args=[
+            *("--fail-rank", "1", "--fail-after", "3"),
+            *("--later-fail-rank", "2", "--later-fail-after", "7", "--hang"),
+        ],
+    )
+    proc = start_attached(orch, job, inventory)
+    wait_ready(proc, 3)
+    cluster.partition(2)
+    assert proc.stderr is not None
+    stderr = Lines(proc.stderr)
+    stderr.wait_for("node node3 exited with code 1", 30)  # the news that came first
+    cluster.heal(2)
+    assert proc.wait(timeout=120) == 1, stderr.text()
+    summary = stderr.text().split("error: ")[-1]
+    assert "node node2 exited with code 1; first failure: rank 1, exit code 1" in summary
+    assert "RuntimeError: boom from rank 1" in summary
+    assert "node3" not in summary.splitlines()[0] and "exit code 7" not in summary
+    assert_no_job_left(cluster, [1, 2, 3])
+
+
 def test_lost_node_is_stopped_once_reachable_while_the_submit_waits(
     cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
 ) -> None:
