@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from orchestrator.agent.kernel.protocol import printable
 from orchestrator.backends.base import CheckView, HostsView, PullBars
 from orchestrator.check.run import run_check
 from orchestrator.jobs import reconcile, teardown, top
@@ -122,4 +123,6 @@ class SshBackend:
             if host.name in views:
                 found.units += unit_rows(host, views[host.name])
                 found.queue += queue_rows(host, views[host.name])
+                for warning in views[host.name].warnings:
+                    reporter.notice(f"warning: {printable(warning, 1000)} (host {host.name})")
         return found
