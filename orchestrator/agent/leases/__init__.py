@@ -26,7 +26,7 @@ owner's next look removes it. A host that reboots forgets its pids (the boot id
 is recorded). A ticket lives while its supervisor does.
 
 **The line**: tickets order by (time of submit, job id), the same key on every
-host of a job; a ticket's time is taken as no earlier than 15 s before its file's
+host of a job; a ticket's time is taken as no earlier than 5 s before its file's
 ctime, which its owner cannot set back (policy.LINE_SLACK_S). A ticket may take units when the free ones, less what every older
 ticket of the same kind wants, still leave enough: first come, first served, and
 a job that needs a whole host is never overtaken by a stream of small ones. Jobs

@@ -13,7 +13,7 @@ Record = Dict[str, Any]  # noqa: UP006 (run at import: hosts may have Python 3.8
 # neither holds one host while it waits on another), but never more than this before
 # the ticket file's change time, which its owner cannot set back: a forged time
 # moves a ticket at most this far ahead of those that came before it.
-LINE_SLACK_S = 15.0
+LINE_SLACK_S = 5.0
 MAX_UNIT = 1 << 16  # unit numbers and counts beyond any machine's
 MAX_UNITS = 4096  # entries of a units or pool list
 MAX_TEXT = 256  # characters of a job id, user name, host name, boot id
