@@ -157,7 +157,7 @@ def try_take(turn: Turn) -> Record | None:
         if units is not None:
             turn.units = units
             write_record(turn.root, turn.lease_name, turn.record("L"))
-            turn.warnings = [foreign_warning(b) for b in busy.values()]
+            turn.warnings = [foreign_warning(b) for b in busy.values()] + turn.warnings
             return None
         return why_waiting(turn.request, mine, leases, tickets, busy)
 
