@@ -21,6 +21,15 @@ Messages are dicts, their kind in "k". From a member: hello, hb, end {attempt,
 returncode, killed, error}, started {attempt, ok, error}, stopped {attempt}, port
 {port}, lease {verb, reply}. To a member: stop {attempt}, start {place}, port, lease
 {verb}, bye. A job that never gets its nodes out of the line is not restarted.
+
+When the keeper's host is lost, a member takes over (takeover.py): `snapshot()` is what
+the keeper shares with its members, `Keeping.take_over` the new keeper made from it,
+one epoch later. The new keeper first gathers the members (`taking over`) and then
+goes on from where the snapshot stood: the nodes whose members do not come back are
+lost, and the attempt restarts as for any lost host. Fencing: a keeper starts a new
+attempt only while more than half of the job's members (the hosts that said hello,
+spares included) talk to it, so that a keeper cut off from the others (the old one,
+behind a partition) can never start an attempt beside the new one; it gives up.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from ..kernel.line import Line, Outcome
 from ..kernel.placement import failed_hosts, next_hosts, placement, restart_delay
 from ..kernel.protocol import job_dir
 
-LINE, RUNNING, STOPPING, WAITING, PORT, STARTING, KILLING, DONE = (
+LINE, RUNNING, STOPPING, WAITING, PORT, STARTING, KILLING, DONE, TAKING = (
     "line",
     "running",
     "stopping",
@@ -42,15 +51,32 @@ LINE, RUNNING, STOPPING, WAITING, PORT, STARTING, KILLING, DONE = (
     "starting",
     "killing",
     "done",
+    "taking over",
 )
 STOP_WAIT_S = 40.0  # for the members to stop their nodes (the kill's grace, and more)
 START_WAIT_S = 120.0  # for the members to build the snapshot and start torchrun
 PORT_WAIT_S = 30.0
 HELLO_WAIT_S = 30.0
+GATHER_S = 10.0  # beyond lost_after, for a new keeper's members to find it (takeover.py)
 ACTIVE = ("queued", "starting", "running")  # a node's states while it may run
 
 if TYPE_CHECKING:  # a runtime alias would need Python 3.9; hosts may run 3.8
     Send = list[tuple[str, dict[str, Any]]]  # (host, message) to send
+
+
+def successors(snapshot: dict[str, Any]) -> list[str]:
+    """Who takes over from the keeper of `snapshot` when it is lost, in turn: the
+    members that talked to it and can keep (a standby port), in the selection's order
+    (the job's hosts by node rank, then its spares), its own host left out. Each
+    member tries them in this order; the first that answers keeps the job."""
+    roster, talking = snapshot["roster"], set(snapshot["connected"])
+    return [
+        str(c["host"])
+        for c in snapshot["candidates"]
+        if c["host"] != snapshot["keeper"]
+        and c["host"] in talking
+        and isinstance(roster.get(c["host"]), int)
+    ]
 
 
 class Keeping:
@@ -93,6 +119,13 @@ class Keeping:
         self.pending: set[str] = set()  # whose stop or start is awaited
         self.deadline = 0.0
         self.chosen: list[str] = []
+        # Takeover (takeover.py): the keeper's generation, its host, and the members'
+        # standby ports (None: an agent that cannot keep), by host, from their hello.
+        self.epoch = int(config.get("epoch") or 0)
+        self.host = str(config.get("host") or self.place["hosts"][0])
+        self.roster: dict[str, int | None] = {}
+        self.resumed = RUNNING  # the phase a taken-over keeper goes on from
+        self.lost_keeper: str | None = None
 
     @staticmethod
     def _node(state: str) -> dict[str, Any]:
@@ -113,6 +146,8 @@ class Keeping:
         if kind == "hello":
             self.connected.add(host)
             self.greeted.add(host)
+            port = msg.get("port")
+            self.roster[host] = port if isinstance(port, int) else None
         elif kind == "end":
             return self._ended(host, msg, now)
         elif kind == "stopped" and msg.get("attempt") == self.attempt:
@@ -137,6 +172,9 @@ class Keeping:
     def tick(self, now: float) -> Send:
         """The clock moved: nodes silent too long are lost; waits run out."""
         silent = self._silent(now)
+        if self.phase == TAKING:
+            gathered = self._members() - {str(self.lost_keeper)} <= self.connected
+            return self._resume(now) if gathered or now >= self.deadline else []
         if self.phase == LINE and self.line:
             lost = (silent | self.line.overdue(now)) & set(self.nodes)
             if lost:
@@ -271,6 +309,8 @@ class Keeping:
         if chosen is None:
             self.reason = f"{self.reason}; too few hosts left to start again"
             return self._finish("failed")
+        if not self._quorum(now):
+            return self._give_way()
         self.chosen = chosen
         self.phase, self.deadline = WAITING, now + restart_delay(self.attempt + 1)
         return self.tick(now)
@@ -317,6 +357,95 @@ class Keeping:
             return self.stop(now)
         return []
 
+    # ------------------------------------------------------------ takeover
+
+    @classmethod
+    def take_over(
+        cls,
+        snapshot: dict[str, Any],
+        host: str,
+        now: float,
+        wall: Callable[[], float] = time.time,
+    ) -> Keeping:
+        """The keeper that `host`'s member becomes when the keeper of `snapshot` is
+        lost: one epoch later, gathering the members before it goes on (`tick`)."""
+        config = {**snapshot, "line": None, "epoch": int(snapshot["epoch"]) + 1, "host": host}
+        keeping = cls(config, now, wall)
+        keeping.nodes = {h: dict(n) for h, n in snapshot["nodes"].items()}
+        keeping.history = list(snapshot["history"])
+        keeping.reason = snapshot.get("reason")
+        keeping.roster = dict(snapshot["roster"])
+        keeping.lost_keeper = str(snapshot["keeper"])
+        keeping.resumed = str(snapshot["phase"])
+        keeping.phase, keeping.deadline = TAKING, now + keeping.lost_after + GATHER_S
+        return keeping
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the keeper shares with its members, for one of them to take over:
+        the job's config as it now stands, and where the keeping is."""
+        return {
+            "job_id": self.job_id,
+            "restarts": self.restarts,
+            "lost_after": self.lost_after,
+            "rendezvous_port": self.pinned_port,
+            "candidates": [self.candidates[h] for h in self.order],
+            "place": self.place,
+            "epoch": self.epoch,
+            "keeper": self.host,
+            "nodes": self.nodes,
+            "history": self.history,
+            "reason": self.reason,
+            "phase": self.phase if self.phase != TAKING else self.resumed,
+            "roster": {h: p for h, p in self.roster.items() if h in self._members()},
+            "connected": sorted(self.connected),
+        }
+
+    def _members(self) -> set[str]:
+        return set(self.roster) | self.greeted
+
+    def _quorum(self, now: float) -> bool:
+        """More than half of the job's members talk to this keeper."""
+        members = self._members()
+        live = (self.connected - self._silent(now)) & members
+        return 2 * len(live) > len(members)
+
+    def _give_way(self) -> Send:
+        """Too few members talk to this keeper: another may keep the job; leave the
+        nodes as they are and start nothing."""
+        members = self._members()
+        reached = len(self.connected & members)
+        why = f"its keeper on {self.host} reached only {reached} of {len(members)} members"
+        self.reason = f"{self.reason}; {why}" if self.reason else why
+        return self._finish("failed")
+
+    def _resume(self, now: float) -> Send:
+        """The members had their time to find this new keeper: go on from the
+        snapshot; a node whose member did not come is lost."""
+        for host, node in self.nodes.items():
+            if node["state"] in ACTIVE and host not in self.connected:
+                node.update(state="lost", error="lost with the job's keeper")
+        if not self._quorum(now):
+            return self._give_way()
+        self.phase = RUNNING
+        if self.resumed == DONE:
+            return self._finish("succeeded" if self._all_succeeded() else "failed")
+        if self.resumed == KILLING:
+            return self.stop(now)
+        if self.resumed == RUNNING:
+            if self._all_succeeded():
+                return self._finish("succeeded")
+            if any(n["state"] in ("failed", "lost") for n in self.nodes.values()):
+                return self._stop_attempt(now)
+            if any(n["state"] == "killed" for n in self.nodes.values()):
+                return self.stop(now)
+            return []
+        # Stopping, waiting, starting or in line when its keeper went: what was said
+        # to the lost keeper is unknown; stop this attempt and decide again.
+        return self._stop_attempt(now)
+
+    def _all_succeeded(self) -> bool:
+        return all(n["state"] == "succeeded" for n in self.nodes.values())
+
     def _finish(self, outcome: str) -> Send:
         self.phase, self.outcome = DONE, outcome
         return [(h, {"k": "bye"}) for h in sorted(self.connected)]
@@ -361,7 +490,15 @@ class Keeping:
             state = {
                 LINE: "queued",
                 RUNNING: "running",
+                TAKING: "running",
                 KILLING: "stopping",
                 DONE: str(self.outcome),
             }.get(self.phase, "restarting")
-        return {"job_id": self.job_id, "state": state, "current": current, "attempts": earlier}
+        return {
+            "job_id": self.job_id,
+            "state": state,
+            "current": current,
+            "attempts": earlier,
+            "epoch": self.epoch,
+            "keeper": self.host,
+        }
