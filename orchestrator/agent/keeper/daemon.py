@@ -86,7 +86,8 @@ def start_keeper(directory: str) -> int:
     port = int(listener.getsockname()[1])
 
     def body(ready_fd: int) -> int:
-        keeper = KeeperDaemon(config, secret, listener, port)
+        keeping = Keeping(config, time.monotonic())
+        keeper = KeeperDaemon(keeping, secret, listener, os.path.abspath(KEEPER_FILE))
         keeper.save()
         ready(ready_fd, {"port": port, "pid": os.getpid()})
         keeper.run()
@@ -97,15 +98,16 @@ def start_keeper(directory: str) -> int:
 
 class KeeperDaemon:
     """Runs Keeping: accepts members, feeds it their messages and the clock, sends
-    what it answers, heartbeats, and writes its record whenever that changed."""
+    what it answers, heartbeats, shares its snapshot with every member whenever that
+    changed (for one of them to take over, takeover.py), and writes its record
+    (`path`) whenever that changed."""
 
-    def __init__(
-        self, config: dict[str, Any], secret: bytes, listener: socket.socket, port: int
-    ) -> None:
-        self.keeping = Keeping(config, time.monotonic())
-        self.secret, self.listener, self.port = secret, listener, port
+    def __init__(self, keeping: Keeping, secret: bytes, listener: socket.socket, path: str) -> None:
+        self.keeping, self.secret, self.listener, self.path = keeping, secret, listener, path
+        self.port = int(listener.getsockname()[1])
         self.events: queue.Queue[tuple[Channel, dict[str, Any] | None]] = queue.Queue()
         self.channels: dict[str, Channel] = {}
+        self.shared: dict[str, str] = {}  # the snapshot each member has, as sent
         self.stopping = False
         self.saved: dict[str, Any] | None = None
 
@@ -114,10 +116,20 @@ class KeeperDaemon:
         if record != self.saved:
             pid = os.getpid()
             write_json(
-                KEEPER_FILE,
+                self.path,
                 {**record, "pid": pid, "start_time": proc.start_time(pid), "port": self.port},
             )
             self.saved = record
+
+    def share(self) -> list[tuple[str, dict[str, Any]]]:
+        if self.keeping.done:
+            return []
+        snapshot = self.keeping.snapshot()
+        text = json.dumps(snapshot, sort_keys=True)
+        stale = [h for h in self.channels if self.shared.get(h) != text]
+        for host in stale:
+            self.shared[host] = text
+        return [(h, {"k": "state", "snapshot": snapshot}) for h in stale]
 
     def accept(self) -> None:
         while True:
@@ -132,8 +144,11 @@ class KeeperDaemon:
         if channel is not None:
             read_messages(channel, lambda c, m: self.events.put((c, m)))
 
-    def run(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_term)
+    def run(self, signals: bool = True) -> None:
+        """Keep the job to its end. `signals`: SIGTERM stops the job (`keeper stop`);
+        a member that took over (not the main thread) sets `stopping` itself."""
+        if signals:
+            signal.signal(signal.SIGTERM, self._on_term)
         threading.Thread(target=self.accept, daemon=True).start()
         beat = 0.0
         while not self.keeping.done:
@@ -148,6 +163,7 @@ class KeeperDaemon:
             if now - beat >= HB_S:
                 sends += [(h, {"k": "hb"}) for h in self.channels]
                 beat = now
+            sends += self.share()
             for host, message in sends:
                 self.send(host, message)
             self.save()
@@ -174,6 +190,7 @@ class KeeperDaemon:
             if old is not None:
                 old.close()
             self.channels[channel.host] = channel
+            self.shared.pop(channel.host, None)
         if channel.host is None:
             return []
         return self.keeping.hear(channel.host, message, now)

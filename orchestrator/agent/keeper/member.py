@@ -3,7 +3,8 @@ what the keeper and its members do, and how they talk): it connects out to the k
 says hello, sends a heartbeat every second and its node's end, and does what the
 keeper asks: stop the node (the agent's `kill`, as a teardown does), find a free port,
 start the host's node of the next attempt, answer for its node in line (the agent's
-`lease`, kernel/line.py), or leave."""
+`lease`, kernel/line.py), or leave. It keeps the keeper's latest snapshot and, when the
+keeper is lost, finds or becomes the next one (takeover.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from ..kernel.line import REPLY_WAIT_S
 from ..kernel.placement import render
 from ..kernel.protocol import AGENT, HEARTBEAT_S, MEMBER_FILE, RUN_SCRIPT, last_json, write_json
 from ..node import state
-from .decisions import START_WAIT_S, STOP_WAIT_S
+from .decisions import DONE, START_WAIT_S, STOP_WAIT_S
+from .takeover import Successor, standby
 from .wire import HB_S, Channel, join, read_messages, ready
 
 MEMBER_LOG = "member.log"
@@ -38,17 +40,23 @@ def start_member(directory: str) -> int:
     os.chdir(directory)
     config = json.loads(sys.stdin.read())
     secret = bytes.fromhex(str(config.pop("secret")))
+    host = str(config["template"]["host"])
+    successor = Successor(host, secret, standby(str(config["template"].get("addr") or "")), ".")
 
     def body(ready_fd: int) -> int:
+        successor.home = os.getcwd()
         try:
             channel = join(str(config["addr"]), int(config["port"]), secret)
-            channel.send({"k": "hello", "host": config["template"]["host"]})
+            channel.send({"k": "hello", "host": host, "port": successor.port})
         except (OSError, EOFError, ValueError) as exc:
             where = f"{config['addr']}:{config['port']}"
             ready(ready_fd, {"error": f"cannot reach the job's keeper at {where}: {exc}"})
             return 1
         ready(ready_fd, {"pid": os.getpid()})
-        Member(config, channel).run()
+        try:
+            Member(config, channel, successor).run()
+        finally:
+            successor.wait()
         return 0
 
     return daemonize(MEMBER_LOG, body)
@@ -57,24 +65,27 @@ def start_member(directory: str) -> int:
 class Member:
     """One host's member (point 3): reports its node, does what the keeper asks."""
 
-    def __init__(self, config: dict[str, Any], channel: Channel) -> None:
-        self.config, self.channel = config, channel
+    def __init__(
+        self, config: dict[str, Any], channel: Channel, successor: Successor | None = None
+    ) -> None:
+        self.config, self.channel, self.successor = config, channel, successor
         self.template: dict[str, Any] = config["template"]
         given = config.get("node_dir")
         self.node_dir = os.path.expanduser(given) if given else None
         self.attempt = int(config.get("attempt") or 0)
         self.reported = False
         self.queued = False  # the node of the last start waits in line
-        self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self.patience = max(PATIENCE_S, 3 * float(config.get("lost_after") or 0))
+        self.inbox: queue.Queue[tuple[Channel, dict[str, Any] | None]] = queue.Queue()
+        self.lost_after = float(config.get("lost_after") or 0)
+        self.patience = max(PATIENCE_S, 3 * self.lost_after)
+        self.heard = time.monotonic()  # the keeper's last word, any
+        self.snapshot: dict[str, Any] | None = None  # the keeper's latest (takeover.py)
+        self.epoch = 0
         # Where it lives: its record there keeps gc (and a takeover) off the snapshot.
         self.lives = os.path.join(os.getcwd(), MEMBER_FILE)
 
     def run(self) -> None:
-        threading.Thread(
-            target=read_messages, args=(self.channel, lambda _c, m: self.inbox.put(m)), daemon=True
-        ).start()
-        threading.Thread(target=self.beat, daemon=True).start()
+        self.attach(self.channel)
         pid = os.getpid()
         write_json(
             self.lives, {"pid": pid, "start_time": proc.start_time(pid), "host": proc.host_id()}
@@ -85,40 +96,89 @@ class Member:
             with contextlib.suppress(OSError):
                 os.unlink(self.lives)
 
+    def attach(self, channel: Channel) -> None:
+        """Listen to (and beat for) the keeper at the other end of `channel`."""
+        self.channel, self.heard = channel, time.monotonic()
+
+        def put(source: Channel, message: dict[str, Any] | None) -> None:
+            if source is self.channel:
+                self.heard = time.monotonic()
+            self.inbox.put((source, message))
+
+        threading.Thread(target=read_messages, args=(channel, put), daemon=True).start()
+        threading.Thread(target=self.beat, args=(channel,), daemon=True).start()
+
     def serve(self) -> None:
-        """Do what the keeper asks until it says bye, goes, or is silent too long."""
-        heard = touched = time.monotonic()
-        while time.monotonic() - heard < self.patience:
+        """Do what the keeper asks until it says bye, or until it goes or is silent
+        too long and no other keeps the job (takeover.py)."""
+        touched = time.monotonic()
+        while True:
             if time.monotonic() - touched > HEARTBEAT_S:
                 with contextlib.suppress(OSError):
                     os.utime(self.lives)
                 touched = time.monotonic()
             try:
-                message = self.inbox.get(timeout=0.5)
+                source, message = self.inbox.get(timeout=0.5)
             except queue.Empty:
-                message = {"k": "idle"}
-            if message is None or message.get("k") == "bye":
+                source, message = self.channel, {"k": "idle"}
+            if source is not self.channel:
+                continue  # a keeper this member left
+            if message is not None and message.get("k") == "bye":
                 break
-            if message.get("k") != "idle":
-                heard = time.monotonic()
+            if message is None or time.monotonic() - self.heard > self.silence():
+                if self.take_over():
+                    continue
+                break
             try:
                 self.handle(message)
                 self.report_end()
             except OSError:
-                break
+                self.channel.close()  # the keeper's channel is gone: the next turn sees it
         self.channel.close()
 
-    def beat(self) -> None:
-        while not self.channel.closed:
+    def silence(self) -> float:
+        """How long the keeper may be silent: `lost_after` where another could take
+        over, as for any lost host; else PATIENCE_S, at least."""
+        if self.snapshot is not None and self.successor is not None:
+            return max(self.lost_after, 3 * HB_S)
+        return self.patience
+
+    def take_over(self) -> bool:
+        """The keeper is gone: find or become the next one. False: none, leave."""
+        snapshot, self.snapshot = self.snapshot, None
+        self.channel.close()
+        if snapshot is None or self.successor is None or snapshot["phase"] == DONE:
+            return False
+        print(f"the keeper on {snapshot['keeper']} is gone", flush=True)
+        channel = self.successor.find(snapshot, self.lost_after)
+        if channel is None:
+            return False
+        try:
+            channel.send({"k": "hello", "host": self.successor.host, "port": self.successor.port})
+        except OSError:
+            return False
+        self.reported = False  # the new keeper hears how the node ended, once more
+        self.attach(channel)
+        return True
+
+    def beat(self, channel: Channel) -> None:
+        while not channel.closed:
             try:
-                self.channel.send({"k": "hb"})
+                channel.send({"k": "hb"})
             except OSError:
                 return
             time.sleep(HB_S)
 
     def handle(self, message: dict[str, Any]) -> None:
         kind = message.get("k")
-        if kind == "stop":
+        if kind == "state":
+            snapshot = message.get("snapshot")
+            if isinstance(snapshot, dict) and int(snapshot.get("epoch") or 0) >= self.epoch:
+                self.snapshot, self.epoch = snapshot, int(snapshot.get("epoch") or 0)
+            elif isinstance(snapshot, dict):  # a keeper older than one seen: fenced off
+                print(f"left a keeper of epoch {snapshot.get('epoch')}", flush=True)
+                self.channel.close()
+        elif kind == "stop":
             if message.get("attempt") == self.attempt and self.node_dir:
                 self.kill()
             self.channel.send({"k": "stopped", "attempt": message.get("attempt")})

@@ -14,6 +14,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,7 @@ class Channel:
         self.sent = self.received = 0
         self.host: str | None = None  # the member's host, once it said hello
         self.closed = False
+        self.give_up_at: float | None = None  # a read's deadline (monotonic), if any
         self._lock = threading.Lock()
         self._buffer = b""
         sock.settimeout(IO_TIMEOUT_S)
@@ -72,6 +74,8 @@ class Channel:
             except socket.timeout:  # noqa: UP041 (TimeoutError only from 3.10; hosts: 3.8)
                 if self.closed:
                     raise EOFError("closed") from None
+                if self.give_up_at is not None and time.monotonic() > self.give_up_at:
+                    raise EOFError("no answer in time") from None
                 continue
             except OSError as exc:
                 raise EOFError(str(exc)) from None
@@ -105,15 +109,28 @@ def greet(sock: socket.socket, secret: bytes) -> Channel | None:
     return None
 
 
-def join(addr: str, port: int, secret: bytes) -> Channel:
+def join(addr: str, port: int, secret: bytes, wait_s: float | None = None) -> Channel:
     """The member's side: connect and prove it knows the job's secret.
+
+    Args:
+        wait_s: how long to wait for the greeting (a member that is not yet its
+            job's keeper listens, but greets nobody); None: as long as it takes.
 
     Raises:
         OSError / EOFError / ValueError: no keeper there, or not this job's.
     """
     sock = socket.create_connection((addr, port), IO_TIMEOUT_S)
     channel = Channel(sock, secret, b"", keeper=False)
-    greeting = channel._read(len(GREETING) + NONCE_BYTES)
+    if wait_s is not None:
+        channel.give_up_at = time.monotonic() + wait_s
+        sock.settimeout(min(wait_s, 0.5))
+    try:
+        greeting = channel._read(len(GREETING) + NONCE_BYTES)
+    except EOFError:
+        channel.close()
+        raise
+    channel.give_up_at = None
+    sock.settimeout(IO_TIMEOUT_S)
     if not greeting.startswith(GREETING):
         channel.close()
         raise ValueError(f"not an orch keeper at {addr}:{port}")
