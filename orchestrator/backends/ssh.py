@@ -10,7 +10,7 @@ from pathlib import Path
 from orchestrator.agent.kernel.protocol import printable
 from orchestrator.backends.base import CheckView, HostsView, PullBars
 from orchestrator.check.run import run_check
-from orchestrator.jobs import reconcile, teardown, top
+from orchestrator.jobs import keep, reconcile, teardown, top
 from orchestrator.jobs import submit as submitting
 from orchestrator.jobs.logs import logs
 from orchestrator.jobs.pull import pull, sources
@@ -62,7 +62,7 @@ class SshBackend:
         return reconcile.status(store, record, reporter, thorough)
 
     def note(self, record: JobRecord) -> str:
-        return ""
+        return keep.note(record)
 
     def places(self, records: Sequence[JobRecord], store: JobDB) -> dict[str, str]:
         return positions([r.id for r in records], store)

@@ -9,6 +9,12 @@ once, restarts or not: it starts the job's nodes together when their turn comes.
 bring the local record up to date, one `JobDB.restart` per attempt the keeper started,
 with each ended attempt's logs copied into its own local mirror: they then show the
 attempt and its marked lines exactly as for an attached submit's restarts.
+
+The keeper may move: when its host is lost, a member takes over on another host
+(agent/keeper/takeover.py), with the next epoch. The record therefore keeps every
+host's directory, and `sync` asks all the hosts it reaches for a keeper's record and
+follows the newest epoch; the spec's `keeper.at` names the host that keeps the job now
+(`orch status` shows it). `orch kill` stops every keeper it finds.
 """
 
 from __future__ import annotations
@@ -89,6 +95,7 @@ def start_keeper(
             "lost_after": lost_after,
             "rendezvous_port": job.rendezvous_port,
             "bind": plan.master_addr,
+            "host": master.host.name,
             "line": line,
             "place": placement.placement(
                 [n.host.name for n in plan.nodes],
@@ -114,6 +121,8 @@ def start_keeper(
             keeper={
                 "host": master.host.name,
                 "dir": keeper_dir,
+                "at": master.host.name,
+                "dirs": {h.name: homes[h.name] for h in hosts},
                 "hosts": {
                     h.name: json.loads(host_to_json(_recorded(h, job.lost_after))) for h in hosts
                 },
@@ -265,27 +274,56 @@ def sync(store: JobDB, record: JobRecord, reporter: Reporter, stop: bool = False
     if not isinstance(keeper, dict) or record.state.is_terminal():
         return Kept(record)
     hosts = {name: host_from_json(json.dumps(h)) for name, h in keeper["hosts"].items()}
-    master = hosts[keeper["host"]]
-    group, _ = connect_reachable([master], lambda _: None)
-    with group:
-        if master.name not in group.transports:
-            return Kept(record)  # the master lost: the keeper with it (README)
-        verb = "stop" if stop else "show"
-        try:
-            reply = agent.run(
-                master,
-                group.transports[master.name],
-                ["keeper", verb, str(keeper["dir"])],
-                timeout=KEEPER_TIMEOUT_S,
-            )
-        except OrchError as exc:
-            reporter.notice(f"could not ask the job's keeper on {master.name}: {exc.message}")
-            return Kept(record)
-    found = reply.get("record")
-    if not isinstance(found, dict) or not isinstance(found.get("current"), dict):
+    asked = _ask(keeper, hosts, "stop" if stop else "show", reporter)
+    if asked is None:
         return Kept(record)
-    record = _apply(store, record, found, hosts, reporter)
+    at, reply = asked
+    if at != keeper.get("at", keeper["host"]):
+        store.update_spec(record.id, keeper={**keeper, "at": at})
+    found = reply["record"]
+    record = _apply(store, store.get(record.id), found, hosts, reporter)
     return Kept(record, bool(reply.get("alive")) and found.get("state") in ACTING)
+
+
+def _ask(
+    keeper: dict[str, Any], hosts: dict[str, Host], verb: str, reporter: Reporter
+) -> tuple[str, dict[str, Any]] | None:
+    """`keeper show` (or `stop`) in the job's directory on every host it reaches, in
+    parallel: the host of the newest keeper's record (a live one first), and its
+    reply; None when no host has one."""
+    dirs: dict[str, str] = keeper.get("dirs") or {keeper["host"]: keeper["dir"]}
+    group, _ = connect_reachable([hosts[n] for n in dirs if n in hosts], lambda _: None)
+    with group:
+        replies, failures = group.try_each(
+            lambda h, t: agent.run(
+                h, t, ["keeper", verb, str(dirs[h.name])], timeout=KEEPER_TIMEOUT_S
+            )
+        )
+    found = {
+        name: reply
+        for name, reply in replies.items()
+        if isinstance(reply.get("record"), dict)
+        and isinstance(reply["record"].get("current"), dict)
+    }
+    if not found:
+        for failure in failures:
+            reporter.notice(f"could not ask the job's keeper: {failure.message}")
+        return None
+
+    def newest(name: str) -> tuple[int, bool, bool]:
+        record, alive = found[name]["record"], bool(found[name].get("alive"))
+        return int(record.get("epoch") or 0), alive, name == keeper.get("at")
+
+    at = max(found, key=newest)
+    return at, found[at]
+
+
+def note(record: JobRecord) -> str:
+    """` (kept by node2)`: the host whose keeper restarts the detached job."""
+    keeper = record.spec.get("keeper")
+    if not isinstance(keeper, dict) or not record.spec.get("restarts"):
+        return ""
+    return f" (kept by {keeper.get('at', keeper['host'])})"
 
 
 def _apply(

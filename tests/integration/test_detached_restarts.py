@@ -160,3 +160,53 @@ def test_orch_logs_f_follows_a_failed_attempt_then_the_keepers_next_one_to_its_e
     )
     assert keeper_record(cluster, job_id)["attempts"][0]["reason"] == "attempt 1 failed on node2"
     assert status_json(orch, job_id)["state"] == "succeeded"
+
+
+def keeper_record_on(cluster: Cluster, i: int, job_id: str, home: str) -> dict[str, Any]:
+    """A keeper's record in the job's directory `home` on host i, if one keeps there."""
+    path = cluster.home(i) / ".orch" / "jobs" / job_id / home / "keeper.json"
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data
+
+
+def test_a_detached_job_restarts_after_its_master_host_crashed_kept_by_another_member(
+    orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
+) -> None:
+    job = write_job(
+        tmp_path, "restart", "steps.py", nodes=2, restarts=1, lost_after=3, nproc_per_node=1
+    )
+    job_id = submit_detached(orch, job, inventory)
+    assert "(kept by node1)" in orch("status", job_id, timeout=60).stdout
+    rank_log = cluster.home(2) / ".orch" / "jobs" / job_id / "node2" / "logs" / "rank-1.log"
+    wait_for(lambda: keeper_record(cluster, job_id).get("state") == "running", 60, "attempt 1")
+    wait_for(lambda: rank_log.exists() and rank_log.stat().st_size > 0, 60, "rank 1 running")
+    cluster.crash(1)  # the master host, and the keeper on it
+
+    def attempt_2_runs() -> bool:
+        assert controller_processes(orch) == [], "an orch process runs on the controller"
+        record = keeper_record_on(cluster, 2, job_id, "node2")
+        return record.get("epoch") == 1 and record["current"]["attempt"] == 1
+
+    wait_for(attempt_2_runs, 60, "node2's member to keep the job and start attempt 2", poll=0.2)
+    shown = orch("status", job_id, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "(kept by node2)" in shown.stdout, shown.stdout
+    wait_for(
+        lambda: keeper_record_on(cluster, 2, job_id, "node2").get("state") == "succeeded",
+        60,
+        "attempt 2's end",
+    )
+    record = status_json(orch, job_id)
+    assert record["state"] == "succeeded", record
+    assert record["spec"]["keeper"]["at"] == "node2"
+    assert sorted(n["host"] for n in record["nodes"]) == ["node2", "node3"]
+    assert record["spec"]["attempt"] == 1
+    shown = orch("status", job_id, timeout=60)
+    assert "succeeded, attempt 2 of 2 (attempt 1 lost on node1)" in " ".join(shown.stdout.split())
+    logs = orch("logs", job_id, timeout=60).stdout
+    assert any(line.endswith("] finished attempt 1") for line in logs.splitlines()), logs
+    assert any("step 6 attempt 1 world 2" in line for line in logs.splitlines()), logs
+    wait_for(lambda: not any(_left(cluster, i) for i in (2, 3)), 10, "no process left")

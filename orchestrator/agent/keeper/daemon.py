@@ -20,13 +20,13 @@ from the submit that started it:
    replayed or reordered.
 2. The job's env (secrets, maybe) never crosses that wire: each member renders its own
    node's command and env from its template; only placements travel.
-3. A member lives while its keeper does: it leaves on `bye`, when the connection
-   closes, or after PATIENCE_S without a word from the keeper. Neither carries the
+3. A member lives while its job is kept: it leaves on `bye`; when the connection
+   closes or the keeper is silent, it finds (or becomes) the next keeper, or leaves. Neither carries the
    job's tag (ORCH_JOB_ID), so that the kill of a node never takes them with it.
 4. `keeper show DIR` prints {"record", "alive"}; `keeper stop DIR` has the keeper stop
    the job's nodes and dismiss its members (`orch kill`), waits for it, and prints the
-   same. The master host lost takes the keeper with it: the job is then judged as any
-   detached job is, by `orch status`.
+   same. The master host lost takes the keeper with it, and a member takes over on
+   another host (takeover.py): its own process runs the next KeeperDaemon.
 """
 
 from __future__ import annotations
