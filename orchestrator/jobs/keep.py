@@ -288,11 +288,43 @@ def sync(store: JobDB, record: JobRecord, reporter: Reporter, stop: bool = False
 def _ask(
     keeper: dict[str, Any], hosts: dict[str, Host], verb: str, reporter: Reporter
 ) -> tuple[str, dict[str, Any]] | None:
-    """`keeper show` (or `stop`) in the job's directory on every host it reaches, in
-    parallel: the host of the newest keeper's record (a live one first), and its
-    reply; None when no host has one."""
+    """`keeper show` (or `stop`) in the job's directory: the host of the newest
+    keeper's record (a live one first), and its reply; None when no host has one.
+    `show` asks the host that kept the job last, and every other host it reaches, in
+    parallel, only when no keeper runs there any more; `stop` asks them all at once:
+    every keeper found stops."""
     dirs: dict[str, str] = keeper.get("dirs") or {keeper["host"]: keeper["dir"]}
-    group, _ = connect_reachable([hosts[n] for n in dirs if n in hosts], lambda _: None)
+    at = str(keeper.get("at", keeper["host"]))
+    found: dict[str, dict[str, Any]] = {}
+    failures: list[OrchError] = []
+    if verb == "show" and at in dirs and at in hosts:
+        found, failures = _each_keeper([hosts[at]], dirs, verb)
+        if at in found and found[at].get("alive"):
+            return at, found[at]
+    rest = [hosts[n] for n in dirs if n in hosts and n not in found]
+    more, others = _each_keeper(rest, dirs, verb)
+    found.update(more)
+    if not found:
+        for failure in [*failures, *others]:
+            reporter.notice(f"could not ask the job's keeper: {failure.message}")
+        return None
+
+    def newest(name: str) -> tuple[int, bool, bool]:
+        record, alive = found[name]["record"], bool(found[name].get("alive"))
+        return int(record.get("epoch") or 0), alive, name == at
+
+    chosen = max(found, key=newest)
+    return chosen, found[chosen]
+
+
+def _each_keeper(
+    hosts: list[Host], dirs: dict[str, str], verb: str
+) -> tuple[dict[str, dict[str, Any]], list[OrchError]]:
+    """The replies of `keeper VERB DIR` that hold a keeper's record, on every host of
+    `hosts` that answers, in parallel; the failures beside."""
+    if not hosts:
+        return {}, []
+    group, _ = connect_reachable(hosts, lambda _: None)
     with group:
         replies, failures = group.try_each(
             lambda h, t: agent.run(
@@ -305,17 +337,7 @@ def _ask(
         if isinstance(reply.get("record"), dict)
         and isinstance(reply["record"].get("current"), dict)
     }
-    if not found:
-        for failure in failures:
-            reporter.notice(f"could not ask the job's keeper: {failure.message}")
-        return None
-
-    def newest(name: str) -> tuple[int, bool, bool]:
-        record, alive = found[name]["record"], bool(found[name].get("alive"))
-        return int(record.get("epoch") or 0), alive, name == keeper.get("at")
-
-    at = max(found, key=newest)
-    return at, found[at]
+    return found, failures
 
 
 def note(record: JobRecord) -> str:
