@@ -6,6 +6,7 @@ as for an attached submit; `orch kill` stops the keeper and its members too."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +211,29 @@ def test_a_detached_job_restarts_after_its_master_host_crashed_kept_by_another_m
     assert any(line.endswith("] finished attempt 1") for line in logs.splitlines()), logs
     assert any("step 6 attempt 1 world 2" in line for line in logs.splitlines()), logs
     wait_for(lambda: not any(_left(cluster, i) for i in (2, 3)), 10, "no process left")
+
+
+def test_orch_kill_stops_the_keeper_that_took_over_and_nothing_restarts(
+    orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
+) -> None:
+    job = write_job(
+        tmp_path, "restart", "steps.py", nodes=2, restarts=2, lost_after=3, nproc_per_node=1
+    )
+    job_id = submit_detached(orch, job, inventory)
+    wait_for(lambda: keeper_record(cluster, job_id).get("state") == "running", 60, "attempt 1")
+    cluster.crash(1)
+    wait_for(
+        lambda: (
+            keeper_record_on(cluster, 2, job_id, "node2").get("state") in ("running", "restarting")
+        ),
+        60,
+        "node2's member to keep the job",
+        poll=0.2,
+    )
+    killed = orch("kill", job_id, timeout=90)
+    assert killed.returncode == 0, killed.stderr
+    assert keeper_record_on(cluster, 2, job_id, "node2")["state"] == "killed"
+    wait_for(lambda: not any(_left(cluster, i) for i in (2, 3)), 10, "no process left")
+    time.sleep(5)  # a keeper or member left behind would start an attempt by now
+    assert not any(_left(cluster, i) for i in (2, 3))
+    assert status_json(orch, job_id)["state"] == "killed"
