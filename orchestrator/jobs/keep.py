@@ -289,7 +289,8 @@ def _ask(
     keeper: dict[str, Any], hosts: dict[str, Host], verb: str, reporter: Reporter
 ) -> tuple[str, dict[str, Any]] | None:
     """`keeper show` (or `stop`) in the job's directory: the host of the newest
-    keeper's record (a live one first), and its reply; None when no host has one.
+    keeper's record (of a keeper that did not give way, then of the latest epoch, a
+    live one first), and its reply; None when no host has one.
     `show` asks the host that kept the job last, and every other host it reaches, in
     parallel, only when no keeper runs there any more; `stop` asks them all at once:
     every keeper found stops."""
@@ -309,12 +310,20 @@ def _ask(
             reporter.notice(f"could not ask the job's keeper: {failure.message}")
         return None
 
-    def newest(name: str) -> tuple[int, bool, bool]:
-        record, alive = found[name]["record"], bool(found[name].get("alive"))
-        return int(record.get("epoch") or 0), alive, name == at
-
-    chosen = max(found, key=newest)
+    chosen = current_keeper(found, at)
     return chosen, found[chosen]
+
+
+def current_keeper(found: dict[str, dict[str, Any]], at: str) -> str:
+    """Which of the hosts' `keeper show` replies (by host) is the job's keeper now: one
+    that did not give way (too few members reached it: it never hides another), then
+    the latest epoch, then a live one, then the host that kept it last."""
+
+    def newest(name: str) -> tuple[bool, int, bool, bool]:
+        record, alive = found[name]["record"], bool(found[name].get("alive"))
+        return not record.get("gave_way"), int(record.get("epoch") or 0), alive, name == at
+
+    return max(found, key=newest)
 
 
 def _each_keeper(

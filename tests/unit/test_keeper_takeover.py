@@ -9,6 +9,7 @@ from typing import Any
 
 from orchestrator.agent.keeper.decisions import GATHER_S, Keeping, successors
 from orchestrator.agent.kernel import placement
+from orchestrator.jobs.keep import current_keeper
 
 LOST_AFTER = 3.0
 
@@ -107,7 +108,7 @@ def test_a_keeper_that_reaches_too_few_members_starts_nothing_and_dismisses_them
     new.hear("node2", {"k": "hello", "host": "node2", "port": 40101}, 10.1)
     sends = new.tick(10.0 + LOST_AFTER + GATHER_S + 0.1)
     assert kinds(sends) == [("node2", "bye")]
-    assert new.done and new.record()["state"] == "failed"
+    assert new.done and new.record()["state"] == "failed" and new.record()["gave_way"]
     assert "its keeper on node2 reached only 1 of 3 members" in str(new.reason)
     assert new.nodes["node2"]["state"] == "running"  # left for the keeper that has them
 
@@ -119,7 +120,7 @@ def test_an_old_keeper_cut_off_from_the_other_members_never_starts_an_attempt() 
     old.hear("node1", {"k": "end", "attempt": 0, "returncode": 1}, 4.0)
     sends = old.tick(4.1)
     assert all(kind not in ("port", "start") for _, kind in kinds(sends)), sends
-    assert old.done and old.record()["state"] == "failed"
+    assert old.done and old.record()["state"] == "failed" and old.record()["gave_way"]
     assert "reached only" in str(old.reason)
 
 
@@ -133,3 +134,14 @@ def test_a_new_keeper_finishes_a_kill_its_lost_keeper_began_and_starts_nothing()
     sends = new.hear("node2", {"k": "stopped", "attempt": 0}, 10.5)
     assert kinds(sends) == [("node2", "bye"), ("node3", "bye")]
     assert new.record()["state"] == "killed"
+
+
+def test_the_controller_follows_the_latest_keeper_that_did_not_give_way() -> None:
+    def reply(epoch: int, alive: bool, gave_way: bool = False) -> dict[str, Any]:
+        return {"record": {"epoch": epoch, "gave_way": gave_way, "current": {}}, "alive": alive}
+
+    moved = {"node1": reply(0, False), "node2": reply(1, True)}
+    assert current_keeper(moved, at="node1") == "node2"
+    cut_off = {"node1": reply(0, True), "node2": reply(1, False, gave_way=True)}
+    assert current_keeper(cut_off, at="node1") == "node1"
+    assert current_keeper({"node1": reply(0, False), "node3": reply(0, True)}, "node1") == "node3"

@@ -125,6 +125,7 @@ class Keeping:
         self.host = str(config.get("host") or self.place["hosts"][0])
         self.roster: dict[str, int | None] = {}
         self.resumed = RUNNING  # the phase a taken-over keeper goes on from
+        self.gave_way = False  # it ended for want of a quorum: another may keep the job
         self.lost_keeper: str | None = None
 
     @staticmethod
@@ -416,6 +417,7 @@ class Keeping:
         reached = len(self.connected & members)
         why = f"its keeper on {self.host} reached only {reached} of {len(members)} members"
         self.reason = f"{self.reason}; {why}" if self.reason else why
+        self.gave_way = True
         return self._finish("failed")
 
     def _resume(self, now: float) -> Send:
@@ -501,4 +503,5 @@ class Keeping:
             "attempts": earlier,
             "epoch": self.epoch,
             "keeper": self.host,
+            "gave_way": self.gave_way,
         }
