@@ -237,3 +237,28 @@ def test_orch_kill_stops_the_keeper_that_took_over_and_nothing_restarts(
     time.sleep(5)  # a keeper or member left behind would start an attempt by now
     assert not any(_left(cluster, i) for i in (2, 3))
     assert status_json(orch, job_id)["state"] == "killed"
+
+
+def test_a_master_host_cut_off_keeps_nothing_while_another_member_restarts_the_job_once(
+    orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
+) -> None:
+    job = write_job(
+        tmp_path, "restart", "steps.py", nodes=2, restarts=2, lost_after=3, nproc_per_node=1
+    )
+    job_id = submit_detached(orch, job, inventory)
+    wait_for(lambda: keeper_record(cluster, job_id).get("state") == "running", 60, "attempt 1")
+    cluster.partition(1)  # the old keeper runs on, alone behind the cut
+    wait_for(
+        lambda: keeper_record_on(cluster, 2, job_id, "node2").get("state") == "succeeded",
+        90,
+        "node2's keeper to take the job to its end",
+    )
+    wait_for(lambda: keeper_record(cluster, job_id).get("state") == "failed", 30, "node1 to stop")
+    # Its node stopped, its keeper and member gone:
+    wait_for(lambda: _left(cluster, 1) == [], 10, "nothing left on node1")
+    cluster.heal(1)
+    record = status_json(orch, job_id)
+    assert record["state"] == "succeeded" and record["spec"]["keeper"]["at"] == "node2"
+    assert record["spec"]["attempt"] == 1  # restarted once, by one keeper
+    assert sorted(n["host"] for n in record["nodes"]) == ["node2", "node3"]
+    wait_for(lambda: not any(_left(cluster, i) for i in (1, 2, 3)), 10, "no process left")
