@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from orchestrator.agent.kernel import protocol
-from orchestrator.agent.kernel.protocol import KillReport, NodeStatus, Started
+from orchestrator.agent.kernel.protocol import KillReport, Started, StatusReply
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
@@ -97,10 +97,10 @@ def kill(
     return agent.parse(node.host, KillReport, reply)
 
 
-def node_status(node: NodeRef, transport: Transport) -> NodeStatus:
+def node_status(node: NodeRef, transport: Transport) -> StatusReply:
     """Whether a node started, runs, and how it ended, from its host."""
     reply = agent.run(node.host, transport, ["status", node.job_dir], timeout=STATUS_TIMEOUT_S)
-    return agent.parse(node.host, NodeStatus, reply)
+    return agent.parse(node.host, StatusReply, reply)
 
 
 def setup(
