@@ -461,6 +461,7 @@ class Started(Reply):
     started: float
     start_time: int | None = None  # torchrun's, in clock ticks since boot: pids are reused
     host: str | None = None  # which host recorded the pids (proc.host_id)
+    warnings: Sequence[str] = ()  # in the reply only: what the node's lease noted
 
 
 class KillReport(Reply):
