@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.agent.kernel import placement, protocol
+from orchestrator.agent.kernel import placement, protocol, states
 from orchestrator.jobs.queue import NO_UNITS, lease_units, slot_offsets
 from orchestrator.models.errors import OrchError, RemoteCommandError
 from orchestrator.models.facts import HostFacts
@@ -40,7 +40,6 @@ from orchestrator.transport import Transport
 
 log = logging.getLogger(__name__)
 KEEPER_TIMEOUT_S = 90.0  # `keeper stop` waits for the nodes' kill, and more
-ACTING = ("queued", "running", "restarting", "stopping")  # the keeper's states while it decides
 
 Push = Callable[[LaunchPlan, HostGroup], None]
 
@@ -285,7 +284,7 @@ def sync(store: JobDB, record: JobRecord, reporter: Reporter, stop: bool = False
     if not isinstance(found, dict) or not isinstance(found.get("current"), dict):
         return Kept(record)
     record = _apply(store, record, found, hosts, reporter)
-    return Kept(record, bool(reply.get("alive")) and found.get("state") in ACTING)
+    return Kept(record, bool(reply.get("alive")) and found.get("state") in states.KEEPER_ACTING)
 
 
 def _apply(

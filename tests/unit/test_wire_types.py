@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import protocol, states
 from orchestrator.agent.kernel.protocol import (
     ExitRecord,
     GcReport,
@@ -26,6 +26,7 @@ from orchestrator.agent.kernel.protocol import (
 )
 from orchestrator.models.errors import HostError
 from orchestrator.models.inventory import Host
+from orchestrator.models.states import JobState, node_state
 from orchestrator.nodes import agent
 
 
@@ -117,3 +118,12 @@ def roundtrip(message: Message) -> Message:
 )
 def test_replies_round_trip(message: Message) -> None:
     assert roundtrip(message).as_dict() == message.as_dict()
+
+
+def test_the_controllers_states_are_the_agents_words() -> None:
+    words = {v for k, v in vars(states).items() if k.isupper() and isinstance(v, str)}
+    assert {s.value for s in JobState} <= words
+    assert set(states.NODE_ACTIVE) | set(states.KEEPER_ACTING) <= words
+    assert node_state(None, killed=False) is JobState.LOST  # a returncode of None: lost
+    assert node_state(None, killed=True) is JobState.KILLED
+    assert node_state(0, killed=False).value == states.ended_state(0, False) == states.SUCCEEDED
