@@ -6,11 +6,13 @@ other."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
+from orchestrator.agent.keeper import wire
 from orchestrator.agent.kernel import protocol, states
 from orchestrator.agent.kernel.protocol import (
     ExitRecord,
@@ -127,3 +129,69 @@ def test_the_controllers_states_are_the_agents_words() -> None:
     assert node_state(None, killed=False) is JobState.LOST  # a returncode of None: lost
     assert node_state(None, killed=True) is JobState.KILLED
     assert node_state(0, killed=False).value == states.ended_state(0, False) == states.SUCCEEDED
+
+
+# ---------------------------------------------------------------- keeper and members
+
+KEEPER_TO_MEMBER = [
+    wire.Heartbeat(),
+    wire.Stop(attempt=1),
+    wire.Start(place={"attempt": 1, "hosts": ["a"], "ticket": [1.5, "j"]}),
+    wire.PortWanted(),
+    wire.LeaseAsked(verb="poll"),
+    wire.Bye(),
+]
+MEMBER_TO_KEEPER = [
+    wire.Heartbeat(),
+    wire.Hello(host="node2"),
+    wire.NodeEnd(attempt=0, returncode=None, error="the supervisor vanished", killed=False),
+    wire.NodeStarted(attempt=1, ok=False, error="disk full", queued=False),
+    wire.Stopped(attempt=1),
+    wire.PortFound(port=29500),
+    wire.LeaseAnswered(verb="poll", reply={"state": "ready"}),
+]
+
+
+def channels() -> tuple[wire.Channel, wire.Channel]:
+    a, b = socket.socketpair()
+    keeper = wire.Channel(a, b"s" * 32, b"n" * 32, keeper=True)
+    return keeper, wire.Channel(b, b"s" * 32, b"n" * 32, keeper=False)
+
+
+@pytest.mark.parametrize("message", KEEPER_TO_MEMBER, ids=lambda m: type(m).__name__)
+def test_a_keepers_message_round_trips_to_its_member(message: Message) -> None:
+    keeper, member = channels()
+    keeper.tell(message)
+    heard = member.hear()
+    assert type(heard) is type(message) and heard.as_dict() == message.as_dict()
+    # what decisions.py sends, as data, is the same message
+    assert wire.for_member(wire.record(message)).as_dict() == message.as_dict()
+
+
+@pytest.mark.parametrize("message", MEMBER_TO_KEEPER, ids=lambda m: type(m).__name__)
+def test_a_members_message_round_trips_to_its_keeper(message: Message) -> None:
+    keeper, member = channels()
+    member.tell(message)
+    heard = keeper.hear()
+    assert type(heard) is type(message) and heard.as_dict() == message.as_dict()
+
+
+def test_a_members_message_of_the_wrong_type_names_its_host() -> None:
+    keeper, member = channels()
+    keeper.host = "node3"
+    member.send({"k": "port", "port": "29500"})
+    with pytest.raises(MessageError, match=r"PortFound\.port from node3 is str, not int"):
+        keeper.hear()
+
+
+def test_unknown_kinds_and_fields_are_tolerated() -> None:
+    keeper, member = channels()
+    keeper.send({"k": "from-a-newer-keeper"})
+    keeper.send({"k": "stop", "attempt": 2, "why": "newer"})
+    assert member.hear() is None
+    assert member.hear() == wire.Stop(attempt=2)
+
+
+def test_every_message_the_keeper_decides_is_one_a_member_takes() -> None:
+    with pytest.raises(MessageError, match="no message to a member"):
+        wire.for_member({"k": "hello", "host": "x"})

@@ -22,14 +22,41 @@ from ..host import proc
 from ..host.daemonize import daemonize
 from ..kernel.line import REPLY_WAIT_S
 from ..kernel.placement import render
-from ..kernel.protocol import AGENT, HEARTBEAT_S, MEMBER_FILE, RUN_SCRIPT, last_json, write_json
+from ..kernel.protocol import (
+    AGENT,
+    HEARTBEAT_S,
+    MEMBER_FILE,
+    RUN_SCRIPT,
+    Message,
+    last_json,
+    write_json,
+)
 from ..node import state
 from .decisions import START_WAIT_S, STOP_WAIT_S
-from .wire import HB_S, Channel, join, read_messages, ready
+from .wire import (
+    HB_S,
+    Bye,
+    Channel,
+    Heartbeat,
+    Hello,
+    LeaseAnswered,
+    LeaseAsked,
+    NodeEnd,
+    NodeStarted,
+    PortFound,
+    PortWanted,
+    Start,
+    Stop,
+    Stopped,
+    join,
+    read_messages,
+    ready,
+)
 
 MEMBER_LOG = "member.log"
 PATIENCE_S = 30.0  # a member's wait for a word from its keeper, at least
 KILL_GRACE_S = 3.0  # the node's ranks get this long after SIGTERM when the keeper stops it
+IDLE = Heartbeat()  # no word from the keeper this while (never sent)
 
 
 def start_member(directory: str) -> int:
@@ -42,7 +69,7 @@ def start_member(directory: str) -> int:
     def body(ready_fd: int) -> int:
         try:
             channel = join(str(config["addr"]), int(config["port"]), secret)
-            channel.send({"k": "hello", "host": config["template"]["host"]})
+            channel.tell(Hello(host=config["template"]["host"]))
         except (OSError, EOFError, ValueError) as exc:
             where = f"{config['addr']}:{config['port']}"
             ready(ready_fd, {"error": f"cannot reach the job's keeper at {where}: {exc}"})
@@ -65,7 +92,7 @@ class Member:
         self.attempt = int(config.get("attempt") or 0)
         self.reported = False
         self.queued = False  # the node of the last start waits in line
-        self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.inbox: queue.Queue[Message | None] = queue.Queue()
         self.patience = max(PATIENCE_S, 3 * float(config.get("lost_after") or 0))
         # Where it lives: its record there keeps gc (and a takeover) off the snapshot.
         self.lives = os.path.join(os.getcwd(), MEMBER_FILE)
@@ -96,10 +123,10 @@ class Member:
             try:
                 message = self.inbox.get(timeout=0.5)
             except queue.Empty:
-                message = {"k": "idle"}
-            if message is None or message.get("k") == "bye":
+                message = IDLE
+            if message is None or isinstance(message, Bye):
                 break
-            if message.get("k") != "idle":
+            if message is not IDLE:
                 heard = time.monotonic()
             try:
                 self.handle(message)
@@ -111,38 +138,40 @@ class Member:
     def beat(self) -> None:
         while not self.channel.closed:
             try:
-                self.channel.send({"k": "hb"})
+                self.channel.tell(Heartbeat())
             except OSError:
                 return
             time.sleep(HB_S)
 
-    def handle(self, message: dict[str, Any]) -> None:
-        kind = message.get("k")
-        if kind == "stop":
-            if message.get("attempt") == self.attempt and self.node_dir:
+    def handle(self, message: Message) -> None:
+        if isinstance(message, Stop):
+            if message.attempt == self.attempt and self.node_dir:
                 self.kill()
-            self.channel.send({"k": "stopped", "attempt": message.get("attempt")})
-        elif kind == "port":
+            self.channel.tell(Stopped(attempt=message.attempt))
+        elif isinstance(message, PortWanted):
             with socket.socket() as sock:
                 sock.bind(("", 0))
-                self.channel.send({"k": "port", "port": sock.getsockname()[1]})
-        elif kind == "start":
-            place = message["place"]
+                self.channel.tell(PortFound(port=sock.getsockname()[1]))
+        elif isinstance(message, Start):
+            place = message.place
             self.queued = False
             error = self.start(place)
-            reply = {"k": "started", "attempt": place["attempt"], "ok": error is None}
-            self.channel.send({**reply, "error": error, "queued": self.queued})
-        elif kind == "lease":
-            verb = str(message.get("verb"))
-            self.channel.send({"k": "lease", "verb": verb, "reply": self.lease(verb)})
+            self.channel.tell(
+                NodeStarted(
+                    attempt=place["attempt"], ok=error is None, error=error, queued=self.queued
+                )
+            )
+        elif isinstance(message, LeaseAsked):
+            reply = self.lease(message.verb)
+            self.channel.tell(LeaseAnswered(verb=message.verb, reply=reply))
 
     def report_end(self) -> None:
         if self.node_dir is None or self.reported:
             return
         os.chdir(self.node_dir)
-        ended = state.ended()
+        ended = state.exit_record()
         if ended is not None:
-            self.channel.send({"k": "end", "attempt": self.attempt, **ended})
+            self.channel.tell(NodeEnd(attempt=self.attempt, **ended.as_dict()))
             self.reported = True
 
     def agent(self, node_dir: str, *args: str) -> list[str]:
