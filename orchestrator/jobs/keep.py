@@ -260,8 +260,8 @@ def sync(store: JobDB, record: JobRecord, reporter: Reporter, stop: bool = False
     Returns:
         The record as it now is; `acting` when the keeper still runs the job.
     """
-    keeper = record.spec.get("keeper")
-    if not isinstance(keeper, dict) or record.state.is_terminal():
+    keeper = record.view.keeper
+    if keeper is None or record.state.is_terminal():
         return Kept(record)
     hosts = {name: host_from_json(json.dumps(h)) for name, h in keeper["hosts"].items()}
     master = hosts[keeper["host"]]
@@ -295,7 +295,7 @@ def _apply(
     reporter: Reporter,
 ) -> JobRecord:
     """Record the attempts the keeper started beyond the record's own."""
-    known = int(record.spec.get("attempt") or 0)
+    known = record.view.attempt
     attempts = {int(a["attempt"]): a for a in [*found.get("attempts", []), found["current"]]}
     latest = int(found["current"]["attempt"])
     for attempt in range(known, latest):
@@ -333,7 +333,7 @@ def _apply(
             )
         )
         _copy_logs(store, record.id, attempt, earlier)
-        restarts = int(record.spec.get("restarts") or 0)
+        restarts = record.view.restarts
         reporter.notice(
             f"job {record.id}: {ended.get('reason') or f'attempt {attempt + 1} ended'}: "
             f"its keeper started it again as attempt {attempt + 2} of {restarts + 1}, on "

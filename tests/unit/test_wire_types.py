@@ -30,6 +30,7 @@ from orchestrator.models.errors import HostError
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState, node_state
 from orchestrator.nodes import agent
+from orchestrator.records.db import SpecView
 
 
 class Sample(Message):
@@ -195,3 +196,29 @@ def test_unknown_kinds_and_fields_are_tolerated() -> None:
 def test_every_message_the_keeper_decides_is_one_a_member_takes() -> None:
     with pytest.raises(MessageError, match="no message to a member"):
         wire.for_member({"k": "hello", "host": "x"})
+
+
+# ---------------------------------------------------------------- the job record's spec
+
+
+def test_a_records_spec_reads_typed() -> None:
+    spec = {
+        "args": ["--lr", "1"],
+        "outputs": ["ckpt/"],
+        "restarts": 2,
+        "attempt": 1,
+        "attempts": [{"attempt": 0, "nodes": [{"host": "a", "state": "lost"}]}],
+        "keeper": {"host": "a", "dir": "~/x", "hosts": {}},
+        "from_a_newer_orch": 1,
+    }
+    view = SpecView.of(spec)
+    assert (view.args, view.outputs, view.restarts, view.attempt) == (
+        ("--lr", "1"),
+        ("ckpt/",),
+        2,
+        1,
+    )
+    assert view.attempts[0].attempt == 0 and view.attempts[0].nodes[0]["state"] == "lost"
+    assert view.keeper == spec["keeper"] and view.slurm is None and view.backend == "ssh"
+    empty = SpecView.of({})  # a record written before any of these keys
+    assert (empty.attempt, empty.restarts, empty.attempts, empty.keeper) == (0, 0, (), None)
