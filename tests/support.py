@@ -14,7 +14,7 @@ import re
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -191,3 +191,9 @@ def controller_processes(orch: OrchRunner) -> list[int]:
             if tag in environ:
                 found.append(int(entry))
     return found
+
+
+def release(cluster: Cluster, hosts: Sequence[int], name: str) -> None:
+    """Let a workload run with `--until ~/NAME` on these hosts go on to its end."""
+    for i in hosts:
+        (cluster.home(i) / name).touch()

@@ -45,6 +45,7 @@ USAGE = """usage: orch agent COMMAND ARGS...
   keeper start|member|show|stop DIR   a detached job's restarts on its hosts (stdin: config)
   lease poll|take|untake|go JOB_DIR   a node's place in line for its GPUs or slots
   lease hosts                         every lease and ticket of this host
+  lease dir                           where the lease directory is, and who owns it
   top JOB_DIR                         (stdin: offsets) CPU, memory, GPUs, log growth of its ranks
   slurm-node JOB_ROOT                 under srun, on each node of a Slurm job: its torchrun
 """

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -205,6 +205,19 @@ def statuses(job_id: str | None = None, reporter: Reporter | None = None) -> lis
         store = JobDB()
         records = [store.get(job_id)] if job_id else store.jobs()
         return [_status(store, r, reporter, thorough=job_id is not None) for r in records]
+
+
+def places(job_ids: Sequence[str]) -> dict[str, str]:
+    """Where each of these jobs that has not started stands in line: {job id: "queued,
+    2nd in line on node1"}; jobs not waiting are left out."""
+    with _owner_only():
+        store = JobDB()
+        pending = [r for r in map(store.get, job_ids) if r.state is JobState.PENDING]
+        found: dict[str, str] = {}
+        for name in sorted({r.backend for r in pending}):
+            of_backend = [r for r in pending if r.backend == name]
+            found.update(backends.for_record(of_backend[0]).places(of_backend, store))
+        return found
 
 
 def _status(store: JobDB, record: JobRecord, reporter: Reporter, thorough: bool) -> JobStatus:

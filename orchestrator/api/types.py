@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from orchestrator.jobs.reconcile import STILL_RUNNING
 from orchestrator.models.errors import OrchError
-from orchestrator.models.states import JobState
+from orchestrator.models.states import STILL_RUNNING, JobState
 from orchestrator.records.db import JobRecord, NodeRecord
 from orchestrator.reporting.outcomes import KillOutcome
 

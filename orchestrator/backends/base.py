@@ -72,11 +72,14 @@ class Backend(Protocol):
        launch plan; neither touches a host.
     4. `status()` brings one job's record up to date with where it runs, and returns
        it; `thorough`: the job was asked for by name, and a backend may look further
-       (SSH: whether a lost node still runs). `note()` is what `orch status` adds to
-       the job's state, "" for nothing.
+       (SSH: whether a lost node still runs there, and then it stops it). `note()` is
+       what `orch status` adds to the job's state, "" for nothing. `places()` says
+       where each pending job of this backend stands in line ("queued, 2nd in line on
+       node1"), one look for all of them; a job it has nothing to say of is left out.
     5. `logs()` hands the job's output to `reporter` as it comes, from where it runs
        (else the local copy); with `follow`, on until the job ends, stopping the job
-       when a node fails. It returns 0, or with `follow` the job's exit code.
+       when a node fails (and, SSH, a lost node found still running at the end). It
+       returns 0, or with `follow` the job's exit code.
     6. `kill()` stops the job wherever it runs and says what it did; a job that had
        ended is left alone. Hosts that could not be reached are in its outcome, not
        raised.
@@ -111,6 +114,8 @@ class Backend(Protocol):
     ) -> JobRecord: ...
 
     def note(self, record: JobRecord) -> str: ...
+
+    def places(self, records: Sequence[JobRecord], store: JobDB) -> dict[str, str]: ...
 
     def logs(
         self, record: JobRecord, store: JobDB, want: LogFilter, follow: bool, reporter: Reporter

@@ -54,6 +54,9 @@ class SlurmBackend:
     def note(self, record: JobRecord) -> str:
         return jobs.note(record.spec)
 
+    def places(self, records: Sequence[JobRecord], store: JobDB) -> dict[str, str]:
+        return {}  # a pending Slurm job's reason is its note
+
     def logs(
         self, record: JobRecord, store: JobDB, want: LogFilter, follow: bool, reporter: Reporter
     ) -> int:

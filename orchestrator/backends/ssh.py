@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from orchestrator.agent.kernel.protocol import printable
 from orchestrator.backends.base import CheckView, HostsView, PullBars
 from orchestrator.check.run import run_check
 from orchestrator.jobs import reconcile, teardown, top
 from orchestrator.jobs import submit as submitting
 from orchestrator.jobs.logs import logs
 from orchestrator.jobs.pull import pull, sources
-from orchestrator.jobs.queue import host_views, queue_rows, unit_rows
+from orchestrator.jobs.queue import host_views, positions, queue_rows, unit_rows
 from orchestrator.models.inventory import Inventory
 from orchestrator.models.job import JobSpec
 from orchestrator.nodes.group import HostGroup, connect_reachable
@@ -62,6 +63,9 @@ class SshBackend:
 
     def note(self, record: JobRecord) -> str:
         return ""
+
+    def places(self, records: Sequence[JobRecord], store: JobDB) -> dict[str, str]:
+        return positions([r.id for r in records], store)
 
     def logs(
         self, record: JobRecord, store: JobDB, want: LogFilter, follow: bool, reporter: Reporter
@@ -119,4 +123,6 @@ class SshBackend:
             if host.name in views:
                 found.units += unit_rows(host, views[host.name])
                 found.queue += queue_rows(host, views[host.name])
+                for warning in views[host.name].warnings:
+                    reporter.notice(f"warning: {printable(warning, 1000)} (host {host.name})")
         return found

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from orchestrator.agent.kernel.protocol import LeaseDir
 from orchestrator.models.errors import OrchError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
@@ -387,6 +388,26 @@ def bandwidth_problems(
                 )
             )
     return problems
+
+
+def lease_dir_problems(host: str, found: LeaseDir) -> list[Problem]:
+    """A shared host's lease directory that root did not make: its owner (the first
+    user whose job leased there) may remove anyone's lease, and two jobs then run on
+    the same GPUs or slots without a word."""
+    fix = (
+        f"as root: add 'd {found.dir} 1777 root root -' to /etc/tmpfiles.d/orch.conf "
+        "and run systemd-tmpfiles --create (README: Sharing hosts)"
+    )
+    if not found.exists:
+        what = f"no lease directory {found.dir} yet: the first user to lease here will own it"
+        return [_warning(host, "leases", what, fix)]
+    if found.owner not in (None, "root"):
+        what = (
+            f"lease directory {found.dir} belongs to {found.owner}, not root: "
+            f"{found.owner} can remove anyone's lease"
+        )
+        return [_warning(host, "leases", what, f"as root: chown root:root {found.dir}; {fix}")]
+    return []
 
 
 def human_bytes(n: int) -> str:

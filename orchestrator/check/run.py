@@ -13,12 +13,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from orchestrator.agent.kernel.protocol import LeaseDir, MessageError, parse_message
 from orchestrator.check.net import Throughput, bandwidth, reachability, relay_reach
 from orchestrator.check.rules import (
     Problem,
     bandwidth_problems,
     cluster_problems,
     host_problems,
+    lease_dir_problems,
     merge_hosts,
     port_problems,
     reach_problems,
@@ -29,6 +31,7 @@ from orchestrator.models.errors import HostError, OrchError, PreflightError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
+from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
 from orchestrator.nodes.probe import Marks, probe, probe_host, torch_missing
 from orchestrator.plan import fs_groups, select_hosts, static_master_addr
@@ -48,6 +51,7 @@ class HostStatus:
     error: OrchError | None = None
     error_topic: str = ""  # "ssh" (could not connect) or "python" (could not probe)
     ssh_ms: float | None = None  # a command's round trip; None for local hosts
+    lease_dir: LeaseDir | None = None  # a shared host's (inventory gpus: or slots:)
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,9 @@ def run_check(
                 found = probe_host(host, transport, master_addr, port, True, modules, marks)
             except OrchError as exc:
                 return HostStatus(host, error=exc, error_topic="python")
-            return HostStatus(host, found.facts, ssh_ms=_round_trip_ms(host, transport))
+            leases = _lease_dir(host, transport)
+            ssh_ms = _round_trip_ms(host, transport)
+            return HostStatus(host, found.facts, ssh_ms=ssh_ms, lease_dir=leases)
 
         probed, errors = group.try_each(inspect)
         failed.update({e.host: e for e in errors})
@@ -249,6 +255,8 @@ def _judge(
         elif status.facts is not None:
             facts[status.host.name] = status.facts
             problems += host_problems(status.host, status.facts, _job_env(status.host, job))
+            if status.lease_dir is not None:
+                problems += lease_dir_problems(status.host.name, status.lease_dir)
     problems += cluster_problems(hosts, facts)
     if rendezvous is not None:
         problems += _rendezvous_problems(rendezvous)
@@ -307,6 +315,19 @@ def _modules_to_find(job: JobSpec | None) -> list[str]:
 
 def _job_env(host: Host, job: JobSpec | None) -> dict[str, str]:
     return {**host.env, **(job.env if job else {})}
+
+
+def _lease_dir(host: Host, transport: Transport) -> LeaseDir | None:
+    """A shared host's lease directory (`lease dir`); None on a host that is not
+    shared, or where the agent could not say (the probe reports what is wrong)."""
+    if not host.leases:
+        return None
+    try:
+        reply = agent.run(host, transport, ["lease", "dir"], timeout=30)
+        return parse_message(LeaseDir, reply)
+    except (OrchError, MessageError) as exc:
+        log.debug("lease dir on %s: %s", host.name, exc)
+        return None
 
 
 def _round_trip_ms(host: Host, transport: Transport) -> float | None:

@@ -16,7 +16,6 @@ from orchestrator.api import JobStatus
 from orchestrator.cli.app import InventoryOpt, OptionalJobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.cli.hosts_view import show_hosts
-from orchestrator.jobs.queue import positions
 from orchestrator.models.states import JobState
 
 
@@ -36,7 +35,7 @@ def status(
     reporter = ConsoleReporter()
     records = api.statuses(job_id, reporter)
     if as_json:
-        queued = positions([r.id for r in records if r.state is JobState.PENDING])
+        queued = api.places([r.id for r in records if r.state is JobState.PENDING])
         shown = [{**_job_json(r), "queued": queued.get(r.id)} for r in records]
         typer.echo(json.dumps(shown, indent=2))
         return
@@ -45,7 +44,7 @@ def status(
         console.print(_nodes_table(records[0]))
         return
     table = Table("id", "name", "state", "nodes", "started", "duration", "exit", box=None)
-    queued = positions([r.id for r in records if r.state is JobState.PENDING])
+    queued = api.places([r.id for r in records if r.state is JobState.PENDING])
     for r in records:
         table.add_row(
             r.id,

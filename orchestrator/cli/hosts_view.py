@@ -10,9 +10,11 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from orchestrator import backends
+from orchestrator.agent.kernel.protocol import printable
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.models.errors import MultiHostError
 from orchestrator.models.inventory import resolve_inventory
@@ -48,8 +50,8 @@ def _print_tables(units: list[dict[str, Any]], line: list[dict[str, Any]]) -> No
             row["host"],
             f"{'GPU' if row['kind'] == 'gpu' else 'slot'} {row['unit']}",
             state,
-            job,
-            row.get("user") or "",
+            _text(job),
+            _text(row.get("user")),
             _since(row.get("since")),
         )
     console.print(table)
@@ -60,13 +62,22 @@ def _print_tables(units: list[dict[str, Any]], line: list[dict[str, Any]]) -> No
             queue.add_row(
                 row["host"],
                 str(row["position"]),
-                row["job"] or "",
-                row["user"] or "",
+                _text(row["job"]),
+                _text(row["user"]),
                 f"{row['count']} {unit}{'s' if row['count'] != 1 else ''}",
                 _since(row.get("since")),
             )
         console.print(queue)
 
 
+def _text(value: object) -> str:
+    """A job id or user name from another user's file: no control characters, and
+    no rich markup either ('[/x]' would stop the table)."""
+    return escape(printable(value)) if value else ""
+
+
 def _since(when: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(when)) if when else ""
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(when)) if when else ""
+    except (OverflowError, ValueError, OSError, TypeError):
+        return "?"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from orchestrator.jobs import keep
+from orchestrator.jobs.reconcile import look_for_lost
 from orchestrator.jobs.watch import watch_job
 from orchestrator.models.errors import HostError, InfraError, OrchError
 from orchestrator.models.states import JobState, job_state, node_state
@@ -21,7 +22,8 @@ NEXT_ATTEMPT_POLL_S = 1.0  # how often a follow asks the keeper for the next att
 def logs(store: JobDB, job_id: str, want: LogFilter, follow: bool, reporter: Reporter) -> int:
     """Print a job's output so far (from its hosts, else the local copy); with `follow`,
     go on until the job ends: for a job its keeper restarts, through every attempt it
-    starts, each under its marker.
+    starts, each under its marker. Then a lost node found still running is stopped
+    (`reconcile.look_for_lost`).
 
     Returns:
         0, or with `follow` the job's exit code (0 succeeded, 1 otherwise).
@@ -41,6 +43,8 @@ def logs(store: JobDB, job_id: str, want: LogFilter, follow: bool, reporter: Rep
         kept = following
         reporter.notice(f"--- attempt {kept.record.view.attempt + 1} ---")
         code = _attempt_logs(store, kept, want, follow, reporter)
+    if follow:  # the job ended: where a lost node runs on, stop it
+        look_for_lost(store, store.get(job_id), reporter)
     return code
 
 

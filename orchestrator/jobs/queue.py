@@ -18,10 +18,19 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator.agent.kernel import protocol
-from orchestrator.agent.kernel.line import Line, Outcome, why_left
+from orchestrator.agent.kernel.line import Line, Outcome
+from orchestrator.agent.kernel.protocol import (
+    LeaseHosts,
+    LeaseStart,
+    LeaseState,
+    MessageError,
+    Waiting,
+    parse_message,
+    printable,
+)
 from orchestrator.models.errors import HostError, InfraError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.models.job import JobSpec
@@ -131,7 +140,7 @@ def start_nodes(
 
     offsets = slot_offsets([n.host for n in plan.nodes])
 
-    def start(host: Host, transport: Transport) -> Reply:
+    def start(host: Host, transport: Transport) -> LeaseStart:
         node = nodes[host.name]
         request = lease_request(plan.job, node, ticket, wait, single, offsets[host.name])
         if request is None:  # a host that is not shared, in a job with some that are
@@ -140,11 +149,14 @@ def start_nodes(
         return start_leased(node, transport, request)
 
     replies = group.each(start)
-    busy = {name: r["busy"] for name, r in replies.items() if "busy" in r}
+    for name, reply in replies.items():
+        if reply.pid is None:  # a node that started says so with its warnings, below
+            _warn(reporter, name, reply.warnings)
+    busy = {name: r.busy for name, r in replies.items() if r.busy is not None}
     if busy:
         raise QueueBusy(waiting_text(busy, nodes))
-    _started(plan, {n: r for n, r in replies.items() if "pid" in r}, reporter, store)
-    queued = {name: r["queued"] for name, r in replies.items() if "queued" in r}
+    _started(plan, {n: r for n, r in replies.items() if r.pid is not None}, reporter, store)
+    queued = {name: r.queued for name, r in replies.items() if r.queued is not None}
     if not queued:
         return False
     if not single:
@@ -170,9 +182,9 @@ def start_nodes(
 NO_UNITS = {"kind": "slot", "pool": [], "count": 0}  # waits its turn, holds nothing
 
 
-def start_leased(node: NodeLaunch, transport: Transport, request: Reply) -> Reply:
-    """`start` with a lease request: the reply is Started's, or `queued` or `busy`
-    with what the node waits for.
+def start_leased(node: NodeLaunch, transport: Transport, request: Reply) -> LeaseStart:
+    """`start` with a lease request: the reply has Started's fields, or `queued` or
+    `busy` with what the node waits for.
 
     Raises:
         RemoteCommandError: the supervisor could not start.
@@ -182,21 +194,34 @@ def start_leased(node: NodeLaunch, transport: Transport, request: Reply) -> Repl
     result = transport.run(command, stdin=spec.encode(), timeout=ops.START_TIMEOUT_S)
     reply = protocol.last_json(result.stdout) or {}
     if any(key in reply for key in ("pid", "queued", "busy")):
-        return reply
+        return _parsed(node.host.name, LeaseStart, reply)
+    error = printable(reply.get("error", ""), 2000)
+    if error.startswith("cannot use the lease directory"):
+        raise HostError(
+            node.host.name,
+            error,
+            "every user of the host shares its lease directory; orch status --hosts "
+            "shows who holds what (README: Sharing hosts)",
+        )
     if result.exit_code in agent.SHELL_NOT_FOUND:
         raise agent.python_not_found(node.host)
     raise RemoteCommandError(
         node.host.name,
         "orch agent start",
         result.exit_code,
-        result.stderr + str(reply.get("error", "")),
+        result.stderr + error,
         f"check free disk space and permissions of {node.host.workdir}, and that "
         "/run/lock or /dev/shm is a sticky directory every user can write",
     )
 
 
-def lease_command(node: NodeLaunch, transport: Transport, verb: str) -> Reply:
-    """One of the node's `lease` commands (poll, take, untake, go)."""
+def lease_reply(node: NodeLaunch, transport: Transport, verb: str) -> Reply:
+    """One of the node's `lease` commands (poll, take, untake, go), its reply as sent
+    (kernel/line.py's rounds read it so, on the hosts too).
+
+    Raises:
+        RemoteCommandError: the command answered nothing.
+    """
     command = agent.job_command(node.host, node.job_dir, "lease", verb, ".")
     result = transport.run(command, timeout=ops.STATUS_TIMEOUT_S + 60)
     reply = protocol.last_json(result.stdout)
@@ -207,10 +232,39 @@ def lease_command(node: NodeLaunch, transport: Transport, verb: str) -> Reply:
     return reply
 
 
-def _started(plan: LaunchPlan, replies: dict[str, Reply], reporter: Reporter, store: JobDB) -> None:
+def lease_command(node: NodeLaunch, transport: Transport, verb: str) -> LeaseState:
+    """`lease_reply`, parsed."""
+    return _parsed(node.host.name, LeaseState, lease_reply(node, transport, verb))
+
+
+R = TypeVar("R", bound=protocol.Reply)
+
+
+def _parsed(host: str, cls: type[R], reply: Reply) -> R:
+    """A host's reply as `cls`.
+
+    Raises:
+        HostError: it lacks a field this controller needs (an older or broken agent).
+    """
+    try:
+        return parse_message(cls, reply)
+    except MessageError as exc:
+        raise HostError(host, str(exc), "update orch, or remove the host's agent") from exc
+
+
+def _warn(reporter: Reporter, host: str, warnings: Sequence[str]) -> None:
+    for warning in warnings:
+        reporter.notice(f"warning: {printable(warning, 1000)} (host {host})")
+
+
+def _started(
+    plan: LaunchPlan,
+    replies: dict[str, LeaseStart] | dict[str, LeaseState],
+    reporter: Reporter,
+    store: JobDB,
+) -> None:
     for name, reply in replies.items():
-        for warning in reply.get("warnings") or ():
-            reporter.notice(f"warning: {warning} (host {name})")
+        _warn(reporter, name, reply.warnings)
         store.update_node(plan.job_id, name, JobState.RUNNING)
 
 
@@ -223,12 +277,12 @@ def _wait_one(
     while True:
         time.sleep(POLL_S)
         polled = group.each(lambda h, t: lease_command(node, t, "poll"))[node.host.name]
-        if polled["state"] == "started":
+        if polled.state == "started":
             _started(plan, {node.host.name: polled}, reporter, store)
             return
         _check_in_line(node.host.name, polled)
-        if polled["state"] == "waiting":
-            text = waiting_text({node.host.name: polled["info"]}, {node.host.name: node})
+        if polled.state == "waiting" and polled.info is not None:
+            text = waiting_text({node.host.name: polled.info}, {node.host.name: node})
             if text != shown:
                 reporter.notice(text)
                 shown = text
@@ -273,7 +327,7 @@ def _wait_all(
         if following:
             sends = following
             continue
-        waiting = rounds.waiting
+        waiting = {h: _parsed(h, Waiting, info) for h, info in rounds.waiting.items()}
         text = waiting_text(waiting, nodes) if waiting else "queued: taking every node's lease"
         if no_wait:
             raise QueueBusy(text)
@@ -287,7 +341,7 @@ def _wait_all(
 
 
 def _lease_on(nodes: dict[str, NodeLaunch], verb: str, host: Host, transport: Transport) -> Reply:
-    return lease_command(nodes[host.name], transport, verb)
+    return lease_reply(nodes[host.name], transport, verb)
 
 
 def _out_of_line(
@@ -301,43 +355,45 @@ def _out_of_line(
     """
     for name, why in outcome.left.items():
         raise HostError(name, why)
-    for name, reply in outcome.started.items():
-        if "pid" not in reply:
-            raise HostError(name, f"the node did not start: {reply.get('error')}")
-    for name, reply in taken.items():
-        for warning in reply.get("warnings") or ():
-            reporter.notice(f"warning: {warning} (host {name})")
-    _started(plan, outcome.started, reporter, store)
+    started = {n: _parsed(n, LeaseState, r) for n, r in outcome.started.items()}
+    for name, reply in started.items():
+        if reply.pid is None:
+            raise HostError(name, f"the node did not start: {printable(reply.error)}")
+    for name, raw in taken.items():
+        _warn(reporter, name, _parsed(name, LeaseState, raw).warnings)
+    _started(plan, started, reporter, store)
 
 
-def _check_in_line(name: str, reply: Reply) -> None:
-    if reply["state"] in ("ended", "gone"):
-        raise HostError(name, why_left(reply))
+def _check_in_line(name: str, reply: LeaseState) -> None:
+    if reply.state in ("ended", "gone"):
+        why = (reply.ended.error if reply.ended else None) or reply.error or "it ended"
+        raise HostError(name, f"the node left the line before it started: {printable(why)}")
 
 
-def waiting_text(infos: dict[str, Reply], nodes: dict[str, NodeLaunch]) -> str:
+def waiting_text(infos: dict[str, Waiting], nodes: dict[str, NodeLaunch]) -> str:
     """`queued: 4 GPUs on node2, node3 held by train-1a2b (alice) since 14:02; 1st in
-    line` from the hosts' answers."""
+    line` from the hosts' answers. Job ids and user names come from other users'
+    files: printed without their control characters."""
     wants: dict[str, list[str]] = {}
     holders: dict[str, str] = {}
     ahead: dict[str, str] = {}
     foreign: list[str] = []
     position = 1
     for name, info in infos.items():
-        if "want" not in info:
+        if info.waiting_for is not None:
             continue
-        unit = "GPU" if info.get("kind") == "gpu" else "slot"
-        wants.setdefault(f"{info['want']} {unit}{'s' if info['want'] != 1 else ''}", []).append(
-            name
-        )
-        for lease in info.get("holders") or ():
-            since = time.strftime("%H:%M", time.localtime(lease.get("since") or 0))
-            holders.setdefault(lease["job"], f"{lease['job']} ({lease['user']}) since {since}")
-        for ticket in info.get("ahead") or ():
-            ahead.setdefault(ticket["job"], f"{ticket['job']} ({ticket['user']})")
-        for found in info.get("foreign") or ():
-            foreign.append(f"GPU {found['gpu']} on {name}: pid {found['pid']} ({found['user']})")
-        position = max(position, int(info.get("position") or 1))
+        unit = "GPU" if info.kind == "gpu" else "slot"
+        wants.setdefault(f"{info.want} {unit}{'s' if info.want != 1 else ''}", []).append(name)
+        for lease in info.holders:
+            since = time.strftime("%H:%M", time.localtime(_when(lease.since)))
+            job, user = printable(lease.job), printable(lease.user)
+            holders.setdefault(job, f"{job} ({user}) since {since}")
+        for ticket in info.ahead:
+            job, user = printable(ticket.job), printable(ticket.user)
+            ahead.setdefault(job, f"{job} ({user})")
+        for found in info.foreign:
+            foreign.append(f"GPU {found.gpu} on {name}: pid {found.pid} ({printable(found.user)})")
+        position = max(position, int(info.position or 1))
     what = "; ".join(f"{want} on {', '.join(names)}" for want, names in wants.items())
     text = f"queued: {what or 'waiting'}"
     if holders:
@@ -349,6 +405,16 @@ def waiting_text(infos: dict[str, Reply], nodes: dict[str, NodeLaunch]) -> str:
     return text + f"; {_ordinal(position)} in line"
 
 
+def _when(since: float | None) -> float:
+    """A time to show: 0 where it is missing or could not be shown (an older agent's
+    record that was never checked)."""
+    try:
+        time.localtime(since or 0)
+    except (OverflowError, ValueError, OSError, TypeError):
+        return 0
+    return since or 0
+
+
 def _ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
@@ -357,54 +423,48 @@ def _ordinal(n: int) -> str:
 # ---------------------------------------------------------------- looking at hosts
 
 
-def host_views(group: HostGroup) -> tuple[dict[str, Reply], list[Any]]:
+def host_views(group: HostGroup) -> tuple[dict[str, LeaseHosts], list[Any]]:
     """Every reachable host's leases and tickets (`lease hosts`), and the failures."""
 
-    def view(host: Host, transport: Transport) -> Reply:
-        return agent.run(host, transport, ["lease", "hosts"], timeout=ops.STATUS_TIMEOUT_S)
+    def view(host: Host, transport: Transport) -> LeaseHosts:
+        reply = agent.run(host, transport, ["lease", "hosts"], timeout=ops.STATUS_TIMEOUT_S)
+        return _parsed(host.name, LeaseHosts, reply)
 
     return group.try_each(view)
 
 
-def unit_rows(host: Host, view: Reply) -> list[Reply]:
+def unit_rows(host: Host, view: LeaseHosts) -> list[Reply]:
     """One row per GPU (or slot) the inventory lets orch hand out on `host`: free, or
     who holds it since when; GPUs busy outside orch say by which pid and user."""
     kind = "gpu" if host.gpus else "slot"
     pool = list(host.gpus) if host.gpus else list(range(host.slots))
-    held = {
-        int(u): lease
-        for lease in view.get("leases", [])
-        if lease.get("kind") == kind
-        for u in lease.get("units", [])
-    }
-    foreign = {int(f["gpu"]): f for f in view.get("foreign", [])} if kind == "gpu" else {}
+    held = {int(u): lease for lease in view.leases if lease.kind == kind for u in lease.units}
+    foreign = {int(f.gpu): f for f in view.foreign} if kind == "gpu" else {}
     rows = []
     for unit in pool:
         row: Reply = {"host": host.name, "kind": kind, "unit": unit, "state": "free"}
         if unit in held:
             lease = held[unit]
-            row.update(
-                state="held", job=lease.get("job"), user=lease.get("user"), since=lease.get("since")
-            )
+            row.update(state="held", job=lease.job, user=lease.user, since=lease.since)
         elif unit in foreign:
-            row.update(state="busy", pid=foreign[unit]["pid"], user=foreign[unit]["user"])
+            row.update(state="busy", pid=foreign[unit].pid, user=foreign[unit].user)
         rows.append(row)
     return rows
 
 
-def queue_rows(host: Host, view: Reply) -> list[Reply]:
+def queue_rows(host: Host, view: LeaseHosts) -> list[Reply]:
     """The host's line, first first."""
     return [
         {
             "host": host.name,
             "position": i + 1,
-            "job": t.get("job"),
-            "user": t.get("user"),
-            "kind": t.get("kind"),
-            "count": t.get("count"),
-            "since": t.get("since"),
+            "job": t.job,
+            "user": t.user,
+            "kind": t.kind,
+            "count": t.count,
+            "since": t.since,
         }
-        for i, t in enumerate(view.get("tickets", []))
+        for i, t in enumerate(view.tickets)
     ]
 
 
@@ -424,19 +484,20 @@ def positions(job_ids: Sequence[str], store: JobDB | None = None) -> dict[str, s
         for record in pending:
             by_host = {n.host.name: n for n in record.nodes}
 
-            def poll(host: Host, transport: Transport, by_host: Any = by_host) -> Reply:
+            def poll(host: Host, transport: Transport, by_host: Any = by_host) -> LeaseState:
                 node = by_host[host.name]
                 command = agent.job_command(host, node.job_dir, "lease", "poll", ".")
-                return protocol.last_json(transport.run(command, timeout=30).stdout) or {}
+                reply = protocol.last_json(transport.run(command, timeout=30).stdout) or {}
+                return _parsed(host.name, LeaseState, reply)
 
             replies, _ = group.try_each(poll, only=list(by_host))
             places = [
-                f"{_ordinal(int(r['info'].get('position') or 1))} in line on {name}"
+                f"{_ordinal(int(r.info.position or 1))} in line on {name}"
                 for name, r in replies.items()
-                if r.get("state") == "waiting" and "info" in r
+                if r.state == "waiting" and r.info is not None
             ]
             if places:
                 found[record.id] = "queued, " + ", ".join(places)
-            elif any(r.get("state") in ("ready", "starting") for r in replies.values()):
+            elif any(r.state in ("ready", "starting") for r in replies.values()):
                 found[record.id] = "queued, its turn came"
     return found

@@ -10,17 +10,18 @@ from __future__ import annotations
 import logging
 
 from orchestrator.jobs import keep
-from orchestrator.jobs.teardown import teardown
+from orchestrator.jobs.teardown import STOPPED_LATER, teardown
+from orchestrator.models.clocks import clocks_from_json
 from orchestrator.models.errors import HostError
-from orchestrator.models.states import JobState, job_state, node_state
+from orchestrator.models.states import STILL_RUNNING, JobState, job_state, node_state
 from orchestrator.nodes import ops
-from orchestrator.nodes.group import connect_reachable
+from orchestrator.nodes.group import FRESH_TIMEOUT_S, connect_reachable
 from orchestrator.records.db import JobDB, JobRecord
+from orchestrator.reporting.failure import first_in_time
 from orchestrator.reporting.reporter import Reporter
 
 log = logging.getLogger(__name__)
 SETTLED = (JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED)
-STILL_RUNNING = "still running there"  # a lost node found running after the job ended
 
 
 # ---------------------------------------------------------------- status
@@ -43,6 +44,7 @@ def reconcile(store: JobDB, record: JobRecord, reporter: Reporter) -> JobRecord:
         statuses, more = group.try_each(lambda h, t: ops.node_status(by_host[h.name], t))
         unreachable = {f.host for f in [*failures, *more] if isinstance(f, HostError)}
         last_end: float | None = None
+        ended_at: dict[str, float | None] = {}  # on the host's clock
         for node in open_nodes:
             if node.host.name in unreachable:
                 node.state, node.error = JobState.LOST, "host not answering"
@@ -52,14 +54,19 @@ def reconcile(store: JobDB, record: JobRecord, reporter: Reporter) -> JobRecord:
                 node.state = node_state(ended.returncode, ended.killed)
                 node.exit_code, node.error = ended.returncode, ended.error
                 last_end = max(last_end or 0.0, ended.ended or 0.0) or None
+                ended_at[node.host.name] = ended.ended
                 store.update_node(record.id, node.host.name, node.state, node.exit_code, node.error)
             elif statuses[node.host.name].started:
                 node.state = JobState.RUNNING
         failed = [n for n in record.nodes if n.state is JobState.FAILED]
         running = [n for n in record.nodes if n.state is JobState.RUNNING]
         if failed and running and not kept.acting:
+            clocks = clocks_from_json(record.spec.get("clocks"))
+            first = first_in_time(
+                [(n.host.name, ended_at.get(n.host.name)) for n in failed], clocks
+            )
             reporter.notice(
-                f"job {record.id}: node {failed[0].host.name} failed; stopping the others"
+                f"job {record.id}: node {failed[first].host.name} failed; stopping the others"
             )
             teardown(record.id, record.master_port, running, group, reporter)
             for node in running:
@@ -99,19 +106,32 @@ def status(
 
 
 def look_for_lost(store: JobDB, record: JobRecord, reporter: Reporter) -> JobRecord:
-    """For a job that ended, whether its lost nodes still run where they were lost
-    (behind a partition that healed, say): their error then says STILL_RUNNING."""
-    lost = [n for n in record.nodes if n.state is JobState.LOST]
+    """For a job that ended, its lost nodes that still run where they were lost (behind
+    a partition that healed, say): stopped there, as `orch kill` would, and said so in
+    one line. Their error then says STOPPED_LATER (and they are not looked for again);
+    STILL_RUNNING where the stop failed (why is noticed), with the hint to `orch kill`."""
+    lost = [n for n in record.nodes if n.state is JobState.LOST and n.error != STOPPED_LATER]
     if not record.state.is_terminal() or not lost:
         return record
-    group, _ = connect_reachable([n.host for n in lost], lambda _: None)
+    # Lost once: a host still behind its partition costs a short timeout, not the usual.
+    group, _ = connect_reachable([n.host for n in lost], lambda _: None, FRESH_TIMEOUT_S)
     with group:
         by_host = {n.host.name: n for n in lost}
         statuses, _ = group.try_each(lambda h, t: ops.node_status(by_host[h.name], t))
+        running = [by_host[name] for name, found in statuses.items() if found.running]
+        reports = teardown(record.id, None, running, group, reporter) if running else {}
+    stopped = [name for name, report in reports.items() if not report.remaining]
     for name, found in statuses.items():
         node = by_host[name]
-        node.error = STILL_RUNNING if found.running else "lost; ended there since"
+        if name in stopped:
+            node.error = STOPPED_LATER
+        else:
+            node.error = STILL_RUNNING if found.running else "lost; ended there since"
         store.update_node(record.id, name, JobState.LOST, node.exit_code, node.error)
+    if stopped:
+        reporter.notice(
+            f"stopped the job on {', '.join(stopped)}: lost earlier, found still running there"
+        )
     if any(n.error == STILL_RUNNING for n in lost):
         reporter.notice(f"hint: the job still runs there: stop it with: orch kill {record.id}")
     return record

@@ -20,6 +20,7 @@ from orchestrator.jobs.pull import bring_outputs
 from orchestrator.jobs.queue import start_nodes
 from orchestrator.jobs.teardown import teardown
 from orchestrator.jobs.watch import watch_job
+from orchestrator.models.clocks import HostClock
 from orchestrator.models.errors import (
     HostError,
     Interrupted,
@@ -157,7 +158,7 @@ def _attempt(
         group.connect()
         log.info("connected to %d hosts", len(hosts))
         phase(reporter, f"checking {_count(hosts, 'host')}")
-        plan = _plan_with_facts(sub, group, hosts, attempt)
+        plan, clocks = _plan_with_facts(sub, group, hosts, attempt)
         log.info("probed %d hosts; master %s:%s", len(hosts), plan.master_addr, plan.master_port)
         # Recorded before anything starts, so that `orch kill` can always find the job.
         if attempt == 0:
@@ -165,6 +166,8 @@ def _attempt(
             reporter.job_started(plan.job_id)
         else:
             store.restart(record_of(plan))
+        # Which node failed first is told on the hosts' clocks, through these (watch.py).
+        store.update_spec(plan.job_id, clocks={h: c.to_json() for h, c in clocks.items()})
         nodes = {n.host.name: n for n in plan.nodes}
         log.info(
             "pushing %d files (%d kB) to %d hosts",
@@ -292,8 +295,11 @@ def record_of(plan: LaunchPlan) -> JobRecord:
 
 def _plan_with_facts(
     sub: Submission, group: HostGroup, hosts: Sequence[Host], attempt: int
-) -> LaunchPlan:
+) -> tuple[LaunchPlan, dict[str, HostClock]]:
     """Probe the hosts and run check's blocking checks; refuse on any error found.
+
+    Returns:
+        The plan, and each host's clock as the probe measured it (where it could).
 
     Raises:
         HostError / MultiHostError: python or torch missing on a host.
@@ -302,7 +308,7 @@ def _plan_with_facts(
     checked = preflight(sub.job, hosts, group)
     for warning in checked.warnings:
         group.options.notice(f"warning: {warning.message}")
-    return build_plan(
+    plan = build_plan(
         sub.job,
         hosts,
         sub.job_id,
@@ -312,6 +318,8 @@ def _plan_with_facts(
         checked.shared,
         attempt,
     )
+    clocks = {name: f.clock for name, f in checked.facts.items() if f.clock is not None}
+    return plan, clocks
 
 
 def _start(node: NodeLaunch, transport: Transport) -> None:

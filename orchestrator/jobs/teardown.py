@@ -24,6 +24,7 @@ from orchestrator.reporting.reporter import Reporter
 from orchestrator.transport.base import Transport
 
 log = logging.getLogger(__name__)
+STOPPED_LATER = "lost; stopped later"  # a lost node's error, once it was stopped there
 
 
 def teardown(

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from orchestrator.jobs.teardown import teardown
-from orchestrator.models.errors import Interrupted, JobFailed, OrchError
+from orchestrator.jobs.retry import retry_each
+from orchestrator.jobs.teardown import STOPPED_LATER, teardown
+from orchestrator.models.clocks import HostClock, clocks_from_json
+from orchestrator.models.errors import Interrupted, JobFailed
 from orchestrator.models.states import JobState, job_state, node_state
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror
 from orchestrator.reporting.contact import LOST_AFTER_S
-from orchestrator.reporting.failure import TAIL_LINES, describe_exit, failure_summary
+from orchestrator.reporting.failure import (
+    TAIL_LINES,
+    describe_exit,
+    failure_summary,
+    first_in_time,
+)
 from orchestrator.reporting.follow import NodeExit, Notice, Output, Watcher
 from orchestrator.reporting.progress import Condenser
 from orchestrator.reporting.reporter import Reporter
@@ -62,6 +68,7 @@ def watch_job(
     tails: dict[tuple[str, int | None], deque[bytes]] = {}
     condensers: dict[tuple[str, int | None], Condenser] = {}
     failure: NodeExit | None = None
+    failures: list[NodeExit] = []  # in the order they arrived
     killer: threading.Thread | None = None
     try:
         for event in watcher.events():
@@ -81,9 +88,12 @@ def watch_job(
             state = node_state(event.returncode, event.killed)
             store.update_node(record.id, event.host, state, event.returncode, event.reason)
             record.node(event.host).state = state
-            if event.ok or failure is not None:
+            if event.ok:
                 continue
-            failure = event
+            failures.append(event)
+            if failure is not None:
+                continue
+            failure = event  # the first to arrive: the job is stopped at once
             if not stop_others:
                 continue
             others = [
@@ -123,7 +133,17 @@ def watch_job(
         return 0
     if failure is None:
         raise JobFailed(f"job {record.id} ended {final.value}", f"see: orch status {record.id}")
-    raise JobFailed(failure_summary(record, failure, tails), f"all output: orch logs {record.id}")
+    cause = first_failure(failures, clocks_from_json(record.spec.get("clocks")))
+    raise JobFailed(failure_summary(record, cause, tails), f"all output: orch logs {record.id}")
+
+
+def first_failure(failures: Sequence[NodeExit], clocks: Mapping[str, HostClock]) -> NodeExit:
+    """The failure that happened first on the hosts' clocks (`first_in_time`), of those
+    in arrival order: a secondary failure that arrives first is not the cause. A node
+    that was killed tells when it was stopped, not when anything failed: its time is
+    not compared."""
+    times = [(f.host, None if f.ended is None or f.killed else f.ended.ended) for f in failures]
+    return failures[first_in_time(times, clocks)]
 
 
 def stop_when_reachable(
@@ -135,29 +155,33 @@ def stop_when_reachable(
     within_s: float = LOST_RETRY_S,
 ) -> None:
     """Keep trying, for a while, to stop the job on nodes that were lost: their ranks
-    may run on behind a partition. Ctrl-C stops trying."""
+    may run on behind a partition. Every lost node is tried at once and on its own
+    (retry.py), so one that waits out its connect timeout delays no other. Ctrl-C
+    stops trying."""
     names = ", ".join(n.host.name for n in lost)
     reporter.notice(
         f"{names}: not reachable; stopping the job there once it is "
         f"(trying for {within_s:.0f} s, Ctrl-C to stop trying)"
     )
-    pending = {n.host.name: n for n in lost}
-    deadline = time.monotonic() + within_s
+    by_name = {n.host.name: n for n in lost}
+
+    def stop(name: str) -> None:
+        node = by_name[name]
+        ops.kill(node, group.fresh(node.host), record.id)
+
+    pending = dict(by_name)
+    tries = retry_each(by_name, stop, within_s)
     try:
-        while pending and time.monotonic() < deadline:
-            for name, node in list(pending.items()):
-                try:
-                    transport = group.fresh(node.host)
-                    ops.kill(node, transport, record.id)
-                except OrchError:
-                    continue
-                del pending[name]
-                reporter.notice(f"stopped the job on {name}, reachable again")
-                store.update_node(record.id, name, JobState.LOST, error="lost; stopped later")
-            if pending:
-                time.sleep(1.0)
+        for tried in tries:
+            if not tried.ok:
+                continue
+            del pending[tried.name]
+            reporter.notice(f"stopped the job on {tried.name}, reachable again")
+            store.update_node(record.id, tried.name, JobState.LOST, error=STOPPED_LATER)
     except KeyboardInterrupt:
         pass
+    finally:
+        tries.close()
     if pending:
         reporter.notice(
             f"the job may still run on {', '.join(pending)}: "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.models.clocks import HostClock
+
 
 @dataclass(frozen=True)
 class HostFacts:
@@ -30,6 +32,7 @@ class HostFacts:
     port_holders: tuple[str, ...] = ()  # who holds it: "pid 42 (python train.py), user bob"
     disk_free: int | None = None  # bytes free in the workdir
     clock_offset_s: float | None = None  # host clock minus controller clock
+    clock: HostClock | None = None  # the same, with how sure it is (None: not measured)
     modules_missing: tuple[str, ...] = ()  # top-level modules the job needs, not found
     # Which hosts share the workdir's filesystem: the mark this host wrote there, and
     # the other hosts' marks it found (None: not asked, or the workdir is not writable).

@@ -7,6 +7,9 @@ from enum import StrEnum
 
 import orchestrator.agent.kernel.states as states
 
+# A lost node's error once its host answers again and the node still runs there.
+STILL_RUNNING = "still running there"
+
 
 class JobState(StrEnum):
     """A job's (or one node's) state.

@@ -125,8 +125,12 @@ def _combined(failures: list[OrchError], succeeded: list[str]) -> OrchError:
 
 
 def connect_reachable(
-    hosts: Sequence[Host], notice: Callable[[str], None]
+    hosts: Sequence[Host], notice: Callable[[str], None], connect_timeout: float | None = None
 ) -> tuple[HostGroup, list[OrchError]]:
-    """A group of whichever of `hosts` answer, and the errors of those that do not."""
-    group = HostGroup(hosts, ConnectOptions(notice=notice))
+    """A group of whichever of `hosts` answer (within `connect_timeout`, else the
+    transport's default), and the errors of those that do not."""
+    options = ConnectOptions(notice=notice)
+    if connect_timeout is not None:
+        options = replace(options, connect_timeout=connect_timeout)
+    group = HostGroup(hosts, options)
     return group, group.connect(tolerate=True)

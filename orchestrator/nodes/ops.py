@@ -40,7 +40,7 @@ class NodeRef(Protocol):
 
 
 class NodeStart(NodeRef, Protocol):
-    """What starting a node needs beyond a NodeRef: a plan's node (jobs/plan.py)."""
+    """What starting a node needs beyond a NodeRef: a plan's node (plan.py's NodeLaunch)."""
 
     @property
     def argv(self) -> tuple[str, ...]: ...

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.agent.kernel import protocol
+from orchestrator.models.clocks import HostClock
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
@@ -92,6 +93,7 @@ def probe_host(
         options.update(mark=marks.of[host.name], look=list(marks.of.values()))
     # Not isolated: torch may come from site-packages, the user's site or PYTHONPATH.
     command = agent.command(host, "probe", json.dumps(options), isolated=False)
+    sent = time.time()
     result = transport.run(command, stdin=agent.packed(), timeout=PROBE_TIMEOUT_S)
     received = time.time()
     if result.exit_code in agent.SHELL_NOT_FOUND:
@@ -107,7 +109,7 @@ def probe_host(
     data = protocol.last_json(result.stdout)
     if data is None:
         raise HostError(host.name, f"unreadable probe output: {result.stdout[-200:]!r}")
-    return ProbeResult(facts_from_probe(data, received), data.get("ssh_addr"))
+    return ProbeResult(facts_from_probe(data, received, sent), data.get("ssh_addr"))
 
 
 def torch_missing(host: Host) -> HostError:
@@ -119,11 +121,15 @@ def torch_missing(host: Host) -> HostError:
     )
 
 
-def facts_from_probe(data: dict[str, Any], received_at: float) -> HostFacts:
-    """HostFacts from the probe's JSON; `received_at` is this machine's clock when it came.
+def facts_from_probe(
+    data: dict[str, Any], received_at: float, sent_at: float | None = None
+) -> HostFacts:
+    """HostFacts from the probe's JSON; `received_at` is this machine's clock when it
+    came, `sent_at` when the probe was sent.
 
     The probe stamps its clock just before it answers, so the difference is the
-    clock offset, give or take the time the answer took to arrive.
+    clock offset, give or take the time the answer took to arrive; between sending
+    and receiving it is sure to lie (HostClock).
     """
     gpus = data.get("gpus") or {}
     port = data.get("port") or {}
@@ -149,6 +155,11 @@ def facts_from_probe(data: dict[str, Any], received_at: float) -> HostFacts:
         port_holders=tuple(describe_holder(h) for h in port.get("holders", ())),
         disk_free=data.get("disk_free"),
         clock_offset_s=remote_time - received_at if isinstance(remote_time, float) else None,
+        clock=(
+            HostClock.measured(remote_time, sent_at, received_at)
+            if isinstance(remote_time, float) and sent_at is not None
+            else None
+        ),
         modules_missing=tuple(m for m, found in (data.get("modules") or {}).items() if not found),
         fs_mark=data.get("fs_mark"),
         fs_seen=tuple(map(str, data["fs_seen"])) if isinstance(data.get("fs_seen"), list) else None,

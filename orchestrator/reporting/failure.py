@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 import signal
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from orchestrator.models.clocks import HostClock
 from orchestrator.records.db import JobRecord
 from orchestrator.reporting.follow import NodeExit
 
@@ -49,6 +50,36 @@ def root_cause(torchrun_tail: Sequence[bytes]) -> tuple[int | None, int | None]:
         elif code is None and (m := _ROOT_EXIT.match(line)):
             code = int(m.group(1))
     return rank, code
+
+
+def first_in_time(
+    failures: Sequence[tuple[str, float | None]], clocks: Mapping[str, HostClock]
+) -> int:
+    """Which failure happened first, in time on the hosts' clocks.
+
+    Args:
+        failures: (host, the host's time of it) in the order they arrived here; no
+            time where the host could not say (a lost host).
+        clocks: how each host's clock stood to this machine's, as its probe measured it.
+
+    Returns:
+        The index of the first: a failure takes the place of the one before it only
+        when, on this machine's clock, it surely happened earlier (their windows do
+        not meet). Where that cannot be told (a host's clock not measured, no time, or
+        windows that overlap), the arrival order stands.
+    """
+
+    def window(index: int) -> tuple[float, float] | None:
+        host, when = failures[index]
+        clock = clocks.get(host)
+        return None if when is None or clock is None else clock.here(when)
+
+    first = 0
+    for index in range(1, len(failures)):
+        this, before = window(index), window(first)
+        if this is not None and before is not None and this[1] < before[0]:
+            first = index
+    return first
 
 
 def failure_summary(

@@ -8,9 +8,11 @@
    compressed stream per host (`wire.py`), all hosts in parallel; the host checks
    that it holds every object of the manifest and says which are missing otherwise.
    An unchanged resubmit sends nothing but that check.
-3. The host builds the job's `code/` from hard links into its store
-   (`orch_supervisor.py sync`): a push never changes another job's files, and the
-   snapshots of ten jobs share every unchanged file.
+3. The host builds the job's `code/` from its store (the agent's `sync` command,
+   `agent/store/sync.py`): a push never changes another job's files. As another user
+   a snapshot is hard links into the read-only store, so the snapshots of ten jobs
+   share every unchanged file; as root each snapshot gets files of its own (those an
+   ended job's snapshot still holds as built, else copies).
 
 Old snapshots go when their job has finished and more than ORCH_KEEP_SNAPSHOTS newer
 finished ones exist on the host (checked in the background after each push, and by

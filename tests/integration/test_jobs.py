@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import Cluster, OrchRunner, orch_command
-from tests.support import job_id_of, status_json, wait_for, write_job
+from tests.support import job_id_of, release, status_json, wait_for, write_job
 
 pytestmark = pytest.mark.cluster
 
@@ -40,7 +40,11 @@ def test_detach_then_logs_follow_delivers_every_line_in_order(
 ) -> None:
     inventory = three_ranks(cluster, tmp_path)
     job = write_job(
-        tmp_path, "workload", "workload.py", nodes=2, args=["--lines", "3000", "--sleep", "2"]
+        tmp_path,
+        "workload",
+        "workload.py",
+        nodes=2,
+        args=["--lines", "3000", "--until", "~/release-detached"],
     )
     started = time.monotonic()
     submitted = orch("submit", "-d", str(job), "-i", str(inventory), timeout=120)
@@ -49,6 +53,7 @@ def test_detach_then_logs_follow_delivers_every_line_in_order(
     job_id = job_id_of(submitted.stdout)
     assert submitted.stdout.strip() == f"job {job_id}", "detached: nothing but the job id"
     assert status_json(orch, job_id)["state"] == "running"
+    release(cluster, [1, 2], "release-detached")
     followed = orch("logs", job_id, "-f", timeout=180)
     assert followed.returncode == 0, followed.stderr
     assert_every_line_once_in_order(followed.stdout, {0: "node1", 1: "node2", 2: "node2"}, 3000)
@@ -67,7 +72,11 @@ def test_sigkilled_submit_leaves_the_job_running_and_logs_lose_nothing(
 ) -> None:
     inventory = three_ranks(cluster, tmp_path)
     job = write_job(
-        tmp_path, "workload", "workload.py", nodes=2, args=["--lines", "3000", "--sleep", "4"]
+        tmp_path,
+        "workload",
+        "workload.py",
+        nodes=2,
+        args=["--lines", "3000", "--until", "~/release-sigkilled"],
     )
     attached = subprocess.Popen(
         [*orch_command(), "submit", str(job), "-i", str(inventory)],
@@ -84,6 +93,7 @@ def test_sigkilled_submit_leaves_the_job_running_and_logs_lose_nothing(
     attached.send_signal(signal.SIGKILL)
     attached.wait(timeout=10)
     assert status_json(orch, job_id)["state"] == "running"
+    release(cluster, [1, 2], "release-sigkilled")
     followed = orch("logs", job_id, "-f", timeout=180)
     assert followed.returncode == 0, followed.stderr
     assert_every_line_once_in_order(followed.stdout, {0: "node1", 1: "node2", 2: "node2"}, 3000)

@@ -9,12 +9,14 @@ import contextlib
 import json
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from orchestrator.agent.leases import policy
 from tests.cluster import REPO_ROOT, Cluster, OrchRunner
 from tests.support import (
     controller_processes,
@@ -427,3 +429,183 @@ def test_two_unix_users_share_the_leases_and_cannot_touch_each_others(
         )
     finally:
         cluster.exec_on(3, ["rm", "-rf", script, "/run/orch-u4001", "/run/orch-u4002"])
+
+
+# ---------------------------------------------------------------- a hostile co-tenant
+
+HOSTILE = r"""
+import fcntl, json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from orchestrator.agent.host import proc
+from orchestrator.agent.leases import storage
+root = storage.open_dir(storage.lease_dir())
+me = [os.getpid(), proc.start_time(os.getpid())]
+evil = "\x1b]0;pwned\x07evil\x1b[8m\r\nstarted: yours"
+base = {"kind": "slot", "count": 1, "job": evil, "ticket": [time.time(), "x"], "user": "bob\x1b[2J",
+        "uid": os.getuid(), "holder": me, "boot": proc.boot_id(), "host": storage.HOST,
+        "pool": [0, 1, 2, 3], "since": time.time(), "units": [0]}
+def put(name, record):
+    with open(os.path.join(root, name), "w") as f:
+        f.write(record if isinstance(record, str) else json.dumps(record))
+os.symlink("/dev/zero", os.path.join(root, "L-zero.json"))
+os.mkfifo(os.path.join(root, "L-fifo.json"))
+put("L-types.json", {**base, "units": ["zz"], "since": "x"})
+put("L-huge.json", {**base, "units": [1], "since": 1e300})
+put("L-nan.json", '{"units": [1], "since": NaN}')
+put("L-forged.json", {**base, "uid": int(sys.argv[2]), "units": [1, 2, 3]})
+put("L-evil.json", base)  # a live lease of slot 0, its job and user meant for a terminal
+lock = os.open(os.path.join(root, ".lock"), os.O_CREAT | os.O_WRONLY, 0)
+os.fchmod(lock, 0)
+print("planted", flush=True)
+line = sys.stdin.readline()
+if line.startswith("ticket"):  # jump the line: a ticket that claims the epoch
+    put("T-front.json", {**base, "ticket": [0, "a"], "count": 4, "job": "front"})
+    print("ticket", flush=True)
+    line = sys.stdin.readline()
+if line.startswith("lock"):
+    fd = os.open(root, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("locked", flush=True)
+    line = sys.stdin.readline()
+"""
+
+VICTIM = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from orchestrator.agent.leases import holder
+os.chdir(sys.argv[2])
+read_fd, write_fd = os.pipe()
+req = {"kind": "slot", "pool": [0, 1, 2, 3], "count": int(sys.argv[3]),
+       "ticket": [time.time(), "alice-job"], "job": "alice-job"}
+started = time.monotonic()
+turn = holder.wait_turn({"lease": req}, write_fd)
+if turn is not None and not turn.reported:
+    os.close(write_fd)
+said = os.read(read_fd, 65536)
+print(json.dumps({"units": turn.units if turn else None, "said": json.loads(said or b"{}"),
+                  "seconds": time.monotonic() - started,
+                  "warnings": turn.warnings if turn else []}), flush=True)
+if turn is not None:
+    sys.stdin.readline()
+    holder.release(turn)
+"""
+
+ALICE, BOB = 4011, 4012
+
+
+def as_user_on(
+    cluster: Cluster, i: int, uid: int, script: str, *args: str
+) -> subprocess.Popen[str]:
+    """`script` run by /usr/bin/python3 as `uid` (no login: setpriv) inside host i."""
+    path = f"/run/orch-{uid}.py"
+    cluster.exec_on(i, ["sh", "-c", f"cat > {path}"], input=script)
+    cluster.exec_on(i, ["install", "-d", "-o", str(uid), "-m", "700", f"/run/orch-u{uid}"])
+    argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3"]
+    return subprocess.Popen(
+        [
+            "nsenter",
+            "-t",
+            str(cluster.host(i).init_pid),
+            "-n",
+            "-p",
+            "-m",
+            "-u",
+            "--",
+            *argv,
+            "-I",
+            path,
+            str(REPO_ROOT),
+            *args,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
+
+
+def said(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None
+    return process.stdout.readline()
+
+
+def tell(process: subprocess.Popen[str], line: str) -> None:
+    assert process.stdin is not None
+    process.stdin.write(line + "\n")
+    process.stdin.flush()
+
+
+def test_another_users_hostile_files_give_the_next_users_job_a_correct_start_or_a_clear_error(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    """Bob (uid 4012) makes the lease directory of node3 his own and plants in it a
+    link to /dev/zero, a FIFO, records of the wrong types and sizes, one claiming
+    Alice's uid, a live lease whose job and user carry escape sequences, and a
+    000 .lock; then a ticket that claims the epoch; then he holds the lock. Alice
+    (uid 4011) gets the right slots within seconds each time, then a clear error
+    naming Bob's process; `orch status --hosts` and `orch check` work and warn."""
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[3], node3={"slots": 4})
+    cluster.exec_on(3, ["rm", "-rf", LEASES])
+    bob = as_user_on(cluster, 3, BOB, HOSTILE, str(ALICE))
+    alice: list[subprocess.Popen[str]] = []
+    try:
+        assert said(bob) == "planted\n", bob.stderr.read() if bob.stderr else ""
+        first = as_user_on(cluster, 3, ALICE, VICTIM, f"/run/orch-u{ALICE}", "2")
+        alice.append(first)
+        start = json.loads(said(first))
+        assert start["units"] == [1, 2], start  # slot 0 is Bob's live lease; the rest ignored
+        assert start["seconds"] < 3
+        warned = "\n".join(start["warnings"])
+        assert f"the lease directory {LEASES} belongs to {BOB}, not root" in warned
+        for name, why in [
+            ("L-zero.json", "a symbolic link"),
+            ("L-fifo.json", "not a regular file"),
+            ("L-types.json", "since is not a time"),  # and units ["zz"]
+            ("L-huge.json", "since is not a time"),
+            ("L-nan.json", "not JSON"),
+            ("L-forged.json", f"it claims uid {ALICE}, but its file is owned by uid {BOB}"),
+        ]:
+            assert f"{LEASES}/{name}' of user {BOB} (uid {BOB}): {why}" in warned, (name, warned)
+
+        shown = orch("status", "--hosts", "-i", inventory, timeout=60, env={"COLUMNS": "200"})
+        assert shown.returncode == 0, shown.stderr
+        assert "\x1b" not in shown.stdout + shown.stderr and "\r" not in shown.stdout
+        assert "]0;pwnedevil[8mstarted: yours" in shown.stdout
+        assert f"(uid {BOB}): a symbolic link (host node3)" in shown.stderr
+        units = {u["unit"]: u for u in host_units(orch, inventory)}
+        assert [units[u]["state"] for u in range(4)] == ["held", "held", "held", "free"]
+        assert units[1]["user"] != "bob\x1b[2J"  # Alice's, not the forged one's
+
+        checked = orch("check", "-i", inventory, timeout=120)
+        assert f"lease directory {LEASES} belongs to" in checked.stdout + checked.stderr
+        assert "1777 root root -" in checked.stdout + checked.stderr
+
+        # A ticket that claims the epoch, after Alice's second job joined the line.
+        second = as_user_on(cluster, 3, ALICE, VICTIM, f"/run/orch-u{ALICE}", "2")
+        alice.append(second)
+        wait_for(
+            lambda: "T-4011-" in cluster.exec_on(3, ["ls", LEASES]).stdout, 10, "Alice in line"
+        )
+        time.sleep(policy.LINE_SLACK_S + 1)
+        tell(bob, "ticket")
+        assert said(bob) == "ticket\n"
+        tell(first, "done")  # its slots come back: the second job's turn, not the forger's
+        second_start = json.loads(said(second))
+        assert second_start["units"] == [1, 2], second_start
+        assert second_start["said"]["queued"]["position"] == 1
+
+        tell(bob, "lock")
+        assert said(bob) == "locked\n"
+        third = as_user_on(cluster, 3, ALICE, VICTIM, f"/run/orch-u{ALICE}", "1")
+        alice.append(third)
+        refused = json.loads(said(third))
+        assert refused["units"] is None and refused["seconds"] < 12, refused
+        error = refused["said"]["error"]
+        assert f"{LEASES} has been locked for 8 s by pid " in error, error
+        assert f"(user {BOB}: /usr/bin/python3 -I /run/orch-{BOB}.py" in error, error
+    finally:
+        for process in [bob, *alice]:
+            process.kill()
+            process.wait()
+        cluster.exec_on(3, ["sh", "-c", f"rm -rf {LEASES} /run/orch-u40* /run/orch-40*.py"])

@@ -14,10 +14,9 @@ import pytest
 
 from orchestrator import api
 from orchestrator.api.lines import Abandoned, LineQueue, LineReporter
-from orchestrator.jobs.reconcile import STILL_RUNNING
 from orchestrator.models.errors import HostError, InputError
 from orchestrator.models.inventory import Host
-from orchestrator.models.states import JobState
+from orchestrator.models.states import STILL_RUNNING, JobState
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.reporting.outcomes import KillOutcome
 from tests.unit.conftest import WriteFile

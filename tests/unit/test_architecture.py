@@ -181,3 +181,49 @@ def test_the_cycle_check_finds_a_circle_through_several_packages() -> None:
     assert cycles(graph) == [["a", "b", "c", "a"], ["b", "c", "a", "b"], ["c", "a", "b", "c"]]
     assert cycles({"a": {"b": {"a/x.py"}}, "b": {}}) == []
     assert {"jobs", "reporting"} <= set(package_imports()["backends"])
+
+
+# The whole order, top to bottom: a part imports only parts on the layers below its own
+# (never one beside it, never one above). A new package fails here until it is placed.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("cli",),  # typer and rich: parse, print, exit codes
+    ("api", "bench"),  # the same verbs for Python; orch bench's own job
+    ("backends",),  # the protocol, and the one place a backend is chosen
+    ("jobs", "slurm"),  # the SSH backend and the Slurm backend
+    ("reporting", "check", "onboard"),  # what both backends use; orch check; orch init
+    ("sync",),  # the code push
+    ("nodes",),  # agent commands over SSH, on many hosts at once
+    ("plan", "records", "transport"),  # the launch plan; job records; SSH and local
+    ("models",),  # pure: job, inventory, errors, states
+    ("agent",),  # the host agent; the controller imports its kernel only (wire, states)
+)
+
+
+def test_every_part_of_the_package_has_its_place_in_the_layers() -> None:
+    placed = [part for layer in LAYERS for part in layer]
+    parts = {
+        p.name.removesuffix(".py")
+        for p in PACKAGE.iterdir()
+        if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"
+    } - {"__init__", "__main__"}
+    assert sorted(placed) == sorted(set(placed))
+    assert sorted(parts - set(placed)) == [], "place the new part in LAYERS"
+    assert sorted(set(placed) - parts) == [], "a part in LAYERS no longer exists"
+
+
+def test_each_part_imports_only_the_layers_below_its_own() -> None:
+    layer_of = {part: i for i, layer in enumerate(LAYERS) for part in layer}
+    upward = [
+        f"{source} -> {target} ({', '.join(sorted(where))})"
+        for source, targets in package_imports().items()
+        for target, where in targets.items()
+        if layer_of.get(target, -1) <= layer_of.get(source, len(LAYERS))
+    ]
+    assert upward == []
+
+
+def test_the_cli_and_the_api_reach_a_backend_only_through_the_protocol() -> None:
+    def backend_code(name: str) -> bool:
+        return name.split(".")[:2] in (["orchestrator", "jobs"], ["orchestrator", "slurm"])
+
+    assert offenders(files("cli", "api"), backend_code) == {}

@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.host import proc
-from orchestrator.agent.kernel.protocol import EXIT, read_json
+from orchestrator.agent.kernel.protocol import (
+    EXIT,
+    LeaseHosts,
+    Waiting,
+    parse_message,
+    read_json,
+)
 from orchestrator.agent.leases import holder, policy, storage
 from orchestrator.jobs.queue import lease_request, slot_offsets, waiting_text
 from orchestrator.models.inventory import Host
@@ -137,6 +143,25 @@ def live_record(**extra: object) -> policy.Record:
     return {"boot": proc.boot_id(), "holder": list(ME), **extra}
 
 
+def full_record(**extra: object) -> policy.Record:
+    """A lease of this process's, every field as the supervisor writes it."""
+    return {
+        "kind": "slot",
+        "count": 1,
+        "job": "j-1",
+        "ticket": [1.0, "j-1"],
+        "user": proc.user_name(os.getuid()),
+        "uid": os.getuid(),
+        "holder": list(ME),
+        "boot": proc.boot_id(),
+        "host": storage.HOST,
+        "pool": [0, 1, 2, 3],
+        "since": 1.0,
+        "units": [0],
+        **extra,
+    }
+
+
 def test_a_lease_lives_while_its_holder_runs_with_the_recorded_start_time() -> None:
     assert storage.is_live(live_record(), proc.boot_id())
 
@@ -216,9 +241,9 @@ def test_lease_files_are_readable_by_all_and_hold_no_env(lease_dir: Path) -> Non
 def test_scan_drops_my_stale_leases_and_ignores_anothers(lease_dir: Path) -> None:
     root = storage.open_dir(str(lease_dir))
     uid = os.getuid()
-    stale = {"boot": "old", "holder": [1, 1], "uid": uid, "kind": "slot", "units": [0]}
+    stale = full_record(boot="old", holder=[1, 1])
     theirs = {**stale, "uid": uid + 1}
-    live = {**live_record(), "uid": uid, "kind": "slot", "units": [1]}
+    live = full_record(units=[1])
     storage.write_record(root, "L-mine-stale.json", stale)
     storage.write_record(root, "L-theirs-stale.json", theirs)
     storage.write_record(root, "L-live.json", live)
@@ -226,6 +251,8 @@ def test_scan_drops_my_stale_leases_and_ignores_anothers(lease_dir: Path) -> Non
     assert [r["name"] for r in held] == ["L-live.json"]
     assert not (lease_dir / "L-mine-stale.json").exists()
     assert (lease_dir / "L-theirs-stale.json").exists()  # not ours to remove; counts for nothing
+    held, _ = storage.scan(root)
+    assert [r["name"] for r in held] == ["L-live.json"]
 
 
 # ---------------------------------------------------------------- the supervisor's turn
@@ -258,7 +285,7 @@ def test_a_free_host_gives_the_lease_at_once_and_release_frees_it(
     held, line = storage.scan(str(lease_dir))
     assert [r["units"] for r in held] == [[0, 2]] and line == []
     holder.release(turn)
-    assert storage.scan(str(lease_dir)) == ([], [])
+    assert tuple(storage.scan(str(lease_dir))) == ([], [])
 
 
 def test_no_wait_on_a_busy_host_says_busy_and_records_why_the_node_ended(
@@ -276,7 +303,7 @@ def test_no_wait_on_a_busy_host_says_busy_and_records_why_the_node_ended(
         assert isinstance(busy, dict) and busy["holders"][0]["job"] == "a"
         ended = read_json(str(tmp_path / "b" / EXIT))
         assert ended is not None and ended["returncode"] is None
-        assert storage.scan(str(lease_dir))[1] == []  # its ticket left the line
+        assert storage.scan(str(lease_dir)).tickets == []  # its ticket left the line
     finally:
         holder.release(first)
 
@@ -346,10 +373,11 @@ def test_the_queued_line_names_what_whom_since_when_and_the_place() -> None:
     info = {
         "kind": "gpu",
         "want": 4,
-        "holders": [{"job": "train-1a2b", "user": "alice", "since": since}],
+        "holders": [{"kind": "gpu", "job": "train-1a2b", "user": "alice", "since": since}],
         "position": 1,
     }
-    text = waiting_text({"node2": info, "node3": dict(info)}, {})
+    parsed = parse_message(Waiting, info)
+    text = waiting_text({"node2": parsed, "node3": parsed}, {})
     assert (
         text == "queued: 4 GPUs on node2, node3 held by train-1a2b (alice) since 14:02; 1st in line"
     )
@@ -359,11 +387,18 @@ def test_host_rows_show_each_inventory_gpu_free_held_or_busy_outside_orch() -> N
     from orchestrator.jobs.queue import queue_rows, unit_rows
 
     host = Host("gpu1", "10.0.0.1", gpus=(0, 2, 4), slots=3, leases=True)
-    view = {
-        "leases": [{"kind": "gpu", "units": [2], "job": "a-1", "user": "alice", "since": 5.0}],
-        "tickets": [{"kind": "gpu", "count": 2, "job": "b-2", "user": "bob", "since": 6.0}],
-        "foreign": [{"gpu": 4, "pid": 4242, "user": "carol"}, {"gpu": 1, "pid": 7, "user": "x"}],
-    }
+    view = parse_message(
+        LeaseHosts,
+        {
+            "dir": "/run/lock/orch-leases",
+            "leases": [{"kind": "gpu", "units": [2], "job": "a-1", "user": "alice", "since": 5.0}],
+            "tickets": [{"kind": "gpu", "count": 2, "job": "b-2", "user": "bob", "since": 6.0}],
+            "foreign": [
+                {"gpu": 4, "pid": 4242, "user": "carol"},
+                {"gpu": 1, "pid": 7, "user": "x"},
+            ],
+        },
+    )
     rows = {r["unit"]: r for r in unit_rows(host, view)}
     assert sorted(rows) == [0, 2, 4]  # GPU 1 is not the inventory's to hand out
     assert rows[0]["state"] == "free"
@@ -387,11 +422,11 @@ def test_the_queued_line_names_gpus_in_use_outside_orch_and_who_is_ahead() -> No
         "kind": "gpu",
         "want": 1,
         "holders": [],
-        "ahead": [{"job": "big-9", "user": "bob"}],
+        "ahead": [{"kind": "gpu", "job": "big-9", "user": "bob"}],
         "foreign": [{"gpu": 0, "pid": 4242, "user": "carol"}],
         "position": 2,
     }
-    text = waiting_text({"node1": info}, {})
+    text = waiting_text({"node1": parse_message(Waiting, info)}, {})
     assert text == (
         "queued: 1 GPU on node1, in use outside orch by GPU 0 on node1: pid 4242 (carol); "
         "behind big-9 (bob); 2nd in line"
@@ -405,7 +440,7 @@ def test_a_lease_recorded_by_another_host_in_a_shared_directory_holds_nothing_he
 
 def test_another_hosts_lease_in_a_shared_directory_stays_for_that_host(lease_dir: Path) -> None:
     root = storage.open_dir(str(lease_dir))
-    storage.write_record(root, "L-there.json", {**live_record(host="elsewhere"), "units": [0]})
+    storage.write_record(root, "L-there.json", full_record(host="elsewhere"))
     held, _ = storage.scan(root)
     assert held == []  # holds nothing here
     assert (lease_dir / "L-there.json").exists()  # and is left to its own host

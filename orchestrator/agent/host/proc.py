@@ -116,6 +116,40 @@ def user_of(pid: int) -> str:
     return "?"
 
 
+def uid_of(pid: int) -> int | None:
+    """The user a process runs as (the owner of its /proc entry), None where it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def lock_holders(device: int, inode: int) -> list[int]:
+    """The pids that hold a lock (flock, POSIX) on the file (`device`, `inode`), from
+    /proc/locks; those waiting for it are left out, and so are holders in another pid
+    namespace (pid 0 here)."""
+    try:
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    wanted = (os.major(device), os.minor(device), inode)
+    pids = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6 or fields[1] == "->":
+            continue
+        try:
+            major, minor, ino = fields[5].split(":")
+            found = (int(major, 16), int(minor, 16), int(ino))
+            pid = int(fields[4])
+        except ValueError:
+            continue
+        if found == wanted and pid > 0 and pid not in pids:
+            pids.append(pid)
+    return pids
+
+
 def tcp_sockets() -> list[dict[str, Any]]:
     """Every TCP socket of this network namespace (v4 and v6)."""
     rows: list[dict[str, Any]] = []

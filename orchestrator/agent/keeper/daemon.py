@@ -1,4 +1,4 @@
-"""`keeper`: a detached job's restarts, run on its hosts, without the laptop (issue 14).
+"""`keeper`: a detached job's restarts, run on its hosts, without the laptop.
 
 An attached `orch submit` restarts its job itself. A detached one with `restarts:` gets,
 from the submit that started it:

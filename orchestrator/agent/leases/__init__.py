@@ -8,10 +8,17 @@ own lease, and a lease whose holder is gone counts for nothing.
 files. Each file is created O_EXCL by its owner, 0644, and holds no job env, only
 who holds what: job id, user, pids, since when.
 
-    .lock                  flock()ed around every look-and-take (opened read-only)
-    L-UID-PID-START.json   a lease: units held by the supervisor PID (START: its
-                           start time, which names it for good)
-    T-UID-PID-START.json   a ticket: a supervisor waiting in line
+    (the directory)        flock()ed around every look-and-take, with a deadline
+                           (opened read-only: no file another user owns is in
+                           the way); `.lock`, older agents' lock, is taken too
+    L-UID-PID-START-R.json a lease: units held by the supervisor PID (START: its
+                           start time, which names it for good; R: random, so
+                           that no file can be put at the name beforehand)
+    T-UID-PID-START-R.json a ticket: a supervisor waiting in line
+
+Any user can put any file there: a record counts only when it is a regular file
+of at most 64 KiB whose fields check, and whose `uid` owns it; the rest is
+ignored with a warning that names the owner (storage.py).
 
 **A lease lives** while its supervisor or its torchrun runs (pid and start time,
 on this boot of this host); any other lease is stale: it holds nothing, and its
@@ -19,7 +26,8 @@ owner's next look removes it. A host that reboots forgets its pids (the boot id
 is recorded). A ticket lives while its supervisor does.
 
 **The line**: tickets order by (time of submit, job id), the same key on every
-host of a job. A ticket may take units when the free ones, less what every older
+host of a job; a ticket's time is taken as no earlier than 5 s before its file's
+ctime, which its owner cannot set back (policy.LINE_SLACK_S). A ticket may take units when the free ones, less what every older
 ticket of the same kind wants, still leave enough: first come, first served, and
 a job that needs a whole host is never overtaken by a stream of small ones. Jobs
 of one node take their lease as soon as their turn comes (`self_start`). Jobs of

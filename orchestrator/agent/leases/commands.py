@@ -1,6 +1,7 @@
 """`lease poll|take|untake|go JOB_DIR`: a controller's rounds for a node of several
 (kernel/line.py), on the node's ticket; `lease hosts`: every lease and ticket of the
-host, and the GPUs busy outside orch."""
+host, and the GPUs busy outside orch; `lease dir`: where the lease directory is and
+whether it is safe to share. Each answers one reply of kernel/protocol.py."""
 
 from __future__ import annotations
 
@@ -10,20 +11,40 @@ import os
 import sys
 import time
 
-from ..kernel.protocol import EXIT, PIDS, read_json, send_record
+from ..kernel.protocol import (
+    EXIT,
+    PIDS,
+    LeaseDir,
+    LeaseHosts,
+    LeaseState,
+    lease_record,
+    read_json,
+    send_record,
+)
 from .gpus import busy_units, foreign_gpus
 from .holder import GO, QUEUED
 from .policy import Record, foreign_warning, grant, public, why_waiting
-from .storage import lease_dir, locked, remove, runs, scan, write_record
+from .storage import (
+    LeaseError,
+    lease_dir,
+    locked,
+    owner_warning,
+    remove,
+    runs,
+    scan,
+    write_record,
+)
 
 
 def main(args: list[str]) -> int:
-    """`lease poll|take|untake|go JOB_DIR`, `lease hosts`."""
+    """`lease poll|take|untake|go JOB_DIR`, `lease hosts`, `lease dir`."""
+    usage = "usage: lease poll|take|untake|go JOB_DIR | lease hosts | lease dir"
     if not args:
-        print(json.dumps({"error": "usage: lease poll|take|untake|go JOB_DIR | lease hosts"}))
+        print(json.dumps({"error": usage}))
         return 2
-    if args[0] == "hosts":
-        send_record(sys.stdout.buffer, host_view())
+    if args[0] in ("hosts", "dir"):
+        reply = host_view() if args[0] == "hosts" else dir_view()
+        send_record(sys.stdout.buffer, lease_record(reply))
         return 0
     command = {"poll": poll, "take": take, "untake": untake, "go": go}.get(args[0])
     if command is None or len(args) < 2:
@@ -31,101 +52,129 @@ def main(args: list[str]) -> int:
         return 2
     job_dir = os.path.expanduser(args[1])
     if not os.path.isdir(job_dir):
-        send_record(sys.stdout.buffer, {"state": "gone", "error": f"{job_dir} is missing"})
+        gone = LeaseState(state="gone", error=f"{job_dir} is missing")
+        send_record(sys.stdout.buffer, lease_record(gone))
         return 0
     os.chdir(job_dir)
-    send_record(sys.stdout.buffer, command())
+    send_record(sys.stdout.buffer, lease_record(command()))
     return 0
 
 
-def in_line() -> tuple[Record, Record, str] | None:
-    """The node's queued record, its ticket and the lease directory, while in line."""
+def in_line() -> tuple[Record, str] | None:
+    """The node's queued record (its ticket's and lease's names, the supervisor) and
+    the lease directory, while in line."""
     queued = read_json(QUEUED)
-    if queued is None:
+    if queued is None or not isinstance(queued.get("root"), str):
         return None
-    ticket = read_json(os.path.join(queued["root"], queued["ticket"]))
-    if ticket is None:
-        return None
-    ticket["name"] = queued["ticket"]
-    return queued, ticket, queued["root"]
+    return queued, queued["root"]
 
 
-def poll(take_it: bool = False) -> Record:
+def poll(take_it: bool = False) -> LeaseState:
     """Where the node stands: started, ended, or in line and whether its turn came
     (`ready`), with what it waits for. Tells the supervisor its controller is there."""
     started = read_json(PIDS)
     if started is not None:
-        return {"state": "started", **started}
+        return LeaseState(state="started", **started)
     ended = read_json(EXIT)
     if ended is not None:
-        return {"state": "ended", "ended": ended}
+        return LeaseState(state="ended", ended=ended)
     found = in_line()
     if found is None:
-        return {"state": "starting"}
-    _queued, ticket, root = found
+        return LeaseState(state="starting")
+    queued, root = found
     with contextlib.suppress(OSError):
         os.utime(QUEUED)
-    request = {"kind": ticket["kind"], "count": ticket["count"], "pool": ticket.get("pool", [])}
-    if not runs(ticket.get("holder")):
-        return {"state": "gone", "error": "the node's supervisor vanished while in line"}
+    if not runs(queued.get("holder")):
+        return LeaseState(state="gone", error="the node's supervisor vanished while in line")
+    try:
+        return _look(queued, root, take_it)
+    except LeaseError as exc:
+        return LeaseState(state="gone", error=f"cannot use the lease directory: {exc}")
+
+
+def _look(queued: Record, root: str, take_it: bool) -> LeaseState:
     with locked(root):
-        leases, tickets = scan(root)
+        seen = scan(root)
+        leases, tickets = seen
+        ticket = seen.find(str(queued.get("ticket")))
+        if ticket is None:
+            return LeaseState(state="starting")  # its supervisor puts it back in line
+        request = {"kind": ticket["kind"], "count": ticket["count"], "pool": ticket.get("pool", [])}
         busy: dict[int, Record] = {}
         if grant(request, ticket, leases, tickets, busy) is not None:
             busy = busy_units(request, leases)  # nvidia-smi: only when it may matter
         units = grant(request, ticket, leases, tickets, busy)
         if units is None:
-            return {"state": "waiting", "info": why_waiting(request, ticket, leases, tickets, busy)}
+            info = why_waiting(request, ticket, leases, tickets, busy)
+            return LeaseState(state="waiting", info=info, warnings=seen.warnings)
         if not take_it:
-            return {"state": "ready"}
-        lease = {**{k: v for k, v in ticket.items() if k != "name"}, "units": units}
-        lease["since"] = time.time()
-        write_record(root, ticket["name"].replace("T-", "L-", 1), lease)
-        return {
-            "state": "taken",
-            "units": units,
-            "warnings": [foreign_warning(b) for b in busy.values()],
-        }
+            return LeaseState(state="ready", warnings=seen.warnings)
+        lease = {k: v for k, v in ticket.items() if k not in ("name", "order")}
+        lease.update(units=units, since=time.time())
+        write_record(root, str(queued["lease"]), lease)
+        warnings = [foreign_warning(b) for b in busy.values()] + seen.warnings
+        return LeaseState(state="taken", units=units, warnings=warnings)
 
 
-def take() -> Record:
+def take() -> LeaseState:
     """Take the node's lease on behalf of its supervisor, if its turn came now."""
     return poll(take_it=True)
 
 
-def untake() -> Record:
+def untake() -> LeaseState:
     """Give back a lease `take` took (another host of the job refused)."""
     found = in_line()
     if found is not None:
-        _, ticket, root = found
-        remove(root, ticket["name"].replace("T-", "L-", 1))
-    return {"state": "waiting"}
+        queued, root = found
+        remove(root, str(queued.get("lease")))
+    return LeaseState(state="waiting")
 
 
-def go() -> Record:
+def go() -> LeaseState:
     """Tell the supervisor to start; wait until torchrun runs (or the node ended)."""
     open(GO, "a").close()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         started = read_json(PIDS)
         if started is not None:
-            return started
+            return LeaseState(state="started", **started)
         ended = read_json(EXIT)
         if ended is not None:
-            return {"error": ended.get("error") or "the node ended before it started"}
+            why = ended.get("error") or "the node ended before it started"
+            return LeaseState(state="ended", ended=ended, error=why)
         time.sleep(0.02)
-    return {"error": "torchrun did not start within 60 s of go"}
+    return LeaseState(state="gone", error="torchrun did not start within 60 s of go")
 
 
-def host_view() -> Record:
-    """Every live lease and ticket of the host, and GPUs busy outside orch."""
+def host_view() -> LeaseHosts:
+    """Every live lease and ticket of the host, GPUs busy outside orch, and what
+    was ignored."""
     root = lease_dir()
     if not os.path.isdir(root):
-        return {"dir": root, "leases": [], "tickets": [], "foreign": []}
-    leases, tickets = scan(root)
-    return {
-        "dir": root,
-        "leases": [public(r) for r in leases],
-        "tickets": [public(r) for r in tickets],
-        "foreign": list(foreign_gpus(leases).values()),
-    }
+        return LeaseHosts(dir=root)
+    seen = scan(root)
+    unsafe = owner_warning(root)
+    return LeaseHosts(
+        dir=root,
+        leases=[public(r) for r in seen.leases],
+        tickets=[public(r) for r in seen.tickets],
+        foreign=list(foreign_gpus(seen.leases).values()),
+        warnings=([unsafe] if unsafe else []) + seen.warnings,
+    )
+
+
+def dir_view() -> LeaseDir:
+    """The lease directory, and why it is not safe to share (`orch check`)."""
+    root = lease_dir()
+    try:
+        uid = os.lstat(root).st_uid
+    except OSError:
+        missing = (
+            f"the lease directory {root} does not exist: the first user whose job leases "
+            f"here will own it, and can then remove anyone's lease; have root make it "
+            f"at boot: 'd {root} 1777 root root -' in /etc/tmpfiles.d/orch.conf"
+        )
+        return LeaseDir(dir=root, exists=False, warning=missing)
+    from ..host.proc import user_name
+
+    return LeaseDir(dir=root, exists=True, owner=user_name(uid), warning=owner_warning(root))

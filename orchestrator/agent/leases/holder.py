@@ -11,16 +11,18 @@ import signal
 import time
 
 from ..host import proc
-from ..kernel.protocol import EXIT, KILLED, read_json, write_json
+from ..kernel.protocol import EXIT, KILLED, LeaseStart, lease_record, write_json
 from .gpus import busy_units
 from .policy import Record, foreign_warning, grant, why_waiting
 from .storage import (
     HOST,
     LeaseError,
-    file_name,
     lease_dir,
     locked,
+    new_name,
     open_dir,
+    owner_warning,
+    read_record,
     remove,
     scan,
     write_record,
@@ -42,14 +44,10 @@ class Turn:
         self.units: list[int] = []
         self.reported = False  # the start command's reply went out already (queued)
         self.warnings: list[str] = []
-
-    @property
-    def lease_name(self) -> str:
-        return file_name("L", self.holder)
-
-    @property
-    def ticket_name(self) -> str:
-        return file_name("T", self.holder)
+        # Unguessable, and the lease's unrelated to the ticket's (which every user
+        # sees): nobody can have put a file at either beforehand.
+        self.ticket_name = new_name("T", self.holder)
+        self.lease_name = new_name("L", self.holder)
 
     def env(self) -> dict[str, str]:
         """What the lease adds to the job's environment."""
@@ -96,13 +94,17 @@ def wait_turn(spec: Record, ready_fd: int) -> Turn | None:
     except (OSError, LeaseError) as exc:
         refuse(turn, ready_fd, f"cannot use the lease directory: {exc}")
         return None
-    write_json(QUEUED, {"holder": list(turn.holder), "ticket": turn.ticket_name, "root": turn.root})
+    unsafe = owner_warning(turn.root)
+    if unsafe:
+        turn.warnings.append(unsafe)
+    queued = {"holder": list(turn.holder), "ticket": turn.ticket_name, "lease": turn.lease_name}
+    write_json(QUEUED, {**queued, "root": turn.root})
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     while True:
         try:
             info = try_take(turn) if request.get("self_start", True) else taken_by_controller(turn)
-        except OSError as exc:  # the lock file is not readable (another user's doing)
+        except (OSError, LeaseError) as exc:  # the lock held too long, the directory gone
             remove(turn.root, turn.ticket_name)
             if not turn.reported:
                 refuse(turn, ready_fd, f"cannot use the lease directory {turn.root}: {exc}")
@@ -116,7 +118,8 @@ def wait_turn(spec: Record, ready_fd: int) -> Turn | None:
             refuse(turn, ready_fd, "busy", info)
             return None
         if not turn.reported:
-            os.write(ready_fd, json.dumps({"queued": info}).encode())
+            reply = LeaseStart(queued=info, warnings=turn.warnings)
+            os.write(ready_fd, json.dumps(lease_record(reply)).encode())
             os.close(ready_fd)
             turn.reported = True
         why = gave_up(turn, stop)
@@ -137,8 +140,16 @@ def try_take(turn: Turn) -> Record | None:
     """Take the lease if the node's turn came (None), else say what it waits for."""
     assert turn.request is not None
     with locked(turn.root):
-        leases, tickets = scan(turn.root)
-        mine = {**turn.record("T"), "name": turn.ticket_name}
+        found = scan(turn.root)
+        leases, tickets = found
+        for warning in found.warnings:
+            if warning not in turn.warnings:
+                turn.warnings.append(warning)
+        mine = found.find(turn.ticket_name)
+        if mine is None:  # removed by the directory's owner: back in line, at the end
+            write_record(turn.root, turn.ticket_name, turn.record("T"))
+            mine = {**turn.record("T"), "name": turn.ticket_name, "order": time.time()}
+            tickets.append(mine)
         if grant(turn.request, mine, leases, tickets, {}) is None:
             return why_waiting(turn.request, mine, leases, tickets, {})
         busy = busy_units(turn.request, leases)  # nvidia-smi: only when it may matter
@@ -146,7 +157,7 @@ def try_take(turn: Turn) -> Record | None:
         if units is not None:
             turn.units = units
             write_record(turn.root, turn.lease_name, turn.record("L"))
-            turn.warnings = [foreign_warning(b) for b in busy.values()]
+            turn.warnings = [foreign_warning(b) for b in busy.values()] + turn.warnings
             return None
         return why_waiting(turn.request, mine, leases, tickets, busy)
 
@@ -155,7 +166,7 @@ def taken_by_controller(turn: Turn) -> Record | None:
     """A node of several: its controller takes the lease for it (`take`), then says
     go. None once it did."""
     if os.path.exists(GO):
-        lease = read_json(os.path.join(turn.root, turn.lease_name))
+        lease, _ = read_record(turn.root, turn.lease_name)
         if lease is not None:
             turn.units = [int(u) for u in lease.get("units", [])]
             return None
@@ -176,8 +187,8 @@ def gave_up(turn: Turn, stop: list[int]) -> str:
 
 
 def refuse(turn: Turn, ready_fd: int, why: str, info: Record | None = None) -> None:
-    reply: Record = {"busy": info} if info is not None else {"error": why}
-    os.write(ready_fd, json.dumps(reply).encode())
+    reply = LeaseStart(busy=info, warnings=turn.warnings) if info else LeaseStart(error=why)
+    os.write(ready_fd, json.dumps(lease_record(reply)).encode())
     os.close(ready_fd)
     turn.reported = True
     end_in_line(why)

@@ -8,10 +8,111 @@ from typing import Any, Dict  # noqa: UP035
 
 Record = Dict[str, Any]  # noqa: UP006 (run at import: hosts may have Python 3.8)
 
+# A ticket's place in line is the submit time its controller wrote (one clock for
+# every host of a job: the nodes of two jobs wait in the same order everywhere, so
+# neither holds one host while it waits on another), but never more than this before
+# the ticket file's change time, which its owner cannot set back: a forged time
+# moves a ticket at most this far ahead of those that came before it.
+LINE_SLACK_S = 5.0
+MAX_UNIT = 1 << 16  # unit numbers and counts beyond any machine's
+MAX_UNITS = 4096  # entries of a units or pool list
+MAX_TEXT = 256  # characters of a job id, user name, host name, boot id
+MAX_TIME = 1e11  # seconds since 1970: year 5138
+
 
 def ticket_key(record: Record) -> tuple[float, str, str]:
+    """A ticket's place in line: its checked time (`order`, see `check_record`), then
+    its job id, then its file's name."""
     when, job = record.get("ticket") or (0.0, "")
-    return (float(when), str(job), str(record.get("name", "")))
+    return (float(record.get("order", when)), str(job), str(record.get("name", "")))
+
+
+def line_time(claimed: float, changed: float) -> float:
+    """The time a ticket waits from: the one it claims, but no earlier than
+    LINE_SLACK_S before its file last changed (`changed`, the file's ctime)."""
+    return max(claimed, changed - LINE_SLACK_S)
+
+
+def check_record(data: Any, name: str, owner: int, changed: float) -> tuple[Record | None, str]:
+    """A lease or ticket as read from the shared directory, if it is one: every field
+    of the right type and size, its `uid` its file's owner. Another user's file may
+    hold anything; what fails here is ignored, with the reason.
+
+    Args:
+        data: the file's parsed JSON.
+        name: the file's name (L-... a lease, T-... a ticket).
+        owner: the file's owner (fstat st_uid).
+        changed: the file's ctime, from which a ticket's `order` is checked.
+
+    Returns:
+        The record with its `name` (and for a ticket its `order`), else None and why.
+    """
+    if not isinstance(data, dict):
+        return None, "not a JSON object"
+    uid = data.get("uid")
+    if not _is_int(uid, 0, 1 << 32):
+        return None, "uid is not a user id"
+    if uid != owner:
+        return None, f"it claims uid {uid}, but its file is owned by uid {owner}"
+    ticket = data.get("ticket")
+    checks = [
+        (data.get("kind") in ("gpu", "slot"), "kind is neither gpu nor slot"),
+        (_is_int(data.get("count"), 0, MAX_UNIT), "count is not a unit count"),
+        (_is_text(data.get("job")), "job is not a job id"),
+        (_is_text(data.get("user")), "user is not a user name"),
+        (_is_text(data.get("boot")), "boot is not a boot id"),
+        (_is_text(data.get("host", "")), "host is not a host name"),
+        (_is_time(data.get("since")), "since is not a time"),
+        (_is_process(data.get("holder")), "holder is not [pid, start time]"),
+        (_is_units(data.get("pool", [])), "pool is not a list of unit numbers"),
+        (_is_process(data.get("torchrun", [1, None])), "torchrun is not [pid, start time]"),
+        (
+            isinstance(ticket, list)
+            and len(ticket) == 2
+            and _is_time(ticket[0])
+            and _is_text(ticket[1]),
+            "ticket is not [time, job id]",
+        ),
+        (not name.startswith("L-") or _is_units(data.get("units")), "units is not a list of units"),
+    ]
+    for ok, why in checks:
+        if not ok:
+            return None, why
+    record = dict(data, name=name)
+    if name.startswith("T-"):
+        record["order"] = line_time(float(data["ticket"][0]), changed)
+    return record, ""
+
+
+def _is_int(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_TEXT
+
+
+def _is_time(value: Any) -> bool:
+    """A finite number of seconds since 1970 (NaN compares false with everything)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < MAX_TIME
+
+
+def _is_units(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) <= MAX_UNITS
+        and all(_is_int(u, 0, MAX_UNIT) for u in value)
+    )
+
+
+def _is_process(value: Any) -> bool:
+    """[pid, start time]; a start time may be unknown (None)."""
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and _is_int(value[0], 1, 1 << 32)
+        and (value[1] is None or _is_int(value[1], 0, 1 << 63))
+    )
 
 
 def held_units(leases: list[Record], kind: str) -> dict[int, Record]:

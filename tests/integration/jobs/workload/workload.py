@@ -8,7 +8,10 @@ Every rank joins a gloo process group, then, in order:
   1 s of "cleaning up"; with `--on-term ignore`, ignores SIGTERM;
 - prints `ready r<RANK>`;
 - rank `--fail-rank` fails after `--fail-after` s: `--fail-how` raise | sigkill | exit;
-- sleeps `--sleep` s (0 = forever with `--hang`), then meets the others in a barrier
+  rank `--later-fail-rank` exits with code 7 after `--later-fail-after` s (a failure
+  that follows the first one, as a peer's broken connection would);
+- sleeps `--sleep` s (0 = forever with `--hang`; with `--until PATH`, until PATH
+  exists on its host: a test says when, not the clock), then meets the others in a barrier
   (where survivors of a failure would block), and exits 0.
 """
 
@@ -79,8 +82,11 @@ def main() -> None:
     parser.add_argument("--fail-rank", type=int, default=None)
     parser.add_argument("--fail-after", type=float, default=0.0)
     parser.add_argument("--fail-how", choices=["raise", "sigkill", "exit"], default="raise")
+    parser.add_argument("--later-fail-rank", type=int, default=None)
+    parser.add_argument("--later-fail-after", type=float, default=0.0)
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--hang", action="store_true")
+    parser.add_argument("--until", default=None)
     parser.add_argument("--on-term", choices=["exit", "cleanup", "ignore"], default="exit")
     args = parser.parse_args()
 
@@ -99,8 +105,13 @@ def main() -> None:
         if args.fail_how == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         sys.exit(3)
+    if rank == args.later_fail_rank:
+        time.sleep(args.later_fail_after)
+        print(f"later failure at {time.time():.6f}", flush=True)
+        sys.exit(7)
     deadline = time.monotonic() + args.sleep
-    while args.hang or time.monotonic() < deadline:
+    release = os.path.expanduser(args.until) if args.until else None
+    while args.hang or time.monotonic() < deadline or (release and not os.path.exists(release)):
         time.sleep(0.2)
     dist.barrier()
     dist.destroy_process_group()
