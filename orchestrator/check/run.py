@@ -13,7 +13,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from orchestrator.agent.kernel.protocol import LeaseDir, MessageError, parse_message
+from orchestrator.agent.kernel.lease_wire import LeaseDir
+from orchestrator.agent.kernel.protocol import MessageError, parse_message
 from orchestrator.check.net import Throughput, bandwidth, reachability, relay_reach
 from orchestrator.check.rules import (
     Problem,

@@ -20,16 +20,15 @@ from functools import partial
 from typing import Any, TypeVar
 
 from orchestrator.agent.kernel import protocol
-from orchestrator.agent.kernel.line import Line, Outcome
-from orchestrator.agent.kernel.protocol import (
+from orchestrator.agent.kernel.lease_wire import (
     LeaseHosts,
     LeaseStart,
     LeaseState,
-    MessageError,
     Waiting,
-    parse_message,
     printable,
 )
+from orchestrator.agent.kernel.line import Line, Outcome
+from orchestrator.agent.kernel.protocol import MessageError, parse_message
 from orchestrator.models.errors import HostError, InfraError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.models.job import JobSpec

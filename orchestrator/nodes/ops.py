@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from orchestrator.agent.kernel import protocol
-from orchestrator.agent.kernel.protocol import KillReport, LeaseStart, StatusReply, printable
+from orchestrator.agent.kernel.lease_wire import LeaseStart, printable
+from orchestrator.agent.kernel.protocol import KillReport, StatusReply
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent

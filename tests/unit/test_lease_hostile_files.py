@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.host import proc
-from orchestrator.agent.kernel.protocol import (
+from orchestrator.agent.kernel.lease_wire import (
     LeaseDir,
     LeaseState,
     Waiting,
     lease_record,
-    parse_message,
     printable,
 )
+from orchestrator.agent.kernel.protocol import parse_message
 from orchestrator.agent.leases import policy, storage
 from orchestrator.check.rules import lease_dir_problems
 from orchestrator.cli.hosts_view import _text

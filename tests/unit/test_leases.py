@@ -16,13 +16,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.host import proc
-from orchestrator.agent.kernel.protocol import (
-    EXIT,
-    LeaseHosts,
-    Waiting,
-    parse_message,
-    read_json,
-)
+from orchestrator.agent.kernel.lease_wire import LeaseHosts, Waiting
+from orchestrator.agent.kernel.protocol import EXIT, parse_message, read_json
 from orchestrator.agent.leases import holder, policy, storage
 from orchestrator.jobs.queue import lease_request, slot_offsets, waiting_text
 from orchestrator.models.inventory import Host
