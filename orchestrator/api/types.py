@@ -137,12 +137,10 @@ class JobStatus:
 
     @classmethod
     def of(cls, record: JobRecord, note: str = "") -> JobStatus:
-        spec = record.spec
+        view = record.view
         earlier = tuple(
-            EarlierAttempt(
-                int(a["attempt"]), {str(n["host"]): JobState.parse(n["state"]) for n in a["nodes"]}
-            )
-            for a in spec.get("attempts", [])
+            EarlierAttempt(a.attempt, {str(n["host"]): JobState.parse(n["state"]) for n in a.nodes})
+            for a in view.attempts
         )
         duration = None
         if record.started is not None:
@@ -159,10 +157,10 @@ class JobStatus:
             record.master_addr,
             record.master_port,
             tuple(NodeStatus.of(n) for n in record.nodes),
-            attempt=int(spec.get("attempt") or 0),
-            restarts=int(spec.get("restarts") or 0),
+            attempt=view.attempt,
+            restarts=view.restarts,
             earlier=earlier,
-            spec=dict(spec),
+            spec=dict(record.spec),
             note=note,
         )
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from orchestrator.agent.kernel.protocol import printable
+from orchestrator.agent.kernel.lease_wire import printable
 from orchestrator.backends.base import CheckView, HostsView, PullBars
 from orchestrator.check.run import run_check
 from orchestrator.jobs import keep, reconcile, teardown, top

@@ -13,7 +13,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from orchestrator.agent.kernel.protocol import LeaseDir, ReplyError, parse_lease_reply
+from orchestrator.agent.kernel.lease_wire import LeaseDir
+from orchestrator.agent.kernel.protocol import MessageError, parse_message
 from orchestrator.check.net import Throughput, bandwidth, reachability, relay_reach
 from orchestrator.check.rules import (
     Problem,
@@ -324,8 +325,8 @@ def _lease_dir(host: Host, transport: Transport) -> LeaseDir | None:
         return None
     try:
         reply = agent.run(host, transport, ["lease", "dir"], timeout=30)
-        return parse_lease_reply(LeaseDir, reply)
-    except (OrchError, ReplyError) as exc:
+        return parse_message(LeaseDir, reply)
+    except (OrchError, MessageError) as exc:
         log.debug("lease dir on %s: %s", host.name, exc)
         return None
 

@@ -44,7 +44,7 @@ def pull_command(
     A second pull moves only what changed."""
     record = JobDB().get(job_id)
     target = outputs_dir or default_target(record.id)
-    wanted = paths or list(record.spec.get("outputs") or [])
+    wanted = paths or list(record.view.outputs)
     backend = backends.for_record(record)
     reports = backend.pull(record, target, wanted, every_node, ConsoleReporter(), with_progress)
     for line in summary(reports):

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from orchestrator import backends
-from orchestrator.agent.kernel.protocol import printable
+from orchestrator.agent.kernel.lease_wire import printable
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.models.errors import MultiHostError
 from orchestrator.models.inventory import resolve_inventory

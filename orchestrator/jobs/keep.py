@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.agent.kernel import placement, protocol
+from orchestrator.agent.kernel import placement, protocol, states
 from orchestrator.jobs.queue import NO_UNITS, lease_units, slot_offsets
 from orchestrator.models.errors import OrchError, RemoteCommandError
 from orchestrator.models.facts import HostFacts
@@ -46,7 +46,6 @@ from orchestrator.transport import Transport
 
 log = logging.getLogger(__name__)
 KEEPER_TIMEOUT_S = 90.0  # `keeper stop` waits for the nodes' kill, and more
-ACTING = ("queued", "running", "restarting", "stopping")  # the keeper's states while it decides
 
 Push = Callable[[LaunchPlan, HostGroup], None]
 
@@ -270,8 +269,8 @@ def sync(store: JobDB, record: JobRecord, reporter: Reporter, stop: bool = False
     Returns:
         The record as it now is; `acting` when the keeper still runs the job.
     """
-    keeper = record.spec.get("keeper")
-    if not isinstance(keeper, dict) or record.state.is_terminal():
+    keeper = record.view.keeper
+    if keeper is None or record.state.is_terminal():
         return Kept(record)
     hosts = {name: host_from_json(json.dumps(h)) for name, h in keeper["hosts"].items()}
     asked = _ask(keeper, hosts, "stop" if stop else "show", reporter)
@@ -282,7 +281,7 @@ def sync(store: JobDB, record: JobRecord, reporter: Reporter, stop: bool = False
         store.update_spec(record.id, keeper={**keeper, "at": at})
     found = reply["record"]
     record = _apply(store, store.get(record.id), found, hosts, reporter)
-    return Kept(record, bool(reply.get("alive")) and found.get("state") in ACTING)
+    return Kept(record, bool(reply.get("alive")) and found.get("state") in states.KEEPER_ACTING)
 
 
 def _ask(
@@ -365,7 +364,7 @@ def _apply(
     reporter: Reporter,
 ) -> JobRecord:
     """Record the attempts the keeper started beyond the record's own."""
-    known = int(record.spec.get("attempt") or 0)
+    known = record.view.attempt
     attempts = {int(a["attempt"]): a for a in [*found.get("attempts", []), found["current"]]}
     latest = int(found["current"]["attempt"])
     for attempt in range(known, latest):
@@ -403,7 +402,7 @@ def _apply(
             )
         )
         _copy_logs(store, record.id, attempt, earlier)
-        restarts = int(record.spec.get("restarts") or 0)
+        restarts = record.view.restarts
         reporter.notice(
             f"job {record.id}: {ended.get('reason') or f'attempt {attempt + 1} ended'}: "
             f"its keeper started it again as attempt {attempt + 2} of {restarts + 1}, on "

@@ -41,7 +41,7 @@ def logs(store: JobDB, job_id: str, want: LogFilter, follow: bool, reporter: Rep
         if following is None:
             break
         kept = following
-        reporter.notice(f"--- attempt {int(kept.record.spec.get('attempt') or 0) + 1} ---")
+        reporter.notice(f"--- attempt {kept.record.view.attempt + 1} ---")
         code = _attempt_logs(store, kept, want, follow, reporter)
     if follow:  # the job ended: where a lost node runs on, stop it
         look_for_lost(store, store.get(job_id), reporter)
@@ -51,11 +51,11 @@ def logs(store: JobDB, job_id: str, want: LogFilter, follow: bool, reporter: Rep
 def _next_attempt(store: JobDB, record: JobRecord, reporter: Reporter) -> keep.Kept | None:
     """Wait for the job's keeper to start its next attempt (its record then has it);
     None once the keeper decided there is none."""
-    known = int(record.spec.get("attempt") or 0)
+    known = record.view.attempt
     while True:
         time.sleep(NEXT_ATTEMPT_POLL_S)
         kept = keep.sync(store, store.get(record.id), reporter)
-        if int(kept.record.spec.get("attempt") or 0) > known:
+        if kept.record.view.attempt > known:
             return kept
         if not kept.acting:
             return None
@@ -67,7 +67,7 @@ def _attempt_logs(
     """The current attempt's output so far and, with `follow`, until its nodes end."""
     record = kept.record
     nodes = record.nodes if follow else want.nodes(record)  # follow: the end needs all
-    mirror = LogMirror(store.home / "logs", record.id, int(record.spec.get("attempt") or 0))
+    mirror = LogMirror(store.home / "logs", record.id, record.view.attempt)
     group, failures = connect_reachable([n.host for n in nodes], reporter.notice)
     try:
         with group:
@@ -127,21 +127,21 @@ def _print_earlier_attempts(
 ) -> None:
     """A restarted job's earlier attempts, each under a marker line, from the local
     copy (their nodes ended; a lost host's lines stop where it went)."""
-    for earlier in record.spec.get("attempts", []):
-        attempt = int(earlier["attempt"])
-        ended = ", ".join(f"{n['host']} {n['state']}" for n in earlier["nodes"])
+    for earlier in record.view.attempts:
+        attempt = earlier.attempt
+        ended = ", ".join(f"{n['host']} {n['state']}" for n in earlier.nodes)
         reporter.notice(f"--- attempt {attempt + 1} ({ended}) ---")
         mirror = LogMirror(store.home / "logs", record.id, attempt)
         try:
-            for node in earlier["nodes"]:
+            for node in earlier.nodes:
                 name = str(node["host"])
                 for stream in mirror.streams(name):
                     if want.wants(name, rank_of(stream)):
                         reporter.output(name, rank_of(stream), mirror.read(name, stream, want.tail))
         finally:
             mirror.close()
-    if record.spec.get("attempts"):
-        reporter.notice(f"--- attempt {int(record.spec.get('attempt') or 0) + 1} ---")
+    if record.view.attempts:
+        reporter.notice(f"--- attempt {record.view.attempt + 1} ---")
 
 
 def _print_mirror(

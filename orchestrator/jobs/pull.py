@@ -33,7 +33,7 @@ MAX_NAME = 4096
 
 def sources(record: JobRecord, every_node: bool | None = None) -> list[NodeRecord]:
     """The nodes to pull from: node rank 0, or all (as the job's `outputs:` says)."""
-    every = record.spec.get("outputs_from") == "all" if every_node is None else every_node
+    every = record.view.outputs_from == "all" if every_node is None else every_node
     return sorted(record.nodes, key=lambda n: n.node_rank)[: None if every else 1]
 
 
@@ -231,7 +231,7 @@ def bring_outputs(
 ) -> None:
     """At a job's end: pull what its `outputs:` name, and say where it went; a failure
     is a notice (the job's own result stands), with the command to try again."""
-    wanted = list(record.spec.get("outputs") or [])
+    wanted = list(record.view.outputs)
     if not wanted:
         return
     where = target or default_target(record.id)

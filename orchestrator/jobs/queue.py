@@ -13,7 +13,6 @@ that cannot deadlock). Detached, the job's keeper on its hosts does the same
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -21,16 +20,15 @@ from functools import partial
 from typing import Any, TypeVar
 
 from orchestrator.agent.kernel import protocol
-from orchestrator.agent.kernel.line import Line, Outcome
-from orchestrator.agent.kernel.protocol import (
+from orchestrator.agent.kernel.lease_wire import (
     LeaseHosts,
     LeaseStart,
     LeaseState,
-    ReplyError,
     Waiting,
-    parse_lease_reply,
     printable,
 )
+from orchestrator.agent.kernel.line import Line, Outcome
+from orchestrator.agent.kernel.protocol import MessageError, parse_message
 from orchestrator.models.errors import HostError, InfraError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.models.job import JobSpec
@@ -146,7 +144,7 @@ def start_nodes(
         if request is None:  # a host that is not shared, in a job with some that are
             request = {**NO_UNITS, "job": plan.job_id, "ticket": list(ticket), "wait": wait}
             request["self_start"] = single
-        return start_leased(node, transport, request)
+        return ops.start(node, transport, request)
 
     replies = group.each(start)
     for name, reply in replies.items():
@@ -182,39 +180,6 @@ def start_nodes(
 NO_UNITS = {"kind": "slot", "pool": [], "count": 0}  # waits its turn, holds nothing
 
 
-def start_leased(node: NodeLaunch, transport: Transport, request: Reply) -> LeaseStart:
-    """`start` with a lease request: the reply has Started's fields, or `queued` or
-    `busy` with what the node waits for.
-
-    Raises:
-        RemoteCommandError: the supervisor could not start.
-    """
-    spec = json.dumps({"argv": list(node.argv), "env": node.env, "lease": request})
-    command = agent.job_command(node.host, node.job_dir, "start", ".")
-    result = transport.run(command, stdin=spec.encode(), timeout=ops.START_TIMEOUT_S)
-    reply = protocol.last_json(result.stdout) or {}
-    if any(key in reply for key in ("pid", "queued", "busy")):
-        return _parsed(node.host.name, LeaseStart, reply)
-    error = printable(reply.get("error", ""), 2000)
-    if error.startswith("cannot use the lease directory"):
-        raise HostError(
-            node.host.name,
-            error,
-            "every user of the host shares its lease directory; orch status --hosts "
-            "shows who holds what (README: Sharing hosts)",
-        )
-    if result.exit_code in agent.SHELL_NOT_FOUND:
-        raise agent.python_not_found(node.host)
-    raise RemoteCommandError(
-        node.host.name,
-        "orch agent start",
-        result.exit_code,
-        result.stderr + error,
-        f"check free disk space and permissions of {node.host.workdir}, and that "
-        "/run/lock or /dev/shm is a sticky directory every user can write",
-    )
-
-
 def lease_reply(node: NodeLaunch, transport: Transport, verb: str) -> Reply:
     """One of the node's `lease` commands (poll, take, untake, go), its reply as sent
     (kernel/line.py's rounds read it so, on the hosts too).
@@ -247,8 +212,8 @@ def _parsed(host: str, cls: type[R], reply: Reply) -> R:
         HostError: it lacks a field this controller needs (an older or broken agent).
     """
     try:
-        return parse_lease_reply(cls, reply)
-    except ReplyError as exc:
+        return parse_message(cls, reply)
+    except MessageError as exc:
         raise HostError(host, str(exc), "update orch, or remove the host's agent") from exc
 
 

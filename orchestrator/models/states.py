@@ -1,8 +1,11 @@
-"""The states a job and each of its nodes go through."""
+"""The states a job and each of its nodes go through: the agent's words for them
+(agent/kernel/states.py), as an enum."""
 
 from __future__ import annotations
 
 from enum import StrEnum
+
+import orchestrator.agent.kernel.states as states
 
 # A lost node's error once its host answers again and the node still runs there.
 STILL_RUNNING = "still running there"
@@ -16,13 +19,13 @@ class JobState(StrEnum):
     (damaged, or written by a newer orch): shown, never acted on.
     """
 
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    KILLED = "killed"
-    LOST = "lost"
-    UNKNOWN = "unknown"
+    PENDING = states.PENDING
+    RUNNING = states.RUNNING
+    SUCCEEDED = states.SUCCEEDED
+    FAILED = states.FAILED
+    KILLED = states.KILLED
+    LOST = states.LOST
+    UNKNOWN = states.UNKNOWN
 
     @classmethod
     def parse(cls, value: object) -> JobState:
@@ -37,12 +40,8 @@ class JobState(StrEnum):
 
 
 def node_state(returncode: int | None, killed: bool) -> JobState:
-    """A node's final state from how its torchrun ended."""
-    if killed:
-        return JobState.KILLED
-    if returncode is None:
-        return JobState.LOST
-    return JobState.SUCCEEDED if returncode == 0 else JobState.FAILED
+    """A node's final state from how its torchrun ended (a returncode of None: lost)."""
+    return JobState(states.ended_state(returncode, killed))
 
 
 def job_state(nodes: list[JobState]) -> JobState:

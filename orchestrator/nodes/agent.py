@@ -30,7 +30,7 @@ from orchestrator.transport import CommandResult, Transport
 
 PACKAGE = "orch_agent"  # the agent's package name on hosts
 SHELL_NOT_FOUND = (126, 127)  # sh could not find or run the interpreter
-R = TypeVar("R", bound=protocol.Reply)
+R = TypeVar("R", bound=protocol.Message)
 
 # Runs an agent command. -I -S: the standard library is all the agent needs, and the
 # site-packages of a torch venv take time to import. A version is unpacked beside its
@@ -184,14 +184,15 @@ def reply_of(host: Host, result: CommandResult, name: str) -> dict[str, Any]:
 
 
 def parse(host: Host, cls: type[R], data: dict[str, Any]) -> R:
-    """A reply as its dataclass (protocol.py).
+    """A reply as its class (protocol.py), its fields' types checked.
 
     Raises:
-        HostError: the reply lacks a field this controller needs.
+        HostError: the reply lacks a field this controller needs, or a field has the
+            wrong type; names the host.
     """
     try:
-        return protocol.parse_reply(cls, data)
-    except (protocol.ReplyError, TypeError) as exc:
+        return protocol.parse_message(cls, data)
+    except protocol.MessageError as exc:
         raise HostError(
             host.name,
             f"unreadable agent reply: {exc}",

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from orchestrator.agent.kernel import protocol
-from orchestrator.agent.kernel.protocol import KillReport, NodeStatus, Started
+from orchestrator.agent.kernel.lease_wire import LeaseStart, printable
+from orchestrator.agent.kernel.protocol import KillReport, StatusReply
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
@@ -49,31 +50,57 @@ class NodeStart(NodeRef, Protocol):
     def env(self) -> dict[str, str]: ...
 
 
-def start(node: NodeStart, transport: Transport) -> Started:
+def start(node: NodeStart, transport: Transport, lease: dict[str, Any] | None = None) -> LeaseStart:
     """Start torchrun under a detached supervisor in the node's job directory, whose
-    code snapshot `push.push` built there.
+    code snapshot `push.push` built there: the one start command of every path.
+
+    Args:
+        lease: the GPUs or slots the node leases on a shared host, and its ticket
+            (jobs/queue.py): it may then wait its turn first, and say so.
+
+    Returns:
+        The reply: `pid` once torchrun runs; with a lease, else `queued` (the node
+        waits in line) or `busy` (it was told not to wait).
 
     Raises:
+        HostError: the host's lease directory cannot be used.
         RemoteCommandError: the supervisor could not start torchrun.
     """
-    spec = json.dumps({"argv": list(node.argv), "env": node.env})
+    spec = json.dumps(
+        {"argv": list(node.argv), "env": node.env, **({"lease": lease} if lease else {})}
+    )
     command = agent.job_command(node.host, node.job_dir, "start", ".")
     # On stdin: the env may hold secrets, and every user of a host can read an argv.
     result = transport.run(command, stdin=spec.encode(), timeout=START_TIMEOUT_S)
     reply = protocol.last_json(result.stdout) or {}
-    if not result.ok or "pid" not in reply:
-        if result.exit_code in agent.SHELL_NOT_FOUND:
-            raise agent.python_not_found(node.host)
-        raise RemoteCommandError(
-            node.host.name,
-            "orch agent start",
-            result.exit_code,
-            result.stderr + str(reply.get("error", "")),
-            f"check free disk space and permissions of {node.host.workdir}",
+    if any(reply.get(key) is not None for key in ("pid", "queued", "busy")):
+        started = agent.parse(node.host, LeaseStart, reply)
+        log.debug(
+            "[job=%s host=%s] start: %s", node.env.get("ORCH_JOB_ID"), node.host.name, started
         )
-    started = agent.parse(node.host, Started, reply)
-    log.debug("[job=%s host=%s] started %s", node.env.get("ORCH_JOB_ID"), node.host.name, started)
-    return started
+        return started
+    error = printable(reply.get("error", ""), 2000)
+    if error.startswith("cannot use the lease directory"):
+        raise HostError(
+            node.host.name,
+            error,
+            "every user of the host shares its lease directory; orch status --hosts "
+            "shows who holds what (README: Sharing hosts)",
+        )
+    if result.exit_code in agent.SHELL_NOT_FOUND:
+        raise agent.python_not_found(node.host)
+    raise RemoteCommandError(
+        node.host.name,
+        "orch agent start",
+        result.exit_code,
+        result.stderr + error,
+        f"check free disk space and permissions of {node.host.workdir}"
+        + (
+            ", and that /run/lock or /dev/shm is a sticky directory every user can write"
+            if lease
+            else ""
+        ),
+    )
 
 
 def follow_command(node: NodeRef, offsets: dict[str, int] | None = None, once: bool = False) -> str:
@@ -97,10 +124,10 @@ def kill(
     return agent.parse(node.host, KillReport, reply)
 
 
-def node_status(node: NodeRef, transport: Transport) -> NodeStatus:
+def node_status(node: NodeRef, transport: Transport) -> StatusReply:
     """Whether a node started, runs, and how it ended, from its host."""
     reply = agent.run(node.host, transport, ["status", node.job_dir], timeout=STATUS_TIMEOUT_S)
-    return agent.parse(node.host, NodeStatus, reply)
+    return agent.parse(node.host, StatusReply, reply)
 
 
 def setup(

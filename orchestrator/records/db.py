@@ -83,8 +83,59 @@ class NodeRecord:
 
 
 @dataclass
+class RecordedAttempt:
+    """An earlier attempt of a restarted job, as `JobDB.restart` kept it: its nodes'
+    host, node_rank, job_dir, state, exit_code and error (rows of JSON)."""
+
+    attempt: int
+    nodes: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class SpecView:
+    """A job record's spec, typed: what submit kept of the job (path, entry, args,
+    workdir, outputs), where it runs (`backend`, a Slurm job's `slurm`, a detached
+    job's `keeper`) and its attempts. Read from the JSON the record holds; keys a
+    newer orch added stay in `JobRecord.spec`, missing ones read as their default."""
+
+    path: str | None = None
+    entry: str | None = None
+    args: tuple[str, ...] = ()
+    workdir: str | None = None
+    outputs: tuple[str, ...] = ()
+    outputs_from: str | None = None
+    restarts: int = 0
+    attempt: int = 0  # the current attempt (0: the first)
+    attempts: tuple[RecordedAttempt, ...] = ()
+    backend: str = "ssh"
+    keeper: dict[str, Any] | None = None  # {host, dir, hosts}: jobs/keep.py
+    slurm: dict[str, Any] | None = None  # the Slurm job's id, login node, ...: slurm/
+
+    @classmethod
+    def of(cls, spec: dict[str, Any]) -> SpecView:
+        keeper, slurm = spec.get("keeper"), spec.get("slurm")
+        return cls(
+            path=spec.get("path"),
+            entry=spec.get("entry"),
+            args=tuple(spec.get("args") or ()),
+            workdir=spec.get("workdir"),
+            outputs=tuple(spec.get("outputs") or ()),
+            outputs_from=spec.get("outputs_from"),
+            restarts=int(spec.get("restarts") or 0),
+            attempt=int(spec.get("attempt") or 0),
+            attempts=tuple(
+                RecordedAttempt(int(a["attempt"]), tuple(a["nodes"]))
+                for a in spec.get("attempts", [])
+            ),
+            backend=str(spec.get("backend") or "ssh"),
+            keeper=keeper if isinstance(keeper, dict) else None,
+            slurm=slurm if isinstance(slurm, dict) else None,
+        )
+
+
+@dataclass
 class JobRecord:
-    """A job as the controller remembers it."""
+    """A job as the controller remembers it; `spec` is JSON, `view` the same typed."""
 
     id: str
     name: str
@@ -108,10 +159,14 @@ class JobRecord:
         return (self.ended or time.time()) - self.started
 
     @property
+    def view(self) -> SpecView:
+        return SpecView.of(self.spec)
+
+    @property
     def backend(self) -> str:
         """Where the job runs: "ssh" (the nodes' records are its hosts), or "slurm"
         (spec["slurm"] holds its Slurm job id and login node: orchestrator/slurm)."""
-        return str(self.spec.get("backend") or "ssh")
+        return self.view.backend
 
 
 def _node_rows(job: JobRecord) -> list[tuple[Any, ...]]:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from orchestrator.agent.kernel.protocol import ExitRecord, NodeStatus, describe_error
+from orchestrator.agent.kernel.protocol import ExitRecord, StatusReply, describe_error
 from orchestrator.models.errors import OrchError, Refused
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
@@ -246,7 +246,7 @@ class Watcher:
                 ended = agent.parse(node.host, ExitRecord, record)
                 return NodeExit(name, node.node_rank, ended)
             if kind == "end":
-                status = agent.parse(node.host, NodeStatus, record)
+                status = agent.parse(node.host, StatusReply, record)
                 return NodeExit(name, node.node_rank, status.ended, drained=True)
         return None
 

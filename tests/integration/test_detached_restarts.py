@@ -14,9 +14,11 @@ import pytest
 
 from tests.cluster import Cluster, OrchRunner
 from tests.support import (
+    Lines,
     assert_no_job_left,
     controller_processes,
     job_id_of,
+    release,
     status_json,
     wait_for,
     write_job,
@@ -144,18 +146,23 @@ def test_orch_logs_f_follows_a_failed_attempt_then_the_keepers_next_one_to_its_e
         nodes=2,
         restarts=1,
         nproc_per_node=1,
-        env={"FAIL_RANK": "1", "SLEEP": "60"},
+        env={"FAIL_RANK": "1", "SLEEP": "60", "RELEASE": "~/release-fail-once"},
         hosts=["node1", "node2"],
     )
     job_id = submit_detached(orch, job, inventory)
-    followed = orch("logs", "-f", job_id, timeout=90)
-    assert followed.returncode == 0, followed.stderr  # attempt 2 succeeded
-    lines = followed.stdout.splitlines()
+    follower = orch.popen("logs", "-f", job_id)
+    assert follower.stdout is not None and follower.stderr is not None
+    out, err = Lines(follower.stdout), Lines(follower.stderr)
+    out.wait_for("attempt 0 rank 1", 60)  # following attempt 0: now rank 1 may fail
+    release(cluster, [2], "release-fail-once")
+    assert follower.wait(timeout=90) == 0, err.text()  # attempt 2 succeeded
+    stdout, stderr = out.text(), err.text()
+    lines = stdout.splitlines()
     assert lines.index("[node1 r0] attempt 0 rank 0") < lines.index("[node1 r0] attempt 1 rank 0")
-    assert "[node2 r1] finished attempt 1" in lines, followed.stdout
-    assert "the job's keeper starts it again if its restarts allow" in followed.stderr
-    assert "its keeper started it again as attempt 2 of 2" in followed.stderr, followed.stderr
-    assert "--- attempt 2 ---" in followed.stderr
+    assert "[node2 r1] finished attempt 1" in lines, stdout
+    assert "the job's keeper starts it again if its restarts allow" in stderr
+    assert "its keeper started it again as attempt 2 of 2" in stderr, stderr
+    assert "--- attempt 2 ---" in stderr
     wait_for(  # its members report the nodes' ends within a second
         lambda: keeper_record(cluster, job_id).get("state") == "succeeded", 10, "the keeper's end"
     )

@@ -318,7 +318,7 @@ def test_a_detached_restart_on_shared_hosts_leases_its_slots_as_the_first_attemp
         record = status_json(orch, job_id)
         return bool(record["spec"].get("attempt") == 1 and record["state"] == "running")
 
-    wait_for(second_runs, 60, "attempt 2 to run")
+    wait_for(second_runs, 120, "attempt 2 to run")  # a failure, a keeper's round, a start
     held = [u for u in host_units(orch, inventory) if u["state"] == "held"]
     assert sorted((u["host"], u["job"]) for u in held) == [
         (h, job_id) for h in ("node1", "node1", "node2", "node2")

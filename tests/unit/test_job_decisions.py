@@ -190,7 +190,7 @@ def test_replies_tolerate_a_newer_agents_fields_and_name_the_host_when_one_is_mi
 ) -> None:
     host = local_host(tmp_path, "n7")
     newer = {"started": True, "running": False, "ended": {"returncode": 0, "gpu_s": 9}, "x": 1}
-    status = agent.parse(host, protocol.NodeStatus, newer)
+    status = agent.parse(host, protocol.StatusReply, newer)
     assert status.ended == protocol.ExitRecord(returncode=0)
     with pytest.raises(HostError) as missing:
         agent.parse(host, protocol.Started, {"pid": 4, "pgid": 4, "started": 1.0})

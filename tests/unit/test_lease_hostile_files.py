@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.host import proc
-from orchestrator.agent.kernel.protocol import (
+from orchestrator.agent.kernel.lease_wire import (
     LeaseDir,
     LeaseState,
     Waiting,
     lease_record,
-    parse_lease_reply,
     printable,
 )
+from orchestrator.agent.kernel.protocol import parse_message
 from orchestrator.agent.leases import policy, storage
 from orchestrator.check.rules import lease_dir_problems
 from orchestrator.cli.hosts_view import _text
@@ -236,7 +236,7 @@ def test_the_queued_line_prints_another_users_job_and_name_without_control_chara
         "ahead": [{"kind": "slot", "job": "x\x07", "user": "carol\r"}],
         "position": 2,
     }
-    text = waiting_text({"node1": parse_lease_reply(Waiting, info)}, {})
+    text = waiting_text({"node1": parse_message(Waiting, info)}, {})
     assert not any(ord(c) < 32 or c == "\x7f" for c in text)
     assert "held by ]0;pwnedjob[8m-hiddenstarted: yours (bob[2J) since" in text
     assert "behind x (carol); 2nd in line" in text
@@ -252,7 +252,7 @@ def test_lease_replies_parse_their_parts_into_classes_and_back() -> None:
         state="waiting",
         info={"kind": "gpu", "want": 1, "holders": [{"kind": "gpu", "job": "a", "user": "b"}]},
     )
-    parsed = parse_lease_reply(LeaseState, json.loads(json.dumps(lease_record(state))))
+    parsed = parse_message(LeaseState, json.loads(json.dumps(lease_record(state))))
     assert parsed.info is not None and parsed.info.holders[0].job == "a"
     assert parsed.info.position == 1 and parsed.warnings == ()
 

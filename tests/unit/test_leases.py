@@ -16,13 +16,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.host import proc
-from orchestrator.agent.kernel.protocol import (
-    EXIT,
-    LeaseHosts,
-    Waiting,
-    parse_lease_reply,
-    read_json,
-)
+from orchestrator.agent.kernel.lease_wire import LeaseHosts, Waiting
+from orchestrator.agent.kernel.protocol import EXIT, parse_message, read_json
 from orchestrator.agent.leases import holder, policy, storage
 from orchestrator.jobs.queue import lease_request, slot_offsets, waiting_text
 from orchestrator.models.inventory import Host
@@ -376,7 +371,7 @@ def test_the_queued_line_names_what_whom_since_when_and_the_place() -> None:
         "holders": [{"kind": "gpu", "job": "train-1a2b", "user": "alice", "since": since}],
         "position": 1,
     }
-    parsed = parse_lease_reply(Waiting, info)
+    parsed = parse_message(Waiting, info)
     text = waiting_text({"node2": parsed, "node3": parsed}, {})
     assert (
         text == "queued: 4 GPUs on node2, node3 held by train-1a2b (alice) since 14:02; 1st in line"
@@ -387,7 +382,7 @@ def test_host_rows_show_each_inventory_gpu_free_held_or_busy_outside_orch() -> N
     from orchestrator.jobs.queue import queue_rows, unit_rows
 
     host = Host("gpu1", "10.0.0.1", gpus=(0, 2, 4), slots=3, leases=True)
-    view = parse_lease_reply(
+    view = parse_message(
         LeaseHosts,
         {
             "dir": "/run/lock/orch-leases",
@@ -426,7 +421,7 @@ def test_the_queued_line_names_gpus_in_use_outside_orch_and_who_is_ahead() -> No
         "foreign": [{"gpu": 0, "pid": 4242, "user": "carol"}],
         "position": 2,
     }
-    text = waiting_text({"node1": parse_lease_reply(Waiting, info)}, {})
+    text = waiting_text({"node1": parse_message(Waiting, info)}, {})
     assert text == (
         "queued: 1 GPU on node1, in use outside orch by GPU 0 on node1: pid 4242 (carol); "
         "behind big-9 (bob); 2nd in line"

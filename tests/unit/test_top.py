@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from orchestrator.agent.host import nvidia, proc
-from orchestrator.agent.kernel.protocol import TopSample, parse_reply
+from orchestrator.agent.kernel.protocol import TopSample, parse_message
 from orchestrator.agent.node import top as agent_top
 from orchestrator.jobs import top
 from orchestrator.models.inventory import Host
@@ -138,7 +138,7 @@ class Node:
         cwd = os.getcwd()
         os.chdir(self.dir)
         try:
-            return agent_top.sample(self.job_id, offsets or {})
+            return agent_top.sample(self.job_id, offsets or {}).as_dict()
         finally:
             os.chdir(cwd)
 
@@ -291,7 +291,7 @@ def test_a_missing_job_directory_answers_that_it_does_not_exist(tmp_path: Path) 
         capture_output=True,
         check=True,
     )
-    reply = parse_reply(TopSample, json.loads(done.stdout))
+    reply = parse_message(TopSample, json.loads(done.stdout))
     assert reply.exists is False and reply.running is False
 
 
@@ -303,7 +303,7 @@ NODE = NodeRecord(Host(name="node1", address="10.77.0.11"), 0, 0, 2, "~/.orch/jo
 
 def top_sample(clock: float, ranks: list[dict[str, Any]], **extra: Any) -> TopSample:
     data = {"exists": True, "started": True, "running": True, "clock": clock, "ranks": ranks}
-    return parse_reply(TopSample, {**data, **extra})
+    return parse_message(TopSample, {**data, **extra})
 
 
 def rank(

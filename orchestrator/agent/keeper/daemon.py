@@ -44,9 +44,9 @@ from typing import Any
 
 from ..host import proc
 from ..host.daemonize import daemonize
-from ..kernel.protocol import read_json, write_json
+from ..kernel.protocol import Message, MessageError, read_json, write_json
 from .decisions import STOP_WAIT_S, Keeping
-from .wire import HB_S, Channel, greet, read_messages, ready
+from .wire import HB_S, Channel, Hello, for_member, greet, read_messages, ready, record
 
 TICK_S = 0.2
 KEEPER_FILE = "keeper.json"  # in the master's node directory of attempt 0
@@ -105,7 +105,7 @@ class KeeperDaemon:
     def __init__(self, keeping: Keeping, secret: bytes, listener: socket.socket, path: str) -> None:
         self.keeping, self.secret, self.listener, self.path = keeping, secret, listener, path
         self.port = int(listener.getsockname()[1])
-        self.events: queue.Queue[tuple[Channel, dict[str, Any] | None]] = queue.Queue()
+        self.events: queue.Queue[tuple[Channel, Message | None]] = queue.Queue()
         self.channels: dict[str, Channel] = {}
         self.shared: dict[str, str] = {}  # the snapshot each member has, as sent
         self.stopping = False
@@ -155,8 +155,8 @@ class KeeperDaemon:
             now = time.monotonic()
             sends = self.keeping.stop(now) if self.stopping else []
             try:
-                channel, message = self.events.get(timeout=TICK_S)
-                sends += self.handle(channel, message, time.monotonic())
+                channel, heard = self.events.get(timeout=TICK_S)
+                sends += self.handle(channel, heard, time.monotonic())
             except queue.Empty:
                 pass
             sends += self.keeping.tick(time.monotonic())
@@ -164,8 +164,8 @@ class KeeperDaemon:
                 sends += [(h, {"k": "hb"}) for h in self.channels]
                 beat = now
             sends += self.share()
-            for host, message in sends:
-                self.send(host, message)
+            for host, decided in sends:
+                self.send(host, decided)
             self.save()
         self.save()
         time.sleep(0.2)  # the members read their bye
@@ -177,15 +177,15 @@ class KeeperDaemon:
         self.stopping = True
 
     def handle(
-        self, channel: Channel, message: dict[str, Any] | None, now: float
+        self, channel: Channel, message: Message | None, now: float
     ) -> list[tuple[str, dict[str, Any]]]:
         if message is None:  # the channel is gone
             if channel.host is not None and self.channels.get(channel.host) is channel:
                 del self.channels[channel.host]
                 self.keeping.gone(channel.host)
             return []
-        if message.get("k") == "hello" and channel.host is None:
-            channel.host = str(message.get("host"))
+        if isinstance(message, Hello) and channel.host is None:
+            channel.host = message.host
             old = self.channels.get(channel.host)
             if old is not None:
                 old.close()
@@ -193,14 +193,17 @@ class KeeperDaemon:
             self.shared.pop(channel.host, None)
         if channel.host is None:
             return []
-        return self.keeping.hear(channel.host, message, now)
+        return self.keeping.hear(channel.host, record(message), now)
 
     def send(self, host: str, message: dict[str, Any]) -> None:
+        """Send what Keeping decided (data) as its message class."""
         channel = self.channels.get(host)
         if channel is None:
             return
         try:
-            channel.send(message)
+            channel.tell(for_member(message))
+        except MessageError as exc:  # a decision of the wrong shape: said, not sent
+            print(f"not sent to {host}: {exc}", flush=True)
         except OSError:
             channel.close()
 

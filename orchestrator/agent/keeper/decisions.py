@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..kernel import states
 from ..kernel.line import Line, Outcome
 from ..kernel.placement import failed_hosts, next_hosts, placement, restart_delay
 from ..kernel.protocol import job_dir
@@ -58,7 +59,7 @@ START_WAIT_S = 120.0  # for the members to build the snapshot and start torchrun
 PORT_WAIT_S = 30.0
 HELLO_WAIT_S = 30.0
 GATHER_S = 10.0  # beyond lost_after, for a new keeper's members to find it (takeover.py)
-ACTIVE = ("queued", "starting", "running")  # a node's states while it may run
+ACTIVE = states.NODE_ACTIVE
 
 if TYPE_CHECKING:  # a runtime alias would need Python 3.9; hosts may run 3.8
     Send = list[tuple[str, dict[str, Any]]]  # (host, message) to send
@@ -107,7 +108,7 @@ class Keeping:
         self.attempt = int(self.place["attempt"])
         line = config.get("line")
         self.line = Line(self.place["hosts"], line == "alone") if line else None
-        first = "queued" if self.line else "running"
+        first = states.QUEUED if self.line else states.RUNNING
         self.nodes = {h: self._node(first) for h in self.place["hosts"]}
         self.heard = {h: now for h in self.order}
         self.connected: set[str] = set()
@@ -154,7 +155,7 @@ class Keeping:
         elif kind == "stopped" and msg.get("attempt") == self.attempt:
             node = self.nodes.get(host)
             if node is not None and node["state"] in ACTIVE:
-                node["state"] = "killed"
+                node["state"] = states.KILLED
             self.pending.discard(host)
             return self._after_stop(now)
         elif kind == "started" and msg.get("attempt") == self.attempt:
@@ -180,15 +181,15 @@ class Keeping:
             lost = (silent | self.line.overdue(now)) & set(self.nodes)
             if lost:
                 for host in sorted(lost):
-                    self.nodes[host].update(state="lost", error="silent while in line")
+                    self.nodes[host].update(state=states.LOST, error="silent while in line")
                 return self._give_up_line(now)
             return self.line.tick(now, set(self.nodes) <= self.connected)
         if self.phase in (RUNNING, STARTING):
             for host in sorted(silent & set(self.nodes)):
                 node = self.nodes[host]
                 if node["state"] in ACTIVE:
-                    node.update(state="lost", error=f"silent for {self.lost_after:.0f} s")
-            if any(n["state"] == "lost" for n in self.nodes.values()):
+                    node.update(state=states.LOST, error=f"silent for {self.lost_after:.0f} s")
+            if any(n["state"] == states.LOST for n in self.nodes.values()):
                 if self.phase == STARTING:
                     self.pending -= silent
                     return self._after_start(now)
@@ -196,7 +197,7 @@ class Keeping:
         elif self.phase in (STOPPING, KILLING):
             for host in list(self.pending):
                 if host in silent or now > self.deadline:
-                    self.nodes[host].update(state="lost", error="did not stop")
+                    self.nodes[host].update(state=states.LOST, error="did not stop")
                     self.pending.discard(host)
             return self._after_stop(now)
         elif self.phase == WAITING and now >= self.deadline:
@@ -206,10 +207,10 @@ class Keeping:
             return [(self.chosen[0], {"k": "port"})]
         elif self.phase == PORT and now > self.deadline:
             self.reason = f"{self.chosen[0]} gave no port for attempt {self.attempt + 2}"
-            return self._finish("failed")
+            return self._finish(states.FAILED)
         elif self.phase == STARTING and now > self.deadline:
             for host in self.pending:
-                self.nodes[host].update(state="failed", error="did not start in time")
+                self.nodes[host].update(state=states.FAILED, error="did not start in time")
             self.pending.clear()
             return self._after_start(now)
         return []
@@ -238,35 +239,37 @@ class Keeping:
         if msg.get("attempt") != self.attempt or node is None or node["state"] not in ACTIVE:
             return []
         code = msg.get("returncode")
-        state = "killed" if msg.get("killed") else "succeeded" if code == 0 else "failed"
+        state = (
+            states.KILLED if msg.get("killed") else states.SUCCEEDED if code == 0 else states.FAILED
+        )
         node.update(state=state, exit_code=code, error=msg.get("error"))
         if self.phase in (STOPPING, KILLING):
             self.pending.discard(host)
             return self._after_stop(now)
-        if state == "killed":  # orch kill reached the node before the keeper: no restart
+        if state == states.KILLED:  # orch kill reached the node before the keeper: no restart
             return self.stop(now)
         if self.phase == LINE:  # its supervisor left the line
             return self._give_up_line(now)
         if self.phase == STARTING:
             return []  # judged once every start answered
-        if all(n["state"] == "succeeded" for n in self.nodes.values()):
-            return self._finish("succeeded")
-        if state == "failed":
+        if all(n["state"] == states.SUCCEEDED for n in self.nodes.values()):
+            return self._finish(states.SUCCEEDED)
+        if state == states.FAILED:
             return self._stop_attempt(now)
         return []
 
     def _out_of_line(self, outcome: Outcome, now: float) -> Send:
         """Every node started (or could not), or one left the line."""
         for host, why in outcome.left.items():
-            self.nodes[host].update(state="failed", error=why)
+            self.nodes[host].update(state=states.FAILED, error=why)
         if outcome.left:
             return self._give_up_line(now)
         for host, reply in outcome.started.items():
             if "pid" in reply or reply.get("state") == "started":
-                self.nodes[host]["state"] = "running"
+                self.nodes[host]["state"] = states.RUNNING
             else:
                 error = str(reply.get("error") or "did not start")
-                self.nodes[host].update(state="failed", error=error)
+                self.nodes[host].update(state=states.FAILED, error=error)
         return self._after_start(now)
 
     def _give_up_line(self, now: float) -> Send:
@@ -276,8 +279,8 @@ class Keeping:
 
     def _stop_attempt(self, now: float) -> Send:
         """The attempt failed: stop its nodes still running, then decide."""
-        states = {h: n["state"] for h, n in self.nodes.items()}
-        bad, lost = failed_hosts(states)
+        ends = {h: n["state"] for h, n in self.nodes.items()}
+        bad, lost = failed_hosts(ends)
         what = "lost" if bad and bad <= lost else "failed"
         self.reason = f"attempt {self.attempt + 1} {what} on {', '.join(sorted(bad))}"
         self.phase, self.deadline = STOPPING, now + STOP_WAIT_S
@@ -292,24 +295,24 @@ class Keeping:
             if host in self.connected:
                 self.pending.add(host)
             else:
-                node.update(state="lost", error="member not connected")
+                node.update(state=states.LOST, error="member not connected")
         return [(h, {"k": "stop", "attempt": self.attempt}) for h in sorted(self.pending)]
 
     def _after_stop(self, now: float) -> Send:
         if self.pending or self.phase not in (STOPPING, KILLING):
             return []
         if self.phase == KILLING:
-            return self._finish("killed")
+            return self._finish(states.KILLED)
         if self.attempt >= self.restarts:
-            return self._finish("failed")
-        states = {h: n["state"] for h, n in self.nodes.items()}
-        bad, lost = failed_hosts(states)
+            return self._finish(states.FAILED)
+        ends = {h: n["state"] for h, n in self.nodes.items()}
+        bad, lost = failed_hosts(ends)
         silent = self._silent(now)
         absent = {h for h in self.order if h not in self.connected} | silent
         chosen = next_hosts(self.place["hosts"], self.order, bad | absent, lost | absent)
         if chosen is None:
             self.reason = f"{self.reason}; too few hosts left to start again"
-            return self._finish("failed")
+            return self._finish(states.FAILED)
         if not self._quorum(now):
             return self._give_way()
         self.chosen = chosen
@@ -324,7 +327,7 @@ class Keeping:
         self.place = placement(self.chosen, counts, master_addr, port, self.attempt + 1)
         self.place["ticket"] = [self.wall(), self.job_id]  # one place in every host's line
         self.attempt += 1
-        self.nodes = {h: self._node("starting") for h in self.chosen}
+        self.nodes = {h: self._node(states.STARTING) for h in self.chosen}
         self.phase, self.deadline = STARTING, now + START_WAIT_S
         self.pending = set(self.chosen)
         return [(h, {"k": "start", "place": self.place}) for h in self.chosen]
@@ -333,28 +336,28 @@ class Keeping:
         node = self.nodes.get(host)
         if node is None or self.phase != STARTING:
             return []
-        if node["state"] == "starting":
+        if node["state"] == states.STARTING:
             if msg.get("ok"):
-                node["state"] = "queued" if msg.get("queued") else "running"
+                node["state"] = states.QUEUED if msg.get("queued") else states.RUNNING
             else:
-                node.update(state="failed", error=msg.get("error") or "could not start")
+                node.update(state=states.FAILED, error=msg.get("error") or "could not start")
         self.pending.discard(host)
         return self._after_start(now)
 
     def _after_start(self, now: float) -> Send:
         if self.pending:
             return []
-        queued = [h for h, n in self.nodes.items() if n["state"] == "queued"]
+        queued = [h for h, n in self.nodes.items() if n["state"] == states.QUEUED]
         if queued and self.phase == STARTING:  # a restart on shared hosts: its turn first
             self.phase = LINE
             self.line = Line(list(self.nodes), alone=len(self.nodes) == 1)
             return self.line.tick(now, set(self.nodes) <= self.connected)
         self.phase = RUNNING
-        if all(n["state"] == "succeeded" for n in self.nodes.values()):
-            return self._finish("succeeded")
-        if any(n["state"] in ("failed", "lost") for n in self.nodes.values()):
+        if all(n["state"] == states.SUCCEEDED for n in self.nodes.values()):
+            return self._finish(states.SUCCEEDED)
+        if any(n["state"] in (states.FAILED, states.LOST) for n in self.nodes.values()):
             return self._stop_attempt(now)
-        if any(n["state"] == "killed" for n in self.nodes.values()):
+        if any(n["state"] == states.KILLED for n in self.nodes.values()):
             return self.stop(now)
         return []
 
@@ -418,27 +421,27 @@ class Keeping:
         why = f"its keeper on {self.host} reached only {reached} of {len(members)} members"
         self.reason = f"{self.reason}; {why}" if self.reason else why
         self.gave_way = True
-        return self._finish("failed")
+        return self._finish(states.FAILED)
 
     def _resume(self, now: float) -> Send:
         """The members had their time to find this new keeper: go on from the
         snapshot; a node whose member did not come is lost."""
         for host, node in self.nodes.items():
             if node["state"] in ACTIVE and host not in self.connected:
-                node.update(state="lost", error="lost with the job's keeper")
+                node.update(state=states.LOST, error="lost with the job's keeper")
         if not self._quorum(now):
             return self._give_way()
         self.phase = RUNNING
         if self.resumed == DONE:
-            return self._finish("succeeded" if self._all_succeeded() else "failed")
+            return self._finish(states.SUCCEEDED if self._all_succeeded() else states.FAILED)
         if self.resumed == KILLING:
             return self.stop(now)
         if self.resumed == RUNNING:
             if self._all_succeeded():
-                return self._finish("succeeded")
-            if any(n["state"] in ("failed", "lost") for n in self.nodes.values()):
+                return self._finish(states.SUCCEEDED)
+            if any(n["state"] in (states.FAILED, states.LOST) for n in self.nodes.values()):
                 return self._stop_attempt(now)
-            if any(n["state"] == "killed" for n in self.nodes.values()):
+            if any(n["state"] == states.KILLED for n in self.nodes.values()):
                 return self.stop(now)
             return []
         # Stopping, waiting, starting or in line when its keeper went: what was said
@@ -446,7 +449,7 @@ class Keeping:
         return self._stop_attempt(now)
 
     def _all_succeeded(self) -> bool:
-        return all(n["state"] == "succeeded" for n in self.nodes.values())
+        return all(n["state"] == states.SUCCEEDED for n in self.nodes.values())
 
     def _finish(self, outcome: str) -> Send:
         self.phase, self.outcome = DONE, outcome
@@ -486,16 +489,16 @@ class Keeping:
         current one, `restarting`."""
         if self.phase == STARTING:
             *earlier, current = self.history
-            state = "restarting"
+            state = states.RESTARTING
         else:
             earlier, current = self.history, self._attempt_record()
             state = {
-                LINE: "queued",
-                RUNNING: "running",
-                TAKING: "running",
-                KILLING: "stopping",
+                LINE: states.QUEUED,
+                RUNNING: states.RUNNING,
+                TAKING: states.RUNNING,
+                KILLING: states.STOPPING,
                 DONE: str(self.outcome),
-            }.get(self.phase, "restarting")
+            }.get(self.phase, states.RESTARTING)
         return {
             "job_id": self.job_id,
             "state": state,

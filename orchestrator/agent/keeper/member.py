@@ -23,15 +23,43 @@ from ..host import proc
 from ..host.daemonize import daemonize
 from ..kernel.line import REPLY_WAIT_S
 from ..kernel.placement import render
-from ..kernel.protocol import AGENT, HEARTBEAT_S, MEMBER_FILE, RUN_SCRIPT, last_json, write_json
+from ..kernel.protocol import (
+    AGENT,
+    HEARTBEAT_S,
+    MEMBER_FILE,
+    RUN_SCRIPT,
+    Message,
+    last_json,
+    write_json,
+)
 from ..node import state
 from .decisions import DONE, START_WAIT_S, STOP_WAIT_S
 from .takeover import Successor, standby
-from .wire import HB_S, Channel, join, read_messages, ready
+from .wire import (
+    HB_S,
+    Bye,
+    Channel,
+    Heartbeat,
+    Hello,
+    LeaseAnswered,
+    LeaseAsked,
+    NodeEnd,
+    NodeStarted,
+    PortFound,
+    PortWanted,
+    Start,
+    State,
+    Stop,
+    Stopped,
+    join,
+    read_messages,
+    ready,
+)
 
 MEMBER_LOG = "member.log"
 PATIENCE_S = 30.0  # a member's wait for a word from its keeper, at least
 KILL_GRACE_S = 3.0  # the node's ranks get this long after SIGTERM when the keeper stops it
+IDLE = Heartbeat()  # no word from the keeper this while (never sent)
 
 
 def start_member(directory: str) -> int:
@@ -47,7 +75,7 @@ def start_member(directory: str) -> int:
         successor.home = os.getcwd()
         try:
             channel = join(str(config["addr"]), int(config["port"]), secret)
-            channel.send({"k": "hello", "host": host, "port": successor.port})
+            channel.tell(Hello(host=host, port=successor.port))
         except (OSError, EOFError, ValueError) as exc:
             where = f"{config['addr']}:{config['port']}"
             ready(ready_fd, {"error": f"cannot reach the job's keeper at {where}: {exc}"})
@@ -75,7 +103,7 @@ class Member:
         self.attempt = int(config.get("attempt") or 0)
         self.reported = False
         self.queued = False  # the node of the last start waits in line
-        self.inbox: queue.Queue[tuple[Channel, dict[str, Any] | None]] = queue.Queue()
+        self.inbox: queue.Queue[tuple[Channel, Message | None]] = queue.Queue()
         self.lost_after = float(config.get("lost_after") or 0)
         self.patience = max(PATIENCE_S, 3 * self.lost_after)
         self.heard = time.monotonic()  # the keeper's last word, any
@@ -100,7 +128,7 @@ class Member:
         """Listen to (and beat for) the keeper at the other end of `channel`."""
         self.channel, self.heard = channel, time.monotonic()
 
-        def put(source: Channel, message: dict[str, Any] | None) -> None:
+        def put(source: Channel, message: Message | None) -> None:
             if source is self.channel:
                 self.heard = time.monotonic()
             self.inbox.put((source, message))
@@ -120,10 +148,10 @@ class Member:
             try:
                 source, message = self.inbox.get(timeout=0.5)
             except queue.Empty:
-                source, message = self.channel, {"k": "idle"}
+                source, message = self.channel, IDLE
             if source is not self.channel:
                 continue  # a keeper this member left
-            if message is not None and message.get("k") == "bye":
+            if isinstance(message, Bye):
                 break
             if message is None or time.monotonic() - self.heard > self.silence():
                 if self.take_over():
@@ -154,7 +182,7 @@ class Member:
         if channel is None:
             return False
         try:
-            channel.send({"k": "hello", "host": self.successor.host, "port": self.successor.port})
+            channel.tell(Hello(host=self.successor.host, port=self.successor.port))
         except OSError:
             return False
         self.reported = False  # the new keeper hears how the node ended, once more
@@ -164,45 +192,47 @@ class Member:
     def beat(self, channel: Channel) -> None:
         while not channel.closed:
             try:
-                channel.send({"k": "hb"})
+                channel.tell(Heartbeat())
             except OSError:
                 return
             time.sleep(HB_S)
 
-    def handle(self, message: dict[str, Any]) -> None:
-        kind = message.get("k")
-        if kind == "state":
-            snapshot = message.get("snapshot")
-            if isinstance(snapshot, dict) and int(snapshot.get("epoch") or 0) >= self.epoch:
-                self.snapshot, self.epoch = snapshot, int(snapshot.get("epoch") or 0)
-            elif isinstance(snapshot, dict):  # a keeper older than one seen: fenced off
-                print(f"left a keeper of epoch {snapshot.get('epoch')}", flush=True)
+    def handle(self, message: Message) -> None:
+        if isinstance(message, State):
+            epoch = int(message.snapshot.get("epoch") or 0)
+            if epoch >= self.epoch:
+                self.snapshot, self.epoch = message.snapshot, epoch
+            else:  # a keeper older than one seen: fenced off
+                print(f"left a keeper of epoch {epoch}", flush=True)
                 self.channel.close()
-        elif kind == "stop":
-            if message.get("attempt") == self.attempt and self.node_dir:
+        elif isinstance(message, Stop):
+            if message.attempt == self.attempt and self.node_dir:
                 self.kill()
-            self.channel.send({"k": "stopped", "attempt": message.get("attempt")})
-        elif kind == "port":
+            self.channel.tell(Stopped(attempt=message.attempt))
+        elif isinstance(message, PortWanted):
             with socket.socket() as sock:
                 sock.bind(("", 0))
-                self.channel.send({"k": "port", "port": sock.getsockname()[1]})
-        elif kind == "start":
-            place = message["place"]
+                self.channel.tell(PortFound(port=sock.getsockname()[1]))
+        elif isinstance(message, Start):
+            place = message.place
             self.queued = False
             error = self.start(place)
-            reply = {"k": "started", "attempt": place["attempt"], "ok": error is None}
-            self.channel.send({**reply, "error": error, "queued": self.queued})
-        elif kind == "lease":
-            verb = str(message.get("verb"))
-            self.channel.send({"k": "lease", "verb": verb, "reply": self.lease(verb)})
+            self.channel.tell(
+                NodeStarted(
+                    attempt=place["attempt"], ok=error is None, error=error, queued=self.queued
+                )
+            )
+        elif isinstance(message, LeaseAsked):
+            reply = self.lease(message.verb)
+            self.channel.tell(LeaseAnswered(verb=message.verb, reply=reply))
 
     def report_end(self) -> None:
         if self.node_dir is None or self.reported:
             return
         os.chdir(self.node_dir)
-        ended = state.ended()
+        ended = state.exit_record()
         if ended is not None:
-            self.channel.send({"k": "end", "attempt": self.attempt, **ended})
+            self.channel.tell(NodeEnd(attempt=self.attempt, **ended.as_dict()))
             self.reported = True
 
     def agent(self, node_dir: str, *args: str) -> list[str]:

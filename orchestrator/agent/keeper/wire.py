@@ -1,7 +1,13 @@
 """The wire between a detached job's keeper and its members (daemon.py, member.py):
 length-prefixed JSON messages, each with an HMAC over the connection's nonce, its
 direction and its number, under the job's secret. A member proves it knows the secret
-when it connects (`join`); the keeper greets it (`greet`) and refuses a stranger."""
+when it connects (`join`); the keeper greets it (`greet`) and refuses a stranger.
+
+Each message is one of the classes below, its kind in "k": built with `Channel.tell`,
+parsed by `Channel.hear` (kernel/protocol.py checks its fields' types; a kind this
+side does not know is skipped, fields it does not know ignored). decisions.py and
+kernel/line.py, pure, take and give them as data (`record`, `for_member`).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..kernel.protocol import ExitRecord, Message, MessageError, parse_message
+
 GREETING = b"orch-keeper-1\n"
 NONCE_BYTES = 32
 MAC_BYTES = 32
@@ -25,6 +33,127 @@ HEADER = struct.Struct(">I")
 MAX_MESSAGE = 1 << 20
 HB_S = 1.0  # heartbeats, both ways
 IO_TIMEOUT_S = 5.0
+
+
+class WireMessage(Message):
+    """A message between the keeper and a member; KIND is its "k"."""
+
+    KIND = ""
+
+
+class Heartbeat(WireMessage):
+    """Either way, every HB_S."""
+
+    KIND = "hb"
+
+
+# ------------------------------------------------ from a member to the keeper
+
+
+class Hello(WireMessage):
+    """`port`: the member's standby listener, where it would keep the job
+    (takeover.py); None where it cannot."""
+
+    KIND = "hello"
+    host: str
+    port: int | None = None
+
+
+class NodeEnd(ExitRecord):
+    """The member's node of `attempt` ended, as its host recorded it."""
+
+    KIND = "end"
+    attempt: int
+
+
+class NodeStarted(WireMessage):
+    """The answer to Start: the node runs (`ok`), waits in line (`queued`), or not."""
+
+    KIND = "started"
+    attempt: int
+    ok: bool
+    error: str | None = None
+    queued: bool = False
+
+
+class Stopped(WireMessage):
+    KIND = "stopped"
+    attempt: int
+
+
+class PortFound(WireMessage):
+    """A free port on the member's host: the next attempt's rendezvous."""
+
+    KIND = "port"
+    port: int
+
+
+class LeaseAnswered(WireMessage):
+    """The agent's `lease VERB` answer for the member's node (kernel/line.py)."""
+
+    KIND = "lease"
+    verb: str
+    reply: dict[str, Any]
+
+
+# ------------------------------------------------ from the keeper to a member
+
+
+class Stop(WireMessage):
+    KIND = "stop"
+    attempt: int
+
+
+class Start(WireMessage):
+    """Start the member's node of the attempt `place` (kernel/placement.py) says."""
+
+    KIND = "start"
+    place: dict[str, Any]
+
+
+class PortWanted(WireMessage):
+    KIND = "port"
+
+
+class LeaseAsked(WireMessage):
+    KIND = "lease"
+    verb: str
+
+
+class Bye(WireMessage):
+    KIND = "bye"
+
+
+class State(WireMessage):
+    """The keeper's snapshot (decisions.Keeping.snapshot), for a member to take over."""
+
+    KIND = "state"
+    snapshot: dict[str, Any]
+
+
+FROM_MEMBER: dict[str, type[Message]] = {
+    c.KIND: c for c in (Heartbeat, Hello, NodeEnd, NodeStarted, Stopped, PortFound, LeaseAnswered)
+}
+TO_MEMBER: dict[str, type[Message]] = {
+    c.KIND: c for c in (Heartbeat, Stop, Start, PortWanted, LeaseAsked, Bye, State)
+}
+
+
+def record(message: Message) -> dict[str, Any]:
+    """A message as data: its fields and its kind in "k"."""
+    return {"k": getattr(message, "KIND", ""), **message.as_dict()}
+
+
+def for_member(data: dict[str, Any]) -> Message:
+    """What the keeper decided to send (data, decisions.py) as its message.
+
+    Raises:
+        MessageError: it is no message a member takes.
+    """
+    kind = TO_MEMBER.get(str(data.get("k")))
+    if kind is None:
+        raise MessageError(f"no message to a member is {data.get('k')!r}")
+    return parse_message(kind, data)
 
 
 class Channel:
@@ -52,6 +181,21 @@ class Channel:
             mac = self._mac(self.mine, self.sent, payload)
             self.sent += 1
             self.sock.sendall(HEADER.pack(len(payload)) + mac + payload)
+
+    def tell(self, message: Message) -> None:
+        """Send a message. Raises OSError when the connection is gone."""
+        self.send(record(message))
+
+    def hear(self) -> Message | None:
+        """The next message, parsed as its class; None for a kind this side does not
+        know (a newer peer's). Raises EOFError (closed), ValueError (not authentic)
+        or MessageError (a field missing or of the wrong type, naming the sender)."""
+        data = self.receive()
+        kind = (TO_MEMBER if self.mine == b"m" else FROM_MEMBER).get(str(data.get("k")))
+        if kind is None:
+            return None
+        sender = "the keeper" if self.mine == b"m" else self.host or "a member"
+        return parse_message(kind, data, host=sender)
 
     def receive(self) -> dict[str, Any]:
         """The next message. Raises EOFError (closed) or ValueError (not authentic)."""
@@ -139,11 +283,17 @@ def join(addr: str, port: int, secret: bytes, wait_s: float | None = None) -> Ch
     return channel
 
 
-def read_messages(channel: Channel, put: Callable[[Channel, dict[str, Any] | None], None]) -> None:
-    """Hand every message to `put`, then None once the channel is gone."""
+def read_messages(channel: Channel, put: Callable[[Channel, Message | None], None]) -> None:
+    """Hand every message to `put`, then None once the channel is gone (a message of
+    the wrong shape ends it too, said in the log)."""
     try:
         while True:
-            put(channel, channel.receive())
+            message = channel.hear()
+            if message is not None:
+                put(channel, message)
+    except MessageError as exc:
+        print(f"unreadable message: {exc}", flush=True)
+        put(channel, None)
     except (EOFError, ValueError, OSError):
         put(channel, None)
 

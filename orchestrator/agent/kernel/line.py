@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Dict  # noqa: UP035
 POLL_S = 0.5  # between rounds, as a waiting submit asks
 REPLY_WAIT_S = 90.0  # for a member's answer (`go` waits up to 60 s for torchrun)
 
-Reply = Dict[str, Any]  # noqa: UP006 (run at import: hosts may have Python 3.8)
+# the agent's `lease VERB` answer, as a member passed it on
+LeaseAnswer = Dict[str, Any]  # noqa: UP006 (run at import: hosts may have Python 3.8)
 if TYPE_CHECKING:
     Send = list[tuple[str, dict[str, Any]]]
 
@@ -33,7 +34,7 @@ class Outcome:
     """How the wait ended: every node `started` (the agent's answer for each: pids,
     or an error), or some `left` the line (why, per host)."""
 
-    started: dict[str, Reply] = field(default_factory=dict)
+    started: dict[str, LeaseAnswer] = field(default_factory=dict)
     left: dict[str, str] = field(default_factory=dict)
 
 
@@ -45,10 +46,10 @@ class Line:
         self.hosts, self.alone = list(hosts), alone
         self.step = ""  # the verb whose answers are awaited, "" between rounds
         self.pending: set[str] = set()
-        self.replies: dict[str, Reply] = {}
+        self.replies: dict[str, LeaseAnswer] = {}
         self.next_round = 0.0
         self.deadline = 0.0
-        self.waiting: dict[str, Reply] = {}
+        self.waiting: dict[str, LeaseAnswer] = {}
 
     def tick(self, now: float, ready: bool) -> Send:
         """Start the next round when it is time and every member is there (`ready`)."""
@@ -82,7 +83,7 @@ class Line:
         self.deadline = now + REPLY_WAIT_S
         return [(h, {"k": "lease", "verb": verb}) for h in sorted(hosts)]
 
-    def _polled(self, replies: dict[str, Reply], now: float) -> tuple[Send, Outcome | None]:
+    def _polled(self, replies: dict[str, LeaseAnswer], now: float) -> tuple[Send, Outcome | None]:
         states = {h: r.get("state") for h, r in replies.items()}
         left = {h: why_left(r) for h, r in replies.items() if states[h] in ("ended", "gone")}
         if left:
@@ -95,7 +96,7 @@ class Line:
         self.next_round = now + POLL_S  # waiting, or a supervisor not yet in line
         return [], None
 
-    def _taken(self, replies: dict[str, Reply], now: float) -> Send:
+    def _taken(self, replies: dict[str, LeaseAnswer], now: float) -> Send:
         refused = {h: r for h, r in replies.items() if r.get("state") != "taken"}
         if not refused:
             return self._ask("go", self.hosts, now)
@@ -105,7 +106,7 @@ class Line:
         return [(h, {"k": "lease", "verb": "untake"}) for h in taken]
 
 
-def why_left(reply: Reply) -> str:
+def why_left(reply: LeaseAnswer) -> str:
     """What a `poll` answer of a node no longer in line (ended, gone) says of why."""
     ended = reply.get("ended") or {}
     why = ended.get("error") or reply.get("error") or "it ended"

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .protocol import AGENT, CODE, LOGS, RUN_SCRIPT, job_dir
+from .states import FAILED, LOST
 
 TORCHRUN, PYTHON, LEGACY_LAUNCH = "torchrun", "python", "torch.distributed.launch"
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -228,8 +229,8 @@ def failed_hosts(states: Mapping[str, str]) -> tuple[set[str], set[str]]:
     """The hosts an attempt failed on, and those of them that were lost, from each
     node's end state (`failed`, `lost`, `killed`, `succeeded`). A lost host takes its
     peers' ranks down with it: when one was lost, only the lost ones count."""
-    lost = {h for h, s in states.items() if s == "lost"}
-    return (lost or {h for h, s in states.items() if s == "failed"}), lost
+    lost = {h for h, s in states.items() if s == LOST}
+    return (lost or {h for h, s in states.items() if s == FAILED}), lost
 
 
 def next_hosts(

@@ -6,7 +6,7 @@ imports it on every host, the controller from the package.
 **Commands** run as `python -I -S -c LOADER N VERSION AGENT_ROOT COMMAND ARGS...`
 (`nodes/agent.py`): the agent's archive comes first on stdin, then the command's own
 input. A command answers with one JSON object on the last line of its stdout; the
-controller parses it into one of the reply classes below (`parse_reply`): fields a
+controller parses it into one of the reply classes below (`parse_message`): fields a
 newer agent adds are ignored, a missing one is an error that names the host.
 
 **Frames** carry the code push and gc on stdin, so that no name or byte of the
@@ -215,50 +215,221 @@ def describe_error(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-# ---------------------------------------------------------------- replies
+# ---------------------------------------------------------------- messages
 
 
-class ReplyError(ValueError):
-    """A reply lacks a field this controller needs (an older or broken agent)."""
+class MessageError(ValueError):
+    """A message lacks a field this side needs, or a field has the wrong type (an older,
+    newer or broken peer)."""
 
 
-R = TypeVar("R", bound="Reply")
+M = TypeVar("M", bound="Message")
+_MESSAGES: dict[str, type[Message]] = {}  # every message class, by name
+_FIELDS: dict[type[Message], dict[str, str]] = {}
+_CHECKS: dict[type[Message], dict[str, Any]] = {}  # per class: field -> check(value)
 
 
-class Reply:
-    """A reply parsed at the boundary (`parse_reply`). A subclass's annotated names are
-    its fields; those with a class-level default may be missing. (Not a dataclass:
-    importing dataclasses costs every host command 6 ms.)"""
+class Message:
+    """A message of the wire, built on one side (`as_dict`) and parsed on the other
+    (`parse_message`). A subclass's annotated names are its fields; those with a
+    class-level default may be missing. Each field's annotation (a string: this module
+    uses postponed annotations) is checked against the value at the boundary; another
+    message's class name in an annotation parses that field as that message. (Not a
+    dataclass and no `typing.get_type_hints`: importing dataclasses costs every host
+    command 6 ms; the checks are compiled from the strings once per class, on first
+    parse.)"""
 
     def __init__(self, **values: Any) -> None:
         for name, value in values.items():
             setattr(self, name, value)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _MESSAGES[cls.__name__] = cls
+
+    @classmethod
+    def fields(cls) -> dict[str, str]:
+        """Every field's name and annotation, the base classes' first."""
+        found = _FIELDS.get(cls)
+        if found is None:
+            found = {}
+            for klass in reversed(cls.__mro__):  # a class's own: 3.8 inherits them
+                found.update(klass.__dict__.get("__annotations__", {}))  # noqa: RUF063 (3.8)
+            _FIELDS[cls] = found
+        return found
+
+    def as_dict(self) -> dict[str, Any]:
+        """The message as JSON data: the fields it was given (the others' defaults are
+        the reader's), a message inside as its own dict."""
+        given = vars(self)
+        return {name: _plain(given[name]) for name in self.fields() if name in given}
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict())
+
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and vars(self) == vars(other)
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in type(self).__annotations__)
+        fields = ", ".join(f"{n}={getattr(self, n, None)!r}" for n in self.fields())
         return f"{type(self).__name__}({fields})"
 
 
-def parse_reply(cls: type[R], data: dict[str, Any]) -> R:
-    """`data` as a reply: unknown keys ignored (a newer agent may send more), missing
-    required ones refused.
+class Reply(Message):
+    """What an agent command answers: one JSON object, its stdout's last line."""
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Message):
+        return value.as_dict()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def parse_message(cls: type[M], data: dict[str, Any], host: str | None = None) -> M:
+    """`data` as a message of `cls`: unknown keys ignored (a newer peer may send more),
+    missing required ones and values of the wrong type refused. A field that names
+    another message class is parsed as one.
 
     Raises:
-        ReplyError: a field without a default is missing.
+        MessageError: a field without a default is missing, or a value has the wrong
+            type; says which message, field and (when given) host.
     """
-    values = {}
-    for name in cls.__annotations__:
+    checks = _CHECKS.get(cls)
+    if checks is None:
+        checks = _CHECKS[cls] = {n: _compile(a) for n, a in cls.fields().items()}
+    values: dict[str, Any] = {}
+    where = f" from {host}" if host else ""
+    if not isinstance(data, dict):
+        raise MessageError(f"{cls.__name__}{where} is {type(data).__name__}, not an object")
+    for name, check in checks.items():
         if name in data:
-            value = data[name]
-            if name == "ended" and isinstance(value, dict):
-                value = parse_reply(ExitRecord, value)
-            values[name] = value
+            try:
+                values[name] = check(data[name])
+            except _Wrong as wrong:
+                raise MessageError(
+                    f"{cls.__name__}.{name}{where} is {wrong.args[0]}, not {cls.fields()[name]}"
+                ) from None
+            except MessageError as inner:
+                raise MessageError(f"{cls.__name__}.{name}{where}: {inner}") from None
         elif not hasattr(cls, name):
-            raise ReplyError(f"the reply to {cls.__name__} lacks '{name}'")
+            raise MessageError(f"{cls.__name__}{where} lacks '{name}'")
     return cls(**values)
+
+
+class _Wrong(Exception):
+    """A value does not fit its annotation (args: what it is)."""
+
+
+def _split(text: str, sep: str) -> list[str]:
+    """`text` split at `sep` outside brackets."""
+    parts: list[str] = []
+    depth, current = 0, ""
+    for char in text:
+        depth += (char == "[") - (char == "]")
+        if char == sep and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    parts.append(current.strip())
+    return parts
+
+
+def _what(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+_SCALARS: dict[str, Any] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "None": lambda v: v is None,
+}
+
+
+def _compile(annotation: str) -> Any:
+    """A check of a value against an annotation string: returns the value (a message
+    class's dict parsed as that class), raises _Wrong. Knows None, bool, int, float,
+    str, Any, X | Y, Optional[X], Sequence[X] / list[X] / tuple[X, ...] (a JSON
+    array), dict[str, X] / Mapping[str, X] (a JSON object), Literal strings, and
+    the message classes by name."""
+    options = _split(annotation, "|")
+    if len(options) > 1:
+        checks = [_compile(o) for o in options]
+
+        def either(value: Any) -> Any:
+            for check in checks:
+                try:
+                    return check(value)
+                except _Wrong:
+                    continue
+            raise _Wrong(_what(value))
+
+        return either
+    text = options[0]
+    if text == "Any":
+        return lambda value: value
+    head, _, rest = text.partition("[")
+    inner = rest[:-1] if rest.endswith("]") else ""
+    if head == "Optional":
+        return _compile(f"{inner} | None")
+    if head == "Literal":
+        allowed = [json.loads(a.replace("'", '"')) for a in _split(inner, ",")]
+
+        def literal(value: Any) -> Any:
+            if value in allowed and isinstance(value, str):
+                return value
+            raise _Wrong(repr(value) if isinstance(value, str) else _what(value))
+
+        return literal
+    if head in ("Sequence", "list", "List", "tuple", "Tuple"):
+        item = _compile(_split(inner, ",")[0] if inner else "Any")
+
+        def array(value: Any) -> Any:
+            if not isinstance(value, (list, tuple)):
+                raise _Wrong(_what(value))
+            try:
+                return [item(v) for v in value]
+            except _Wrong as wrong:
+                raise _Wrong(f"a list holding {wrong.args[0]}") from None
+
+        return array
+    if head in ("dict", "Dict", "Mapping"):
+        each = _compile(_split(inner, ",")[1] if inner else "Any")
+
+        def mapping(value: Any) -> Any:
+            if not isinstance(value, dict):
+                raise _Wrong(_what(value))
+            try:
+                return {k: each(v) for k, v in value.items()}
+            except _Wrong as wrong:
+                raise _Wrong(f"an object holding {wrong.args[0]}") from None
+
+        return mapping
+    if text in _SCALARS:
+        fits = _SCALARS[text]
+
+        def scalar(value: Any) -> Any:
+            if not fits(value):
+                raise _Wrong(_what(value))
+            return value
+
+        return scalar
+    if text in _MESSAGES:
+        kind = _MESSAGES[text]
+
+        def message(value: Any) -> Any:
+            if isinstance(value, kind):
+                return value
+            if not isinstance(value, dict):
+                raise _Wrong(_what(value))
+            return parse_message(kind, value)
+
+        return message
+    raise TypeError(f"the wire cannot check the annotation {annotation!r}")
 
 
 class ExitRecord(Reply):
@@ -271,7 +442,7 @@ class ExitRecord(Reply):
     killed: bool = False
 
 
-class NodeStatus(Reply):
+class StatusReply(Reply):
     """`status`, and the `end` record of `follow --once`."""
 
     started: bool
@@ -281,12 +452,16 @@ class NodeStatus(Reply):
 
 
 class Started(Reply):
-    """`start`: torchrun runs, in its own process group, under a detached supervisor."""
+    """`start`: torchrun runs, in its own process group, under a detached supervisor
+    (also what the supervisor records in PIDS)."""
 
     pid: int
     pgid: int
     supervisor: int
     started: float
+    start_time: int | None = None  # torchrun's, in clock ticks since boot: pids are reused
+    host: str | None = None  # which host recorded the pids (proc.host_id)
+    warnings: Sequence[str] = ()  # in the reply only: what the node's lease noted
 
 
 class KillReport(Reply):
@@ -342,148 +517,3 @@ class TopSample(Reply):
     launcher: dict[str, Any] | None = None
     gpus: Sequence[dict[str, Any]] | None = None  # None: no nvidia-smi on the host
     gpu_error: str | None = None
-
-
-# ---------------------------------------------------------------- lease replies
-# The `lease` command's replies and `start`'s on a shared host (agent/leases/): the
-# agent builds them, the controller parses them (`parse_lease_reply`, which parses
-# their parts too). Their text fields may come from another user's files: print them
-# through `printable`.
-
-
-def printable(text: object, limit: int = 300) -> str:
-    """`text` with every control and format character taken out (escape sequences,
-    carriage returns, bidi overrides), at most `limit` characters: words from another
-    user's file, safe on a terminal."""
-    import unicodedata
-
-    kept = "".join(c for c in str(text) if unicodedata.category(c) not in ("Cc", "Cf"))
-    return kept if len(kept) <= limit else kept[: limit - 1] + "…"
-
-
-class LeaseRecord(Reply):
-    """What any user of a host may see of a lease or ticket (leases/policy.public)."""
-
-    kind: str
-    job: str
-    user: str
-    units: Sequence[int] = ()
-    count: int = 0
-    uid: int | None = None
-    since: float | None = None
-    host: str = ""
-
-
-class BusyGpu(Reply):
-    """A GPU in use by a process orch did not start."""
-
-    gpu: int
-    pid: int
-    user: str
-
-
-class Waiting(Reply):
-    """What a node in line waits for (leases/policy.why_waiting)."""
-
-    kind: str
-    want: int
-    total: int = 0
-    free: int = 0
-    holders: Sequence[LeaseRecord] = ()
-    ahead: Sequence[LeaseRecord] = ()
-    position: int = 1
-    foreign: Sequence[BusyGpu] = ()
-    waiting_for: str | None = None  # "go": a node of several, taken by its controller
-
-    PARTS = (("holders", LeaseRecord), ("ahead", LeaseRecord), ("foreign", BusyGpu))
-
-
-LEASE_STATES = ("started", "ended", "starting", "waiting", "ready", "taken", "gone")
-
-
-class LeaseState(Reply):
-    """`lease poll|take|untake|go`: where a node stands. `state` is one of
-    LEASE_STATES; `started` carries Started's fields (`pid`...), `ended` the exit
-    record, `waiting` what for (`info`), `taken` the units and warnings; `go` answers
-    Started's fields or an `error`."""
-
-    state: str = ""
-    info: Waiting | None = None
-    units: Sequence[int] = ()
-    warnings: Sequence[str] = ()
-    error: str | None = None
-    ended: ExitRecord | None = None
-    pid: int | None = None
-
-    PARTS = (("info", Waiting),)
-
-
-class LeaseStart(Reply):
-    """`start` with a lease request: Started's fields once torchrun runs, else the
-    node waits in line (`queued`, what for) or would have to (`busy`: it was told not
-    to wait), or could not start (`error`)."""
-
-    pid: int | None = None
-    queued: Waiting | None = None
-    busy: Waiting | None = None
-    error: str | None = None
-    warnings: Sequence[str] = ()
-
-    PARTS = (("queued", Waiting), ("busy", Waiting))
-
-
-class LeaseHosts(Reply):
-    """`lease hosts`: the host's lease directory, every live lease and ticket in it
-    (tickets in line order), the GPUs busy outside orch, and warnings: files ignored
-    (naming their owner), a directory root does not own."""
-
-    dir: str
-    leases: Sequence[LeaseRecord] = ()
-    tickets: Sequence[LeaseRecord] = ()
-    foreign: Sequence[BusyGpu] = ()
-    warnings: Sequence[str] = ()
-
-    PARTS = (("leases", LeaseRecord), ("tickets", LeaseRecord), ("foreign", BusyGpu))
-
-
-class LeaseDir(Reply):
-    """`lease dir`: where the host's lease directory is, whether it exists, and
-    why it is not safe to share (`warning`: not root's, or missing)."""
-
-    dir: str
-    exists: bool = False
-    owner: str | None = None
-    warning: str | None = None
-
-
-def parse_lease_reply(cls: type[R], data: dict[str, Any]) -> R:
-    """`data` as `cls` (`parse_reply`), its PARTS parsed too: a part that is one
-    record becomes its class, a list of them a tuple; entries that are no object are
-    dropped.
-
-    Raises:
-        ReplyError: a field without a default is missing, here or in a part.
-    """
-    reply = parse_reply(cls, data)
-    for name, part in getattr(cls, "PARTS", ()):
-        value = getattr(reply, name, None)
-        if isinstance(value, dict):
-            setattr(reply, name, parse_lease_reply(part, value))
-        elif isinstance(value, list):
-            setattr(
-                reply, name, tuple(parse_lease_reply(part, v) for v in value if isinstance(v, dict))
-            )
-    return reply
-
-
-def lease_record(reply: Reply) -> dict[str, Any]:
-    """A reply as the agent sends it: its fields, its parts as plain JSON."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, Reply):
-            return {k: plain(v) for k, v in vars(value).items()}
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        return value
-
-    return {k: plain(v) for k, v in vars(reply).items()}

@@ -1,7 +1,7 @@
 """`lease poll|take|untake|go JOB_DIR`: a controller's rounds for a node of several
 (kernel/line.py), on the node's ticket; `lease hosts`: every lease and ticket of the
 host, and the GPUs busy outside orch; `lease dir`: where the lease directory is and
-whether it is safe to share. Each answers one reply of kernel/protocol.py."""
+whether it is safe to share. Each answers one reply of kernel/lease_wire.py."""
 
 from __future__ import annotations
 
@@ -11,16 +11,8 @@ import os
 import sys
 import time
 
-from ..kernel.protocol import (
-    EXIT,
-    PIDS,
-    LeaseDir,
-    LeaseHosts,
-    LeaseState,
-    lease_record,
-    read_json,
-    send_record,
-)
+from ..kernel.lease_wire import LeaseDir, LeaseHosts, LeaseState, lease_record
+from ..kernel.protocol import EXIT, PIDS, read_json, send_record
 from .gpus import busy_units, foreign_gpus
 from .holder import GO, QUEUED
 from .policy import Record, foreign_warning, grant, public, why_waiting

@@ -11,7 +11,8 @@ import signal
 import time
 
 from ..host import proc
-from ..kernel.protocol import EXIT, KILLED, LeaseStart, lease_record, write_json
+from ..kernel.lease_wire import LeaseStart, lease_record
+from ..kernel.protocol import EXIT, KILLED, write_json
 from .gpus import busy_units
 from .policy import Record, foreign_warning, grant, why_waiting
 from .storage import (

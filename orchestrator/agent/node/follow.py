@@ -55,7 +55,7 @@ def main(args: list[str]) -> int:
             send_record(out, {"k": "exit", **finished})
             return 0
         if once:
-            send_record(out, {"k": "end", **state.status()})
+            send_record(out, {"k": "end", **state.status().as_dict()})
             return 0
         if time.monotonic() - last_beat >= HEARTBEAT_S:
             send_record(out, {"k": "hb"})

@@ -14,10 +14,18 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ..host import proc
-from ..kernel.protocol import EXIT, KILLED, LOGS, NODE_SPEC, PIDS, read_json, send_record
+from ..kernel.protocol import (
+    EXIT,
+    KILLED,
+    LOGS,
+    NODE_SPEC,
+    PIDS,
+    KillReport,
+    read_json,
+    send_record,
+)
 
 POLL_S = 0.05
 
@@ -55,19 +63,19 @@ def main(args: list[str]) -> int:
     wait_until(lambda: not os.path.exists(PIDS) or os.path.exists(EXIT), rest_gone + 5)
     if port is not None:
         wait_until(lambda: not proc.port_listening(port), rest_gone + 5)
-    report: dict[str, Any] = {
-        "killed": [[pid, cmd] for pid, cmd in sorted(victims.items())],
-        "forced": sorted(forced),
-        "remaining": sorted(job.remaining()),
-        "seconds": {  # where the time went, for `orch -vv kill`
+    report = KillReport(
+        killed=[[pid, cmd] for pid, cmd in sorted(victims.items())],
+        forced=sorted(forced),
+        remaining=sorted(job.remaining()),
+        seconds={  # where the time went, for `orch -vv kill`
             "scan": round(termed - began, 3),
             "grace": round(rest_gone - termed, 3),
             "confirm": round(time.monotonic() - rest_gone, 3),
         },
-    }
+    )
     if port is not None:
-        report["port_free"] = not proc.port_listening(port)
-    send_record(sys.stdout.buffer, report)
+        report.port_free = not proc.port_listening(port)
+    send_record(sys.stdout.buffer, report.as_dict())
     return 0
 
 

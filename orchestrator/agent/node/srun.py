@@ -39,6 +39,7 @@ from ..kernel.protocol import (
     NODE_SPEC,
     OUTPUTS,
     TORCHRUN_LOG,
+    ExitRecord,
     read_json,
     write_json,
 )
@@ -146,5 +147,5 @@ def main(args: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
     returncode = proc.wait()
-    write_json(EXIT, {"returncode": returncode, "ended": time.time()})
+    write_json(EXIT, ExitRecord(returncode=returncode, ended=time.time()).as_dict())
     return returncode if returncode >= 0 else 128 - returncode

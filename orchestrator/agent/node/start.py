@@ -25,6 +25,8 @@ from ..kernel.protocol import (
     PIDS,
     SUPERVISOR_LOG,
     TORCHRUN_LOG,
+    ExitRecord,
+    Started,
     read_json,
     write_json,
 )
@@ -82,25 +84,26 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
             )
     except (OSError, ValueError) as exc:
         holder.release(turn)
-        write_json(EXIT, {"returncode": 127, "error": str(exc), "ended": time.time()})
+        write_json(EXIT, ExitRecord(returncode=127, error=str(exc), ended=time.time()).as_dict())
         if not turn.reported:
             os.write(ready_fd, json.dumps({"error": f"cannot start {argv[0]}: {exc}"}).encode())
         return 1
     # torchrun leads its own process group; the supervisor stays out of it so that it
     # survives a kill of the group and can record how torchrun ended.
-    started = {
-        "pid": proc.pid,
-        "pgid": proc.pid,
-        "start_time": start_time(proc.pid),  # kill checks it: a pid may be reused
-        "supervisor": os.getpid(),
-        "started": time.time(),
-        "host": host_id(),
-    }
-    write_json(PIDS, started)
+    started = Started(
+        pid=proc.pid,
+        pgid=proc.pid,
+        start_time=start_time(proc.pid),  # kill checks it: a pid may be reused
+        supervisor=os.getpid(),
+        started=time.time(),
+        host=host_id(),
+    )
+    write_json(PIDS, started.as_dict())
     holder.attach(turn, proc.pid)
     signal.signal(signal.SIGTERM, lambda *_: signal_group(proc.pid, signal.SIGTERM))
     if not turn.reported:  # else the reply said queued, and the node started since
-        os.write(ready_fd, json.dumps({**started, "warnings": turn.warnings}).encode())
+        started.warnings = turn.warnings
+        os.write(ready_fd, started.to_json().encode())
         os.close(ready_fd)
     while True:
         try:
@@ -112,5 +115,5 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
             with contextlib.suppress(OSError):
                 os.utime(PIDS)
     holder.release(turn)  # before the exit record: a job waiting for it may start at once
-    write_json(EXIT, {"returncode": returncode, "ended": time.time()})
+    write_json(EXIT, ExitRecord(returncode=returncode, ended=time.time()).as_dict())
     return 0

@@ -6,37 +6,40 @@ import os
 from typing import Any
 
 from ..host import proc
-from ..kernel.protocol import EXIT, KILLED, NODE_SPEC, PIDS, read_json
+from ..kernel.protocol import EXIT, KILLED, NODE_SPEC, PIDS, ExitRecord, StatusReply, read_json
 
 
-def ended() -> dict[str, Any] | None:
-    """How the node in the current directory ended (an ExitRecord), or None while it
-    runs (or was never started)."""
+def exit_record() -> ExitRecord | None:
+    """How the node in the current directory ended, or None while it runs (or was
+    never started)."""
     finished = read_json(EXIT)
     if finished is not None:
-        finished["killed"] = os.path.exists(KILLED)
-        return finished
+        return ExitRecord(**{**finished, "killed": os.path.exists(KILLED)})
     started = read_json(PIDS)
     if started and not proc.alive(started["supervisor"]) and not os.path.exists(EXIT):
-        return {
-            "returncode": None,
-            "error": "the supervisor vanished (host rebooted?)",
-            "killed": os.path.exists(KILLED),
-        }
+        return ExitRecord(
+            returncode=None,
+            error="the supervisor vanished (host rebooted?)",
+            killed=os.path.exists(KILLED),
+        )
     if not started and not os.path.exists(NODE_SPEC):
-        return {
-            "returncode": None,
-            "error": "the node was never started",
-            "killed": os.path.exists(KILLED),
-        }
+        return ExitRecord(
+            returncode=None, error="the node was never started", killed=os.path.exists(KILLED)
+        )
     return None
 
 
-def status() -> dict[str, Any]:
-    """The node in the current directory as a NodeStatus."""
+def ended() -> dict[str, Any] | None:
+    """`exit_record()` as JSON data."""
+    record = exit_record()
+    return None if record is None else record.as_dict()
+
+
+def status() -> StatusReply:
+    """The node in the current directory."""
     started = read_json(PIDS)
-    return {
-        "started": started is not None,
-        "ended": ended(),
-        "running": started is not None and proc.alive(started["pid"]),
-    }
+    return StatusReply(
+        started=started is not None,
+        ended=exit_record(),
+        running=started is not None and proc.alive(started["pid"]),
+    )

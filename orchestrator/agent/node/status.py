@@ -1,10 +1,10 @@
-"""`status JOB_DIR`: one NodeStatus line; `exists` false where there is no job dir."""
+"""`status JOB_DIR`: one StatusReply line; `exists` false where there is no job dir."""
 
 from __future__ import annotations
 
 import os
 
-from ..kernel.protocol import send_record
+from ..kernel.protocol import StatusReply, send_record
 from . import state
 
 
@@ -13,9 +13,11 @@ def main(args: list[str]) -> int:
 
     job_dir = os.path.expanduser(args[0])
     if not os.path.isdir(job_dir):
-        record = {"started": False, "running": False, "ended": None, "exists": False}
-        send_record(sys.stdout.buffer, record)
+        record = StatusReply(started=False, running=False, ended=None, exists=False)
+        send_record(sys.stdout.buffer, record.as_dict())
         return 0
     os.chdir(job_dir)
-    send_record(sys.stdout.buffer, {**state.status(), "exists": True})
+    status = state.status()
+    status.exists = True
+    send_record(sys.stdout.buffer, status.as_dict())
     return 0

@@ -37,7 +37,15 @@ import time
 from typing import Any
 
 from ..host import nvidia, proc
-from ..kernel.protocol import LOGS, NODE_SPEC, PIDS, TORCHRUN_LOG, read_json, send_record
+from ..kernel.protocol import (
+    LOGS,
+    NODE_SPEC,
+    PIDS,
+    TORCHRUN_LOG,
+    TopSample,
+    read_json,
+    send_record,
+)
 from . import state
 
 MAX_COUNT = 32 << 20  # bytes of new log read per rank and sample; past that, estimated
@@ -51,15 +59,17 @@ def main(args: list[str]) -> int:
     job_dir = os.path.expanduser(args[0])
     request = json.loads(sys.stdin.read() or "{}")
     if not os.path.isdir(job_dir):
-        send_record(sys.stdout.buffer, {"exists": False, "started": False, "running": False})
+        absent = TopSample(exists=False, started=False, running=False)
+        send_record(sys.stdout.buffer, absent.as_dict())
         return 0
     os.chdir(job_dir)
-    send_record(sys.stdout.buffer, sample(request.get("job_id"), request.get("offsets") or {}))
+    found = sample(request.get("job_id"), request.get("offsets") or {})
+    send_record(sys.stdout.buffer, found.as_dict())
     return 0
 
 
-def sample(job_id: str | None, offsets: dict[str, int]) -> dict[str, Any]:
-    """One TopSample of the node in the current directory."""
+def sample(job_id: str | None, offsets: dict[str, int]) -> TopSample:
+    """One sample of the node in the current directory."""
     clock = time.monotonic()
     status = state.status()
     spec = read_json(NODE_SPEC) or {}
@@ -118,15 +128,17 @@ def sample(job_id: str | None, offsets: dict[str, int]) -> dict[str, Any]:
                 entry["gpu_memory_mib"] += held[entry["stream"]]
                 if entry["rank"] is not None:
                     gpu["ranks"].append(entry["rank"])
-    return {
-        **status,
-        "exists": True,
-        "clock": clock,
-        "ranks": ranks,
-        "launcher": {k: v for k, v in launcher.items() if k != "started_s"},
-        "gpus": gpus,
-        "gpu_error": gpu_error,
-    }
+    return TopSample(
+        started=status.started,
+        running=status.running,
+        ended=status.ended,
+        exists=True,
+        clock=clock,
+        ranks=ranks,
+        launcher={k: v for k, v in launcher.items() if k != "started_s"},
+        gpus=gpus,
+        gpu_error=gpu_error,
+    )
 
 
 def node_output_only(spec: dict[str, Any]) -> bool:

@@ -23,6 +23,7 @@ from ..kernel.protocol import (
     RESERVED_NAMES,
     SEAL,
     SNAPSHOT,
+    GcReport,
     describe_error,
     entry_key,
     read_frame,
@@ -253,5 +254,5 @@ def main(args: list[str]) -> int:
             report.update(drop_outputs(os.path.expanduser(options["workdir"])))
     except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
         report = {"error": describe_error(exc)}
-    print(json.dumps(report))
+    print(GcReport(**report).to_json())
     return 1 if "error" in report else 0

@@ -27,6 +27,7 @@ from ..kernel.protocol import (
     RESERVED_NAMES,
     SNAPSHOT,
     TOKEN_RE,
+    SyncReply,
     describe_error,
     entry_key,
     read_frame,
@@ -71,7 +72,7 @@ def main(args: list[str]) -> int:
         with contextlib.suppress(OSError):
             while stream.read(1 << 20):  # take the rest, so that the reply gets through
                 pass
-    print(json.dumps(reply), flush=True)
+    print(SyncReply(**reply).to_json(), flush=True)
     if after is not None and store is not None and gc_due(store):
         from .gc import collect_garbage
 
