@@ -29,7 +29,7 @@ empty.
 Jobs start at a steady pace (`--jobs` over `--minutes`) whenever enough hosts are
 free and fewer than `--parallel` run. Needs root. Usage:
 
-    .venv/bin/python bench/soak.py [--jobs 100] [--minutes 15] [--seed 1] [--parallel 4]
+    .venv/bin/python bench/soak.py [--jobs 100] [--minutes 15] [--seed 1] [--parallel 3]
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ FAULTS = (
     "orch-kill",
     "second-user",
 )
+STARTED: list[Attached] = []  # every attached submit: none may outlive the soak
 HOLDER = "(second user's job)"  # the row of the jobs the second controller ran
 CHECKS = ("state", "seen", "logs", "processes", "port", "leases")
 EXPECTED = {
@@ -148,6 +149,7 @@ class Attached:
 
     def __init__(self, controller: Controller, job: Path, inventory: Path, result: Result) -> None:
         result.submits.append(self)
+        STARTED.append(self)
         self.proc = subprocess.Popen(
             [*orch_command(), "submit", str(job), "-i", str(inventory)],
             env=controller.env(),
@@ -359,7 +361,7 @@ class Soak:
     # -- the faults ----------------------------------------------------------------------
 
     def fault_none(self, result: Result, ranks: dict[int, str]) -> None:
-        job = self.job_file("soak-none", result.hosts, self.lines_args("--sleep", "1"))
+        job = self.job_file("soak-none", result.hosts, self.lines_args())
         sub = Attached(self.users["a"], job, self.inventories["a"], result)
         result.job_id = sub.job_id()
         code = sub.wait()
@@ -491,9 +493,16 @@ class Soak:
             code = sub.wait()
             record = status(self.users["a"], result.job_id)
             queued = "queued:" in sub.stderr
-            after = (record.get("started") or 0) >= (held.get("ended") or float("inf")) - 1
+            freed = self.ended_on_hosts(holder)  # the holder's last node's end
+            after = freed is not None and (record.get("started") or 0) >= freed
             got = f"exit {code}, {record['state']}, {'queued' if queued else 'NOT queued'}"
-            got += "" if after else " (started before the holder ended)"
+            got += (
+                f", started {record['started'] - freed:.1f} s after the holder ended"
+                if freed is not None and record.get("started")
+                else " (no start or holder end time)"
+            )
+            if freed is not None and held.get("ended"):
+                holder.got += f" (recorded {held['ended'] - freed:.1f} s after it ended)"
             ok = (code, record["state"]) == (0, "succeeded") and queued and after
             self.expect(result, ok, got)
             self.finish(result, "a", sub.stdout, ranks)
@@ -503,6 +512,19 @@ class Soak:
                 orch(self.users["b"], "kill", holder.job_id)
             with self.results_lock:
                 self.results.append(holder)
+
+    def ended_on_hosts(self, result: Result) -> float | None:
+        """When the last node of a job ended, on its hosts' clocks (this machine's): the
+        time each node's supervisor wrote in its exit record. `orch status` records the
+        time the controller learnt it, which may be later."""
+        ends = []
+        for host in result.hosts:
+            exit_record = (
+                self.cluster.home(host) / ".orch" / "jobs" / result.job_id / host / "exit.json"
+            )
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                ends.append(float(json.loads(exit_record.read_text())["ended"]))
+        return max(ends) if len(ends) == len(result.hosts) else None
 
     # -- the run -------------------------------------------------------------------------
 
@@ -565,7 +587,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--minutes", type=float, default=15)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--parallel", type=int, default=4, help="jobs running at once, at most")
+    parser.add_argument("--parallel", type=int, default=3, help="jobs running at once, at most")
     parser.add_argument("--no-write", action="store_true", help="leave docs/BENCHMARKS.md alone")
     args = parser.parse_args()
 
@@ -587,22 +609,28 @@ def main() -> None:
                     free.update(hosts)
                     changed.notify_all()
 
-        began = time.monotonic()
-        for index, (fault, nodes) in enumerate(plans):
-            time.sleep(max(0.0, began + index * pace - time.monotonic()))
-            with changed:
-                changed.wait_for(
-                    lambda n=nodes: (
-                        len(free) >= n and sum(t.is_alive() for t in running) < args.parallel
+        try:
+            began = time.monotonic()
+            for index, (fault, nodes) in enumerate(plans):
+                time.sleep(max(0.0, began + index * pace - time.monotonic()))
+                with changed:
+                    changed.wait_for(
+                        lambda n=nodes: (
+                            len(free) >= n and sum(t.is_alive() for t in running) < args.parallel
+                        )
                     )
-                )
-                hosts = sorted(soak.hosts_rng.sample(sorted(free), nodes), key=names.index)
-                free.difference_update(hosts)
-            thread = threading.Thread(target=one, args=(index, fault, hosts), daemon=True)
-            running.append(thread)
-            thread.start()
-        for thread in running:
-            thread.join()
+                    hosts = sorted(soak.hosts_rng.sample(sorted(free), nodes), key=names.index)
+                    free.difference_update(hosts)
+                thread = threading.Thread(target=one, args=(index, fault, hosts), daemon=True)
+                running.append(thread)
+                thread.start()
+            for thread in running:
+                thread.join()
+        finally:  # also when the soak is interrupted: no submit may outlive the cluster
+            for sub in STARTED:
+                if sub.proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(sub.proc.pid, signal.SIGKILL)
         wall = time.monotonic() - began
         with soak.faults:
             cluster.ensure_healthy()
