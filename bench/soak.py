@@ -580,6 +580,37 @@ def table(results: list[Result]) -> list[str]:
     return rows
 
 
+def summary(results: list[Result], faults: Counter[str], parallel: int, minutes: float) -> str:
+    """How the jobs with a host fault ended, the waiting jobs' start after the second
+    controller's job, and what a job took."""
+    host_faults = Counter(
+        r.got.split(" (")[0] for r in results if r.fault in ("host-crash", "partition")
+    )
+    stopped = sum("(status stopped it)" in r.got for r in results if r.fault == "partition")
+    lags = [
+        float(r.got.split("started ")[1].split(" s")[0])
+        for r in results
+        if r.fault == "second-user" and "s after the holder ended" in r.got
+    ]
+    seconds = sorted(r.seconds for r in results if r.fault != HOLDER)
+    return (
+        "How they ended: host faults "
+        + ", ".join(f"{n} {how}" for how, n in host_faults.most_common())
+        + f"; {stopped} of {faults['partition']} partitioned nodes, still running when the "
+        "submit gave up, were stopped by the next `orch status` after the heal"
+        + (
+            f"; the waiting jobs started {min(lags):.1f} to {max(lags):.1f} s after the "
+            "second controller's job ended on its hosts"
+            if lags
+            else ""
+        )
+        + f". A job took {seconds[len(seconds) // 2]:.0f} s (median; at most "
+        f"{seconds[-1]:.0f} s) from its submit to the end of its checks, with up to "
+        f"{parallel} at once on the machine's shared cores: the {minutes:g}-minute "
+        "pace is a floor, not what the run took."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -653,6 +684,7 @@ def main() -> None:
         for r in bad
     ]
     expected = [f"- {fault}: {EXPECTED[fault]}" for fault in (*FAULTS, HOLDER)]
+    seen = [summary(results, faults, args.parallel, args.minutes), ""]
     body = "\n".join(
         [
             f"## Soak: {args.jobs} jobs with a random fault each on {HOSTS} shared hosts",
@@ -675,6 +707,7 @@ def main() -> None:
             "",
             *rows,
             "",
+            *seen,
             f"{len(bad)} of {len(results)} jobs ended wrong" + (":" if bad else "."),
             *bad_lines,
             "",
