@@ -25,7 +25,7 @@ COMMANDS = {
     "relay": "store.relay",
     "gc": "store.gc",
     "lease": "leases.commands",
-    "keeper": "keeper.daemon",
+    "keeper": "keeper.commands",
 }
 USAGE = """usage: orch agent COMMAND ARGS...
   probe [MASTER|OPTIONS]              this host's facts as JSON (no torch import)

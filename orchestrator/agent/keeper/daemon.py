@@ -39,7 +39,6 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ..host import proc
@@ -51,21 +50,6 @@ from .wire import HB_S, Channel, Hello, for_member, greet, read_messages, ready,
 TICK_S = 0.2
 KEEPER_FILE = "keeper.json"  # in the master's node directory of attempt 0
 KEEPER_LOG = "keeper.log"
-
-
-def main(args: list[str]) -> int:
-    from .member import start_member  # member.py imports this module's wire
-
-    verbs: dict[str, Callable[[str], int]] = {
-        "start": start_keeper,
-        "member": start_member,
-        "show": show,
-        "stop": stop,
-    }
-    if len(args) != 2 or args[0] not in verbs:
-        sys.stderr.write("usage: keeper start|member|show|stop DIR\n")
-        return 2
-    return verbs[args[0]](os.path.expanduser(args[1]))
 
 
 # ---------------------------------------------------------------- daemons
