@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import tagged_pids, wait_ranks_ready
 from bench.report import machine, write_section
-from tests.cluster import REPO_ROOT, Cluster, ClusterError, Controller, orch_command
+from tests.cluster import REPO_ROOT, Cluster, ClusterError, Controller, OrchRunner, orch_command
 
 WORKLOAD_DIR = REPO_ROOT / "tests" / "integration" / "jobs" / "workload"
 HOSTS = 8
@@ -222,14 +222,7 @@ class Attached:
 def orch(
     controller: Controller, *args: str, timeout: float = 240
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*orch_command(), *args],
-        env=controller.env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return OrchRunner(controller)(*args, timeout=timeout)
 
 
 def status(controller: Controller, job_id: str) -> dict[str, Any]:

@@ -35,7 +35,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report import machine, median, write_section
-from tests.cluster import REPO_ROOT, Cluster, Controller, orch_command
+from tests.cluster import REPO_ROOT, Cluster, Controller, OrchRunner, orch_command
 
 HOSTS, SLOTS, NPROC = 2, 4, 2
 START = re.compile(r"start gpus=\S+ slots=(\S+) node=\S+ t=([\d.]+)")
@@ -45,14 +45,7 @@ END = re.compile(r"end t=([\d.]+)")
 def orch(
     controller: Controller, *args: str, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*orch_command(), *args],
-        env=controller.env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return OrchRunner(controller)(*args, timeout=timeout)
 
 
 def run(cluster: Cluster, jobs: int, seconds: float, work: Path) -> dict[str, float]:
