@@ -36,12 +36,7 @@ def submit_detached(orch: OrchRunner, job: Path, inventory: Path) -> str:
 
 def keeper_record(cluster: Cluster, job_id: str) -> dict[str, Any]:
     """The keeper's record on the master host (node1), read from its disk."""
-    path = cluster.home(1) / ".orch" / "jobs" / job_id / "node1" / "keeper.json"
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data
+    return keeper_record_on(cluster, 1, job_id, "node1")
 
 
 def test_a_detached_job_whose_rank_fails_restarts_with_no_controller_running(

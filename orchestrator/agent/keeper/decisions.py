@@ -353,13 +353,7 @@ class Keeping:
             self.line = Line(list(self.nodes), alone=len(self.nodes) == 1)
             return self.line.tick(now, set(self.nodes) <= self.connected)
         self.phase = RUNNING
-        if all(n["state"] == states.SUCCEEDED for n in self.nodes.values()):
-            return self._finish(states.SUCCEEDED)
-        if any(n["state"] in (states.FAILED, states.LOST) for n in self.nodes.values()):
-            return self._stop_attempt(now)
-        if any(n["state"] == states.KILLED for n in self.nodes.values()):
-            return self.stop(now)
-        return []
+        return self._judge_running(now)
 
     # ------------------------------------------------------------ takeover
 
@@ -437,19 +431,24 @@ class Keeping:
         if self.resumed == KILLING:
             return self.stop(now)
         if self.resumed == RUNNING:
-            if self._all_succeeded():
-                return self._finish(states.SUCCEEDED)
-            if any(n["state"] in (states.FAILED, states.LOST) for n in self.nodes.values()):
-                return self._stop_attempt(now)
-            if any(n["state"] == states.KILLED for n in self.nodes.values()):
-                return self.stop(now)
-            return []
+            return self._judge_running(now)
         # Stopping, waiting, starting or in line when its keeper went: what was said
         # to the lost keeper is unknown; stop this attempt and decide again.
         return self._stop_attempt(now)
 
     def _all_succeeded(self) -> bool:
         return all(n["state"] == states.SUCCEEDED for n in self.nodes.values())
+
+    def _judge_running(self, now: float) -> Send:
+        """A running attempt: ended when every node succeeded, stopped when one failed
+        or was lost, the job stopped when one was killed, else nothing to do."""
+        if self._all_succeeded():
+            return self._finish(states.SUCCEEDED)
+        if any(n["state"] in (states.FAILED, states.LOST) for n in self.nodes.values()):
+            return self._stop_attempt(now)
+        if any(n["state"] == states.KILLED for n in self.nodes.values()):
+            return self.stop(now)
+        return []
 
     def _finish(self, outcome: str) -> Send:
         self.phase, self.outcome = DONE, outcome
