@@ -21,6 +21,7 @@ COMMANDS = {
     "outputs": "node.outputs",
     "top": "node.top",
     "slurm-node": "node.srun",
+    "slurm-top": "node.slurm_top",
     "sync": "store.sync",
     "relay": "store.relay",
     "gc": "store.gc",
@@ -48,6 +49,7 @@ USAGE = """usage: orch agent COMMAND ARGS...
   lease dir                           where the lease directory is, and who owns it
   top JOB_DIR                         (stdin: offsets) CPU, memory, GPUs, log growth of its ranks
   slurm-node JOB_ROOT                 under srun, on each node of a Slurm job: its torchrun
+  slurm-top JOB_ROOT REQUEST          under srun --overlap: `top` of this node of a Slurm job
 """
 
 

@@ -16,7 +16,7 @@ from orchestrator.reporting.outcomes import KillOutcome
 from orchestrator.reporting.pull import PullReport
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.reporting.top import TopView
-from orchestrator.slurm import check, jobs
+from orchestrator.slurm import check, jobs, nodes, outputs, top
 from orchestrator.slurm import submit as submitting
 from orchestrator.slurm.unsupported import refuse
 
@@ -37,7 +37,7 @@ class SlurmBackend:
         no_wait: bool = False,
     ) -> str:
         sj = submitting.slurm_job(job, inventory, new_job_id(job.name))
-        submitting.submit(sj, inventory.hosts[0], reporter, detach, JobDB())
+        submitting.submit(sj, inventory.hosts[0], reporter, detach, JobDB(), outputs_dir)
         return sj.job_id
 
     def dry_run(self, job: JobSpec, inventory: Inventory) -> list[str]:
@@ -74,7 +74,10 @@ class SlurmBackend:
         reporter: Reporter,
         bars: PullBars,
     ) -> list[PullReport]:
-        refuse("pull", f"job {record.id}")
+        with jobs.connected(record, reporter.notice) as login:
+            return bars(
+                lambda progress: outputs.pull_outputs(record, login, target, paths, progress)
+            )
 
     def top(
         self,
@@ -84,7 +87,7 @@ class SlurmBackend:
         interval_s: float,
         silent_s: float,
     ) -> Iterator[TopView]:
-        refuse("top", f"job {record.id}")
+        return top.watch(store, record, reporter, interval_s, silent_s)
 
     def check(
         self,
@@ -100,4 +103,5 @@ class SlurmBackend:
         return bool(found.errors)
 
     def hosts(self, inventory: Inventory, reporter: Reporter) -> HostsView:
-        refuse("hosts", str(inventory.path))
+        units, queue, errors = nodes.hosts(inventory, reporter.notice)
+        return HostsView(units, queue, errors)

@@ -13,7 +13,7 @@ from orchestrator.check.run import run_check
 from orchestrator.jobs import keep, reconcile, teardown, top
 from orchestrator.jobs import submit as submitting
 from orchestrator.jobs.logs import logs
-from orchestrator.jobs.pull import pull, sources
+from orchestrator.jobs.pull import sources
 from orchestrator.jobs.queue import host_views, positions, queue_rows, unit_rows
 from orchestrator.models.inventory import Inventory
 from orchestrator.models.job import JobSpec
@@ -23,6 +23,7 @@ from orchestrator.records.db import JobDB, JobRecord
 from orchestrator.reporting.filters import LogFilter
 from orchestrator.reporting.outcomes import KillOutcome
 from orchestrator.reporting.pull import PullReport
+from orchestrator.reporting.receive import pull
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.reporting.top import TopView
 from orchestrator.sync.ignore import collect_files

@@ -5,7 +5,7 @@ defaults: {user: alice, identity_file: ~/.ssh/id_ed25519}
 slurm:
   login: login1.hpc.example.edu   # address or ~/.ssh/config alias of a login node
   partition: gpu                  # optional; Slurm's default partition otherwise
-  gpus_per_node: 8                # optional; --gpus-per-node, and nproc_per_node's default
+  gpus_per_node: 8                # optional; --gres=gpu:N, and nproc_per_node's default
   python: /shared/venvs/torch/bin/python   # interpreter on the compute nodes
   sbatch: [--account=proj42, --time=04:00:00]   # optional, passed to sbatch verbatim
 ```
@@ -24,7 +24,7 @@ from orchestrator.models.schema import PosDict, Where, check_keys, get_int, get_
 SLURM_KEYS = {
     "login": "address or ~/.ssh/config alias of a login node",
     "partition": "the partition jobs go to (default: Slurm's default partition)",
-    "gpus_per_node": "GPUs per node: --gpus-per-node and the default nproc_per_node",
+    "gpus_per_node": "GPUs per node (a job's gpus_per_node wins): --gres=gpu:N, the default nproc_per_node",
     "python": "interpreter with torch on the compute nodes (and the login node)",
     "workdir": "where code, logs and job state live on the shared home",
     "sbatch": "extra sbatch options, passed verbatim",
@@ -106,5 +106,5 @@ ORCH_SBATCH_OPTIONS = {
     "--job-name": "set name: in the job file (or orch submit --name)",
     "-J": "set name: in the job file (or orch submit --name)",
     "--ntasks-per-node": "orch starts one torchrun per node; set nproc_per_node in the job",
-    "--gpus-per-node": "set slurm.gpus_per_node in the inventory",
+    "--gpus-per-node": "set gpus_per_node: in the job file, or slurm.gpus_per_node in the inventory",
 }

@@ -1,6 +1,6 @@
 """What `orch pull` reports, whatever the backend: each node's files and bytes, the
-progress callback, and where outputs go by default. The copying is the backend's
-(jobs/pull.py over SSH)."""
+progress callback, and where outputs go by default. The copying is
+reporting/receive.py, for either backend."""
 
 from __future__ import annotations
 

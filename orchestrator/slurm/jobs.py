@@ -25,6 +25,7 @@ from orchestrator.reporting.follow import IDLE_TIMEOUT_S, NodeExit, Watcher
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.slurm.follow import cancel, follow_job, nodes_of, slurm_id_of
 from orchestrator.slurm.login import LoginNode
+from orchestrator.slurm.outputs import bring_outputs
 from orchestrator.slurm.queue import QueuedJob
 from orchestrator.transport import ConnectOptions, Transport
 
@@ -108,7 +109,8 @@ def note(spec: Mapping[str, Any]) -> str:
 
 
 def kill(job_id: str, reporter: Reporter, store: JobDB | None = None) -> list[str]:
-    """`orch kill` of a Slurm job: scancel, then until squeue shows it gone.
+    """`orch kill` of a Slurm job: scancel, then until squeue shows it gone; then its
+    `outputs:` come back (./orch-outputs/ID), as over SSH.
 
     Returns:
         What to tell the user, a line each.
@@ -124,6 +126,7 @@ def kill(job_id: str, reporter: Reporter, store: JobDB | None = None) -> list[st
     slurm_id = slurm_id_of(record)
     with connected(record, reporter.notice) as login:
         gone = cancel(record, login, store)
+        bring_outputs(store.get(record.id), login, None, reporter.notice)
     if not gone:
         raise InfraError(
             f"Slurm job {slurm_id} (orch job {record.id}) is still in squeue after scancel",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from orchestrator.agent.kernel import protocol
 from orchestrator.agent.kernel.slurm import MASTER_ADDR_MARK, MASTER_PORT_MARK, SLURM_DIR
 from orchestrator.models import placeholders
-from orchestrator.models.job import LEGACY_LAUNCH, JobSpec
+from orchestrator.models.job import LEGACY_LAUNCH, PYTHON, JobSpec
 from orchestrator.models.slurm import SlurmSection
 
 BATCH = f"{SLURM_DIR}/batch.sh"
@@ -54,11 +54,18 @@ class SlurmJob:
         return self.job.nodes or 1
 
     @property
+    def gpus(self) -> int:
+        """GPUs per node asked of Slurm: the job's gpus_per_node, else the inventory's."""
+        if self.job.gpus_per_node is not None:
+            return self.job.gpus_per_node
+        return self.slurm.gpus_per_node or 0
+
+    @property
     def nproc(self) -> int:
-        """Processes per node: the job's nproc_per_node, else gpus_per_node, else 1."""
+        """Processes per node: the job's nproc_per_node, else one per GPU, else 1."""
         if self.job.nproc_per_node is not None:
             return self.job.nproc_per_node
-        return self.slurm.gpus_per_node or 1
+        return self.gpus or 1
 
     @property
     def world_size(self) -> int:
@@ -69,7 +76,9 @@ def node_specs(sj: SlurmJob) -> dict[str, object]:
     """The launcher's spec: per node rank, its args and env with the job's placeholders
     expanded, the master's address and port left as marks for the node to fill."""
     job = sj.job
-    entry = [f"{protocol.AGENT}/{protocol.RUN_SCRIPT}", "rank", protocol.LOGS, protocol.CODE]
+    # launcher python: one process per node, its output the node's (`-`), as over SSH.
+    logs = "-" if job.launcher == PYTHON else protocol.LOGS
+    entry = [f"{protocol.AGENT}/{protocol.RUN_SCRIPT}", "rank", logs, protocol.CODE]
     entry += ["script", job.script] if job.script else ["module", str(job.module)]
     if job.launcher == LEGACY_LAUNCH and job.local_rank_arg:
         entry.append(job.local_rank_arg)
@@ -101,6 +110,7 @@ def node_specs(sj: SlurmJob) -> dict[str, object]:
     return {
         "job_id": sj.job_id,
         "python": sj.python,
+        "launcher": job.launcher,
         "port": job.rendezvous_port,
         "max_restarts": job.max_restarts,
         "entry": entry,
@@ -124,8 +134,10 @@ def batch_script(sj: SlurmJob) -> str:
     ]
     if sj.slurm.partition:
         options.append(f"--partition={sj.slurm.partition}")
-    if sj.slurm.gpus_per_node:
-        options.append(f"--gpus-per-node={sj.slurm.gpus_per_node}")
+    if sj.gpus:
+        # Slurm's own GPU request, per node: --gres works under every select plugin
+        # (--gpus-per-node needs cons_tres). The ranks see what Slurm gives them.
+        options.append(f"--gres=gpu:{sj.gpus}")
     lines = ["#!/bin/sh", *(f"#SBATCH {option}" for option in options)]
     lines += [
         f"# orch job {sj.job_id}: one torchrun per node, {sj.nproc} processes each, "

@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from orchestrator.agent.kernel import protocol
 from orchestrator.agent.kernel.slurm import SPEC
 from orchestrator.models.errors import InputError, Interrupted, OrchError
 from orchestrator.models.inventory import Host, Inventory
-from orchestrator.models.job import PYTHON, JobSpec
+from orchestrator.models.job import JobSpec
 from orchestrator.models.states import JobState
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
@@ -26,6 +27,8 @@ from orchestrator.reporting.reporter import ProgressReporter, Reporter, phase
 from orchestrator.slurm import script
 from orchestrator.slurm.follow import follow_job
 from orchestrator.slurm.login import LoginNode
+from orchestrator.slurm.nodes import check_gpus, partition_nodes
+from orchestrator.slurm.outputs import bring_outputs
 from orchestrator.slurm.queue import Partition
 from orchestrator.slurm.script import SlurmJob
 from orchestrator.slurm.unsupported import refuse
@@ -62,10 +65,6 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
         )
     if job.restarts:
         refuse("restarts", job.where("restarts"))
-    if job.outputs:
-        refuse("outputs", job.where("outputs"))
-    if job.launcher == PYTHON:
-        refuse("launcher", job.where("launcher"))
     login = inventory.hosts[0]
     root = protocol.job_root(login.workdir, job_id)
     return SlurmJob(job, job_id, inventory.slurm, login.python, root, inventory.path)
@@ -115,8 +114,13 @@ def submit(
     reporter: Reporter,
     detach: bool = False,
     store: JobDB | None = None,
+    outputs_dir: Path | None = None,
 ) -> int:
     """Submit a job through the login node and, unless detached, follow it to its end.
+
+    Args:
+        outputs_dir: where the job's `outputs:` come back to when it ends (default
+            ./orch-outputs/ID).
 
     Returns:
         0 when the job succeeded (or, detached, once Slurm accepted it).
@@ -136,6 +140,8 @@ def submit(
         phase(reporter, "asking Slurm")
         login_node.require_tools()
         partition = check_partition(sj, login_node.partitions())
+        if sj.gpus:
+            check_gpus(sj, partition, partition_nodes(login_node, partition))
         store.add(record_of(sj, partition, login))
         reporter.job_started(sj.job_id)
         try:
@@ -176,6 +182,7 @@ def submit(
             )
         finally:
             mirror.close()
+            bring_outputs(store.get(sj.job_id), login_node, outputs_dir, reporter.notice)
 
 
 def record_of(sj: SlurmJob, partition: str, login: Host) -> JobRecord:
@@ -186,6 +193,8 @@ def record_of(sj: SlurmJob, partition: str, login: Host) -> JobRecord:
         "args": list(sj.job.args),
         "workdir": str(sj.job.workdir),
         "backend": "slurm",
+        "outputs": list(sj.job.outputs),
+        "outputs_from": sj.job.outputs_from,
         "slurm": _slurm_spec(sj, partition, login),
     }
     return JobRecord(sj.job_id, sj.job.name, JobState.PENDING, "", sj.job.rendezvous_port, spec)

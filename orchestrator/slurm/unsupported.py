@@ -14,29 +14,11 @@ NOT_YET: dict[str, tuple[str, str]] = {
         "restarts: is not supported on a Slurm cluster yet",
         "let Slurm requeue the job: slurm: {sbatch: [--requeue]}, or leave restarts out",
     ),
-    "outputs": (
-        "outputs: is not brought back from a Slurm cluster yet",
-        "leave outputs: out; the job's ORCH_OUTPUT_DIR is on the shared home",
-    ),
-    "launcher": (
-        "launcher: python is not supported on a Slurm cluster yet",
-        "leave launcher: out (torchrun)",
-    ),
+    # Slurm's own reason, not ours: which nodes, and so node ranks and the master, are
+    # known only when Slurm starts the job; there is no plan to show before.
     "plan": (
-        "a launch plan is not made for a Slurm cluster yet: Slurm picks the nodes at start",
+        "a launch plan is not made for a Slurm cluster: Slurm picks the nodes at start",
         "orch submit --dry-run prints the batch script and the sbatch command",
-    ),
-    "top": (
-        "orch top does not watch a Slurm job yet",
-        "on the login node: sstat -j SLURM_ID (orch status shows the Slurm id)",
-    ),
-    "pull": (
-        "orch pull does not copy a Slurm job's outputs yet",
-        "its ORCH_OUTPUT_DIR is on the cluster's shared home: copy it from the login node",
-    ),
-    "hosts": (
-        "orch status --hosts does not show a Slurm cluster's nodes yet",
-        "on the login node: sinfo -N",
     ),
 }
 

@@ -101,8 +101,11 @@ class SlurmCluster:
     (holding the machine lock, as any ``Cluster``).
     """
 
-    def __init__(self, cluster: Cluster | None = None, compute_nodes: int = 3) -> None:
+    def __init__(
+        self, cluster: Cluster | None = None, compute_nodes: int = 3, gpus_per_node: int = 0
+    ) -> None:
         self.compute_nodes = compute_nodes
+        self.gpus_per_node = gpus_per_node  # count-only GRES: Slurm hands out GPUs none has
         self.cluster = cluster or Cluster(compute_nodes + 1)
         self._owns_cluster = cluster is None
         self._stack = contextlib.ExitStack()
@@ -266,16 +269,42 @@ class SlurmCluster:
         (etc / "slurm.conf").write_text(self._slurm_conf(state))
         (etc / "cgroup.conf").write_text("CgroupPlugin=autodetect\n")
         (etc / "plugstack.conf").write_text("")
+        (etc / "gres.conf").write_text(self._gres_conf(state))
         return root
 
+    def _gres_conf(self, state: Path) -> str:
+        """GPUs no host has: Slurm 22.05's gres/gpu drops a count without device files
+        (the node then registers with 0 and is INVAL), so each GPU is a plain file of the
+        state dir (`gpus/nvidia<N>`), never opened: task/none constrains no device.
+        Slurm schedules, counts and numbers them (CUDA_VISIBLE_DEVICES) as real ones."""
+        if not self.gpus_per_node:
+            return ""
+        devices = state / "gpus"
+        devices.mkdir(mode=0o755, exist_ok=True)
+        for index in range(self.gpus_per_node):
+            (devices / f"nvidia{index}").touch()
+        files = f"{devices}/nvidia[0-{self.gpus_per_node - 1}]"
+        lines = ["AutoDetect=off"]
+        lines += [f"NodeName={h.name} Name=gpu File={files}" for h in self.compute]
+        return "\n".join(lines) + "\n"
+
     def _slurm_conf(self, state: Path) -> str:
+        gres = f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else ""
         nodes = "\n".join(
-            f"NodeName={host.name} NodeAddr={host.address} CPUs={CPUS_PER_NODE} State=UNKNOWN"
+            f"NodeName={host.name} NodeAddr={host.address} CPUs={CPUS_PER_NODE}{gres} State=UNKNOWN"
             for host in self.compute
         )
         names = ",".join(host.name for host in self.compute)
+        # GPUs need cons_tres: select/linear hands a job whole nodes but none of their
+        # GRES (JOB_GRES=gpu:0), and srun's step then asks for GPUs the job lacks.
+        types = "GresTypes=gpu\n" if self.gpus_per_node else ""
+        select = (
+            "select/cons_tres\nSelectTypeParameters=CR_CPU"
+            if self.gpus_per_node
+            else "select/linear"
+        )
         return f"""\
-ClusterName=orchtest
+{types}ClusterName=orchtest
 SlurmctldHost={self.login.name}({self.login.address})
 SlurmUser=root
 SlurmdUser=root
@@ -295,7 +324,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none
 SchedulerType=sched/backfill
-SelectType=select/linear
+SelectType={select}
 ReturnToService=2
 SlurmdTimeout=30
 InactiveLimit=0

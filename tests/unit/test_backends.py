@@ -1,18 +1,17 @@
 """The backend is chosen once, from the inventory or from a job's record, and what a
-backend cannot do yet is refused with one error (Unsupported, exit 2) naming the job."""
+backend cannot do is refused with one error (Unsupported, exit 2)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from orchestrator import backends
-from orchestrator.models.errors import InputError
+from orchestrator.models.errors import InputError, Unsupported
 from orchestrator.models.inventory import load_inventory
+from orchestrator.models.job import load_job
 from orchestrator.models.states import JobState
-from orchestrator.records.db import JobDB, JobRecord
-from tests.unit.conftest import Orch, WriteFile
+from orchestrator.records.db import JobRecord
+from tests.unit.conftest import WriteFile
 
 HPC = """
 slurm:
@@ -46,29 +45,11 @@ def test_a_recorded_job_goes_back_to_the_backend_that_ran_it() -> None:
         backends.for_record(other)
 
 
-@pytest.mark.parametrize(
-    ("verb", "message"),
-    [
-        (("top",), "orch top does not watch a Slurm job yet"),
-        (("pull",), "orch pull does not copy a Slurm job's outputs yet"),
-    ],
-)
-def test_what_slurm_cannot_do_yet_is_refused_naming_the_job(
-    orch: Orch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verb: tuple[str], message: str
-) -> None:
-    with monkeypatch.context() as m:
-        m.setenv("ORCH_HOME", str(tmp_path / "state"))
-        JobDB().add(slurm_record())
-    result = orch(*verb, "digits-ab12cd")
-    assert result.returncode == 2
-    assert f"error: job digits-ab12cd: {message}" in result.stderr and "hint: " in result.stderr
-
-
-def test_the_host_view_of_a_slurm_cluster_is_refused_naming_the_inventory(
-    orch: Orch, write: WriteFile
-) -> None:
-    hpc = write("hpc.yaml", HPC)
-    result = orch("status", "--hosts", "-i", hpc)
-    assert result.returncode == 2
-    assert f"error: {hpc}: orch status --hosts does not show" in result.stderr
-    assert "sinfo" in result.stderr
+def test_what_slurm_cannot_do_is_refused_with_slurms_own_reason(write: WriteFile) -> None:
+    write("train.py", "")
+    inventory = load_inventory(write("hpc.yaml", HPC))
+    job = load_job(write("job.yaml", "name: digits\nscript: train.py\nnodes: 2\n"))
+    with pytest.raises(Unsupported) as caught:
+        backends.for_inventory(inventory).plan(job, inventory)
+    assert "Slurm picks the nodes at start" in caught.value.message
+    assert "--dry-run" in caught.value.hint and caught.value.exit_code == 2

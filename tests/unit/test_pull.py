@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.agent.kernel import protocol
-from orchestrator.jobs.pull import SafeTree, frames, pull
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
 from orchestrator.nodes.group import HostGroup
 from orchestrator.records.db import JobRecord, NodeRecord
 from orchestrator.reporting.pull import PullReport
+from orchestrator.reporting.receive import SafeTree, frames, pull
 from orchestrator.transport import ConnectOptions
 
 

@@ -104,7 +104,7 @@ def test_the_batch_script_asks_for_the_nodes_and_starts_one_launcher_each(
         "--ntasks-per-node=1",
         "--output=slurm/batch-%j.out",
         "--partition=gpu",
-        "--gpus-per-node=8",
+        "--gres=gpu:8",
     ):
         assert f"#SBATCH {option}\n" in text
     assert "srun --kill-on-bad-exit=1 --ntasks-per-node=1 --nodes=3" in text
@@ -118,7 +118,7 @@ def test_the_batch_script_leaves_out_what_the_inventory_does_not_say(
 ) -> None:
     bare = slurm_of(write, inventory="slurm: {login: l1}")
     text = script.batch_script(bare)
-    assert "--partition" not in text and "--gpus-per-node" not in text
+    assert "--partition" not in text and "--gres" not in text
     assert bare.nproc == 1 and bare.world_size == 3
     assert slurm_of(write, "nproc_per_node: 2\n").world_size == 6
     assert slurm_of(write).nproc == 8  # gpus_per_node is nproc_per_node's default
@@ -219,8 +219,6 @@ def test_the_cli_dry_run_prints_the_batch_script_and_refuses_ssh_keys(
     ("extra", "key", "message", "hint"),
     [
         ("restarts: 2\n", "restarts", "restarts: is not supported on a Slurm", "--requeue"),
-        ("outputs: [ckpt]\n", "outputs", "outputs: is not brought back from a Slurm", "shared"),
-        ("launcher: python\n", "launcher", "launcher: python is not supported on a", "leave"),
     ],
 )
 def test_what_slurm_cannot_do_yet_is_one_error_at_the_job_files_key(
@@ -235,3 +233,23 @@ def test_what_slurm_cannot_do_yet_is_one_error_at_the_job_files_key(
         caught.value.message.startswith(f"{job.path}:{line}:") and message in caught.value.message
     )
     assert hint in caught.value.hint and caught.value.exit_code == 2
+
+
+def test_launcher_python_runs_the_entry_once_per_node_with_the_output_the_nodes(
+    write: WriteFile, workdir: Path
+) -> None:
+    spec = script.node_specs(slurm_of(write, "launcher: python\nargs: [-i, '{node_rank}']\n"))
+    assert spec["launcher"] == "python"
+    assert spec["entry"] == ["agent/run.py", "rank", "-", "code", "script", "train.py", "--"]
+    assert [n["args"] for n in spec["nodes"]] == [["-i", "0"], ["-i", "1"], ["-i", "2"]]  # type: ignore[index, union-attr]
+
+
+def test_the_jobs_gpus_per_node_is_slurms_gres_request_and_wins_over_the_inventorys(
+    write: WriteFile, workdir: Path
+) -> None:
+    sj = slurm_of(write, "gpus_per_node: 2\n")
+    assert "#SBATCH --gres=gpu:2\n" in script.batch_script(sj)
+    assert (sj.gpus, sj.nproc) == (2, 2)
+    assert slurm_of(write, "gpus_per_node: 2\nnproc_per_node: 1\n").nproc == 1
+    none = slurm_of(write, "gpus_per_node: 0\n")
+    assert "--gres" not in script.batch_script(none) and none.nproc == 1

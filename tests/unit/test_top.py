@@ -24,10 +24,10 @@ import pytest
 from orchestrator.agent.host import nvidia, proc
 from orchestrator.agent.kernel.protocol import TopSample, parse_message
 from orchestrator.agent.node import top as agent_top
-from orchestrator.jobs import top
 from orchestrator.models.inventory import Host
 from orchestrator.records.db import NodeRecord
-from orchestrator.reporting.top import NodeView, RankView, TopView
+from orchestrator.reporting import top_rates
+from orchestrator.reporting.top import GpuView, NodeView, RankView, TopView
 
 # What `nvidia-smi --query-gpu=index,uuid,utilization.gpu,memory.used,memory.total
 # --format=csv,noheader,nounits` prints: ", " between cells, no units; a MIG-enabled
@@ -326,7 +326,7 @@ def test_rates_come_from_two_samples_on_the_hosts_clock() -> None:
     before = top_sample(100.0, [rank(0, 10.0, None), rank(1, 3.0, None)])
     now = top_sample(102.0, [rank(0, 11.5, 400), rank(1, 3.0, 0, idle=12.0)])
     talked: set[tuple[str, str]] = set()
-    view = top.node_view(NODE, now, before, talked)
+    view = top_rates.node_view(NODE, now, before, talked)
     r0, r1 = view.ranks
     assert view.window_s == 2.0
     assert (r0.cpu_percent, r0.lines_per_s) == (75.0, 200.0)
@@ -336,14 +336,16 @@ def test_rates_come_from_two_samples_on_the_hosts_clock() -> None:
 
 
 def test_the_first_sample_has_no_rates_yet() -> None:
-    view = top.node_view(NODE, top_sample(5.0, [rank(0, 1.0, None)]), None, set())
+    view = top_rates.node_view(NODE, top_sample(5.0, [rank(0, 1.0, None)]), None, set())
     assert view.ranks[0].cpu_percent is None and view.ranks[0].lines_per_s is None
 
 
 def test_cpu_of_processes_that_ended_never_makes_a_negative_rate() -> None:
     before = top_sample(0.0, [rank(0, 10.0, None)])
     assert (
-        top.node_view(NODE, top_sample(1.0, [rank(0, 4.0, 0)]), before, set()).ranks[0].cpu_percent
+        top_rates.node_view(NODE, top_sample(1.0, [rank(0, 4.0, 0)]), before, set())
+        .ranks[0]
+        .cpu_percent
         == 0.0
     )
 
@@ -372,18 +374,18 @@ def view_of(
 
 def test_a_talker_silent_while_the_others_print_is_behind() -> None:
     ranks = [view_of("node1", 0, 50.0, 0.1), view_of("node2", 1, 0.0, 14.0)]
-    assert list(top.laggards(ranks)) == [("node2", 1)]
-    assert "silent for 14 s" in top.laggards(ranks)["node2", 1]
+    assert list(top_rates.laggards(ranks)) == [("node2", 1)]
+    assert "silent for 14 s" in top_rates.laggards(ranks)["node2", 1]
 
 
 def test_a_talker_far_slower_than_the_others_is_behind() -> None:
     ranks = [view_of("a", 0, 200.0, 0.0), view_of("a", 1, 180.0, 0.0), view_of("b", 2, 2.0, 0.4)]
-    assert top.laggards(ranks) == {("b", 2): "2 lines/s (others: 190)"}
+    assert top_rates.laggards(ranks) == {("b", 2): "2 lines/s (others: 190)"}
 
 
 def test_ranks_that_print_alike_leave_nobody_behind() -> None:
     ranks = [view_of("a", 0, 100.0, 0.0), view_of("b", 1, 80.0, 0.1), view_of("c", 2, 120.0, 0.0)]
-    assert top.laggards(ranks) == {}
+    assert top_rates.laggards(ranks) == {}
 
 
 def test_ranks_that_never_talked_are_never_judged() -> None:
@@ -391,18 +393,18 @@ def test_ranks_that_never_talked_are_never_judged() -> None:
     ranks = [view_of("a", 0, 30.0, 0.0)] + [
         view_of("b", n, 0.0, 600.0, talks=False) for n in (1, 2, 3)
     ]
-    assert top.laggards(ranks) == {}
+    assert top_rates.laggards(ranks) == {}
 
 
 def test_all_quiet_together_is_no_laggard() -> None:
     """Every rank silent for a while (an evaluation pass): none is behind the others."""
     ranks = [view_of("a", 0, 0.0, 40.0), view_of("b", 1, 0.0, 42.0)]
-    assert top.laggards(ranks) == {}
+    assert top_rates.laggards(ranks) == {}
 
 
 def test_slow_rates_under_one_line_a_second_are_noise() -> None:
     ranks = [view_of("a", 0, 0.5, 0.5), view_of("b", 1, 0.0, 1.5)]
-    assert top.laggards(ranks) == {}
+    assert top_rates.laggards(ranks) == {}
 
 
 def test_a_node_is_behind_when_one_of_its_ranks_is() -> None:
@@ -412,7 +414,7 @@ def test_a_node_is_behind_when_one_of_its_ranks_is() -> None:
             "node2", 1, "running", (view_of("node2", 1, 40.0, 0.1), view_of("node2", 2, 0.0, 30.0))
         ),
     ]
-    judged = top.judged(nodes)
+    judged = top_rates.judged(nodes)
     assert judged[0].behind is None
     assert judged[1].behind is not None and judged[1].behind.startswith("r2 silent")
 
@@ -421,7 +423,7 @@ def test_a_node_is_behind_when_one_of_its_ranks_is() -> None:
 
 
 def test_the_json_shape_is_the_documented_one() -> None:
-    gpu = top.GpuView(0, "GPU-1", 97, 100, 81559, True, (1,))
+    gpu = GpuView(0, "GPU-1", 97, 100, 81559, True, (1,))
     nodes = (
         NodeView(
             "node2", 1, "running", (view_of("node2", 1, 2.0, 0.1),), 2.0, 1.0, 5, (gpu,), None
@@ -478,8 +480,8 @@ def test_the_table_shows_every_rank_gpus_and_who_falls_behind_in_80_columns() ->
 
     from orchestrator.cli.cmd_top import render
 
-    gpu = top.GpuView(0, "GPU-1", 55, 20480, 81559, True, (1,))
-    nodes = top.judged(
+    gpu = GpuView(0, "GPU-1", 55, 20480, 81559, True, (1,))
+    nodes = top_rates.judged(
         [
             NodeView("node1", 0, "running", (view_of("node1", 0, 97.5, 0.0),), 2.0, 0.0, 1 << 28),
             NodeView(

@@ -185,12 +185,7 @@ def _node_env(template: dict[str, Any], values: Mapping[str, str], names: str) -
     gpus = list(template.get("gpus") or ())
     if gpus and gpus != list(range(len(gpus))):
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
-    if template["launcher"] == PYTHON:  # what torchrun would have told the script's own spawning
-        env.update(
-            MASTER_ADDR=values["master_addr"],
-            MASTER_PORT=values["master_port"],
-            NODE_RANK=values["node_rank"],
-        )
+    set_launcher_env(env, template["launcher"], values)
     env.update(
         ORCH_JOB_ID=template["job_id"],
         ORCH_NODE_RANK=values["node_rank"],
@@ -202,6 +197,17 @@ def _node_env(template: dict[str, Any], values: Mapping[str, str], names: str) -
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+def set_launcher_env(env: dict[str, str], launcher: str, values: Mapping[str, str]) -> None:
+    """With launcher python, what torchrun would have told the script's own spawning:
+    the master and this node's rank (an SSH host and a Slurm node alike)."""
+    if launcher == PYTHON:
+        env.update(
+            MASTER_ADDR=values["master_addr"],
+            MASTER_PORT=values["master_port"],
+            NODE_RANK=values["node_rank"],
+        )
 
 
 def set_ifname(env: dict[str, str], iface: str | None) -> None:

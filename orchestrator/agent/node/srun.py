@@ -12,7 +12,9 @@ an argv: it holds the job's env):
    probe finds it on an SSH host (host/probe.py);
 4. torchrun (its command as kernel/placement.py writes it) runs in the node's own
    directory of the job root with the agent's rank entry, each rank writing its own
-   `logs/rank-N.log` (what `orch` follows over the login node);
+   `logs/rank-N.log` (what `orch` follows over the login node); with launcher python
+   the entry runs once per node under the interpreter alone, its output the node's
+   (`torchrun.log`), with MASTER_ADDR, MASTER_PORT and NODE_RANK as over SSH;
 5. `exit.json` records how it ended, and the launcher exits with torchrun's code, so
    that `srun --kill-on-bad-exit=1` brings the allocation down on a failure. SIGTERM
    (scancel) goes on to torchrun, which stops its ranks.
@@ -28,9 +30,16 @@ import signal
 import socket
 import subprocess
 import time
+from typing import Any
 
 from ..host import probe
-from ..kernel.placement import set_ifname, torchrun_argv
+from ..kernel.placement import (
+    PYTHON,
+    TORCHRUN,
+    set_ifname,
+    set_launcher_env,
+    torchrun_argv,
+)
 from ..kernel.protocol import (
     AGENT,
     CODE,
@@ -91,6 +100,30 @@ def rendezvous_port(root: str, slurm_id: str, node_rank: int, master_addr: str) 
     raise SystemExit(f"orch: node rank 0 left no rendezvous port in {path}")
 
 
+def node_launcher_argv(
+    spec: dict[str, Any],
+    launcher: str,
+    node_rank: int,
+    master_addr: str,
+    port: int,
+    local_addr: str | None,
+) -> list[str]:
+    """What starts the node's entry: torchrun (torch.distributed.launch's entry takes its
+    --local_rank flag from the spec), or with launcher python the interpreter alone."""
+    if launcher == PYTHON:
+        return [spec["python"]]
+    return torchrun_argv(
+        spec["python"],
+        num_nodes=str(len(spec["nodes"])),
+        node_rank=str(node_rank),
+        nproc=str(spec["nodes"][node_rank]["nproc"]),
+        master_addr=master_addr,
+        master_port=str(port),
+        max_restarts=spec["max_restarts"],
+        local_addr=local_addr,
+    )
+
+
 def _link(target: str, name: str) -> None:
     if not os.path.lexists(name):
         with contextlib.suppress(FileExistsError):  # the controller made it meanwhile
@@ -115,20 +148,14 @@ def main(args: list[str]) -> int:
     _link(os.path.join(os.pardir, CODE), CODE)
     _link(os.path.join(os.pardir, AGENT), AGENT)
     mine = spec["nodes"][node_rank]
-    argv = torchrun_argv(
-        spec["python"],
-        num_nodes=str(len(spec["nodes"])),
-        node_rank=str(node_rank),
-        nproc=str(mine["nproc"]),
-        master_addr=master_addr,
-        master_port=str(port),
-        max_restarts=spec["max_restarts"],
-        local_addr=local_addr,
-    )
+    launcher = spec.get("launcher", TORCHRUN)
+    argv = node_launcher_argv(spec, launcher, node_rank, master_addr, port, local_addr)
     argv += [fill_marks(a, master_addr, port) for a in spec["entry"] + mine["args"]]
     env = dict(os.environ)
     env.update({k: fill_marks(v, master_addr, port) for k, v in mine["env"].items()})
     set_ifname(env, iface)
+    values = {"master_addr": master_addr, "master_port": str(port), "node_rank": str(node_rank)}
+    set_launcher_env(env, launcher, values)
     env.update(
         ORCH_SLURM_JOB_ID=slurm_id,
         ORCH_HOSTS=",".join(nodes),

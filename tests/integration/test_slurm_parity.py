@@ -1,0 +1,357 @@
+"""The same job file on Slurm as over SSH (issue 30): outputs and `orch pull` through the
+login node, launcher python and torch.distributed.launch, reattaching after an attached
+submit was killed, `orch top` and `orch status --hosts` of a Slurm job and partition,
+and `gpus_per_node:` as Slurm's own GPU request.
+
+One Slurm cluster serves the module (tests/cluster/slurm.py): node1 is the login node,
+node2..node4 the compute nodes, each declaring 2 GPUs that are plain files (GRES that
+Slurm schedules and counts, under select/cons_tres; no GPU is there). The job files are the SSH
+tests' own (tests/integration/jobs/) where they fit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import (
+    Cluster,
+    ClusterError,
+    Host,
+    OrchRunner,
+    SlurmCluster,
+    skip_or_fail,
+    slurm_unavailable_reason,
+)
+from tests.support import Lines, job_id_of, wait_for, write_job, write_workdir_job
+
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("slurm")]
+
+GPUS = 2  # count-only GRES per compute node
+SPAWN_ARGS = ["-n", "{num_nodes}", "-g", "{nprocs_list}", "-i", "{node_rank}"]
+TALK = """\
+import os, socket, sys, time
+for i in range(int(os.environ.get("LINES", "3"))):
+    print(f"line {i} of rank {os.environ['RANK']}", flush=True)
+    time.sleep(float(os.environ.get("EVERY", "0")))
+keys = ("CUDA_VISIBLE_DEVICES", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS")
+seen = " ".join(f"{k}={os.environ.get(k)}" for k in keys)
+print(f"rank {os.environ['RANK']} on {socket.gethostname()} {seen}", flush=True)
+time.sleep(float(os.environ.get("SLEEP", "0")))
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm(cluster: Cluster) -> Iterator[SlurmCluster]:
+    """The session's hosts, four of them sharing one home, running Slurm with GPUs."""
+    reason = slurm_unavailable_reason()
+    if reason:
+        skip_or_fail(reason)
+    with SlurmCluster(cluster, compute_nodes=3, gpus_per_node=GPUS) as started:
+        yield started
+
+
+@pytest.fixture
+def orch(slurm: SlurmCluster, tmp_path: Path) -> OrchRunner:
+    return OrchRunner(slurm.new_controller(), cwd=tmp_path)
+
+
+@pytest.fixture
+def hpc(slurm: SlurmCluster, tmp_path: Path) -> Path:
+    return slurm.write_inventory(tmp_path / "hpc.yaml")
+
+
+def talk_job(tmp_path: Path, **keys: object) -> Path:
+    workdir = tmp_path / "talk"
+    workdir.mkdir(exist_ok=True)
+    (workdir / "talk.py").write_text(TALK)
+    return write_workdir_job(tmp_path, workdir, "talk.py", name="talk", **keys)
+
+
+def job_root(slurm: SlurmCluster, job_id: str) -> Path:
+    assert slurm.home is not None
+    return slurm.home / ".orch" / "jobs" / job_id
+
+
+def assert_nothing_left(slurm: SlurmCluster) -> None:
+    """No allocation in squeue, and on no compute node any process but sshd and slurmd."""
+    slurm.wait_for(lambda: slurm.active_jobs() == [], "no allocation left", 30)
+    for host in slurm.compute:
+        left: list[tuple[int, str]] = []
+
+        def clean(host: Host = host, left: list[tuple[int, str]] = left) -> bool:
+            left[:] = slurm.job_processes(host)
+            return not left
+
+        try:
+            slurm.wait_for(clean, f"{host.name} clean", 30)
+        except ClusterError:
+            raise AssertionError(f"left on {host.name}: {left}") from None
+
+
+# ---------------------------------------------------------------- outputs and pull
+
+
+def expected_data(host: str) -> bytes:
+    return hashlib.sha256(host.encode()).digest() * (1 << 15)
+
+
+def outputs_job(tmp_path: Path, *args: str, paths: list[str] | None = None) -> Path:
+    """test_outputs.py's job: launcher python, every node writing its files."""
+    return write_job(
+        tmp_path,
+        "outputs",
+        "write_outputs.py",
+        launcher="python",
+        nodes=2,
+        args=list(args),
+        outputs={"from": "all", "paths": paths or ["*"]},
+    )
+
+
+def writers(stdout: str) -> list[str]:
+    """The nodes whose script wrote its outputs: `[node3] wrote node3`."""
+    return sorted(re.findall(r"^\[(\S+)\] wrote \1$", stdout, re.M))
+
+
+def assert_came_back(where: Path, hosts: list[str]) -> None:
+    """Every node's files in the one directory the nodes shared."""
+    assert len(hosts) == 2
+    for host in hosts:
+        assert (where / f"data-{host}.bin").read_bytes() == expected_data(host)
+        assert (where / "logs" / f"{host}.txt").read_text() == f"log of {host}\n"
+        assert (where / f"data-{host}.bin").stat().st_mode & 0o777 == 0o600
+    assert os.readlink(where / "latest") in {f"data-{h}.bin" for h in hosts}
+
+
+def test_outputs_come_back_through_the_login_node_when_the_job_ends(
+    slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
+) -> None:
+    result = orch("submit", outputs_job(tmp_path), "-i", hpc, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    job_id = job_id_of(result.stdout)
+    assert f"outputs: 4 files (2.1 MB) in orch-outputs/{job_id}" in result.stderr
+    assert_came_back(tmp_path / "orch-outputs" / job_id, writers(result.stdout))
+
+
+def test_outputs_come_back_after_a_failure_too(
+    slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
+) -> None:
+    result = orch("submit", outputs_job(tmp_path, "--fail-on", "node3"), "-i", hpc, timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    job_id = job_id_of(result.stdout)
+    assert "outputs: 4 files" in result.stderr, result.stderr[-3000:]
+    assert_came_back(tmp_path / "orch-outputs" / job_id, writers(result.stdout))
+    assert_nothing_left(slurm)
+
+
+def test_pull_while_running_moves_only_the_change_and_kill_brings_the_rest(
+    slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
+) -> None:
+    job = outputs_job(tmp_path, "--wait", paths=["data-*", "more-*", "next"])
+    submitted = orch("submit", "-d", job, "-i", hpc, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = job_id_of(submitted.stdout)
+    outputs = job_root(slurm, job_id) / "outputs"
+    wait_for(lambda: len(list(outputs.glob("data-*.bin"))) == 2, 60, "both nodes' outputs")
+    hosts = sorted(p.name[5:-4] for p in outputs.glob("data-*.bin"))
+
+    first = orch("pull", job_id, timeout=60)
+    assert first.returncode == 0, first.stderr
+    target = tmp_path / "orch-outputs" / job_id
+    login = slurm.login.address
+    assert first.stdout.strip() == f"[{login}] 2 files (2.1 MB) -> orch-outputs/{job_id}"
+    assert (target / f"data-{hosts[1]}.bin").read_bytes() == expected_data(hosts[1])
+
+    (outputs / "next").write_text("")
+    for host in hosts:
+        wait_for(lambda h=host: (outputs / f"more-{h}.txt").exists(), 30, f"{host}'s next output")
+    second = orch("pull", job_id, timeout=60)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == (
+        f"[{login}] 3 files (0.0 MB), 2 unchanged -> orch-outputs/{job_id}"
+    ), "only next and the two more-*.txt moved"
+
+    (outputs / "more-late.txt").write_text("late\n")
+    killed = orch("kill", job_id, timeout=90)
+    assert killed.returncode == 0, killed.stderr
+    assert "outputs: 6 files" in killed.stderr, killed.stderr
+    assert (target / "more-late.txt").read_text() == "late\n"
+    assert_nothing_left(slurm)
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def rank_lines(stdout: str) -> list[tuple[str, ...]]:
+    """(prefix host, rank, host the rank ran on, the rest) of each result line."""
+    found = re.findall(r"^\[(\S+?)(?: r\d+)?\] rank=(\d+) (.*)host=(\S+) (.*)$", stdout, re.M)
+    return sorted(
+        (prefix, rank, host, f"{middle}{rest}") for prefix, rank, middle, host, rest in found
+    )
+
+
+def test_a_self_spawning_script_gets_its_node_arguments_and_master_under_slurm(
+    slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
+) -> None:
+    job = write_job(
+        tmp_path,
+        "launchers",
+        "spawn.py",
+        launcher="python",
+        nodes=2,
+        nproc_per_node=2,
+        args=SPAWN_ARGS,
+    )
+    result = orch("submit", job, "-i", hpc, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = rank_lines(result.stdout)
+    assert [(r, rest) for _, r, _, rest in lines] == [
+        ("0", "world=4 node=0 sum=10"),
+        ("1", "world=4 node=0 sum=10"),
+        ("2", "world=4 node=1 sum=10"),
+        ("3", "world=4 node=1 sum=10"),
+    ], result.stdout
+    assert all(prefix == host for prefix, _, host, _ in lines)  # one prefix per node: no rank
+    assert lines[0][2] == lines[1][2] != lines[2][2] == lines[3][2]
+
+
+def test_a_legacy_script_gets_local_rank_as_an_argument_under_slurm(
+    slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
+) -> None:
+    job = write_job(
+        tmp_path,
+        "launchers",
+        "legacy.py",
+        launcher="torch.distributed.launch",
+        nodes=2,
+        nproc_per_node=2,
+        args=["--tag", "{node_rank}"],
+    )
+    result = orch("submit", job, "-i", hpc, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = rank_lines(result.stdout)
+    assert [(r, rest) for _, r, _, rest in lines] == [
+        ("0", "local_rank=0 sum=10 tag=0"),
+        ("1", "local_rank=1 sum=10 tag=0"),
+        ("2", "local_rank=0 sum=10 tag=1"),
+        ("3", "local_rank=1 sum=10 tag=1"),
+    ], result.stdout
+    assert all(prefix == host for prefix, _, host, _ in lines)
+
+
+# ---------------------------------------------------------------- reattach and watch
+
+
+def test_after_an_attached_submit_is_killed_status_logs_and_kill_pick_the_job_up(
+    slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
+) -> None:
+    job = talk_job(tmp_path, nodes=2, env={"LINES": "3", "SLEEP": "300"})
+    submit = orch.popen("submit", job, "-i", hpc)
+    assert submit.stdout is not None and submit.stderr is not None
+    out = Lines(submit.stdout)
+    out.wait_for("line 2 of rank 1", 90)
+    os.killpg(submit.pid, signal.SIGKILL)
+    submit.wait(10)
+    job_id = out.lines[0].split()[1]
+
+    status = orch("status", job_id, "--json", timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)[0]["state"] == "running"
+    follower = orch.popen("logs", "-f", job_id)
+    assert follower.stdout is not None and follower.stderr is not None
+    followed, follower_err = Lines(follower.stdout), Lines(follower.stderr)
+    followed.wait_for("r1] line 2 of rank 1", 60)  # from the shared home, once more
+    killed = orch("kill", job_id, timeout=90)
+    assert killed.returncode == 0, killed.stderr
+    assert f"job {job_id} killed" in killed.stdout + killed.stderr
+    assert follower.wait(60) == 1, follower_err.text()
+    after = orch("status", job_id, "--json", timeout=60)
+    assert json.loads(after.stdout)[0]["state"] == "killed"
+    assert_nothing_left(slurm)
+
+
+def test_top_shows_every_rank_of_a_running_job_and_hosts_shows_the_gpus_it_holds(
+    slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
+) -> None:
+    job = talk_job(
+        tmp_path, nodes=2, gpus_per_node=GPUS, env={"LINES": "400", "EVERY": "0.2", "SLEEP": "300"}
+    )
+    submitted = orch("submit", "-d", job, "-i", hpc, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = job_id_of(submitted.stdout)
+    root = job_root(slurm, job_id)
+    wait_for(lambda: len(list(root.glob("*/logs/rank-*.log"))) == 4, 60, "every rank's log")
+    try:
+        top = orch("top", job_id, "--once", "--json", "--interval", "1", timeout=90)
+        assert top.returncode == 0, top.stderr
+        view = json.loads(top.stdout)
+        assert view["job"] == job_id and view["state"] == "running"
+        nodes = {n["host"]: n for n in view["nodes"]}
+        assert len(nodes) == 2 and {n["state"] for n in nodes.values()} == {"running"}
+        ranks = sorted(r["rank"] for n in nodes.values() for r in n["ranks"])
+        assert ranks == [0, 1, 2, 3], view
+        for node in nodes.values():
+            for rank in node["ranks"]:
+                assert rank["pids"] and rank["rss_bytes"] > 0, rank
+                assert rank["lines"] is not None and rank["lines"] > 0, rank
+
+        hosts = orch("status", "--hosts", "-i", hpc, "--json", timeout=60)
+        assert hosts.returncode == 0, hosts.stderr
+        units = json.loads(hosts.stdout)["units"]
+        assert {(u["host"], u["kind"]) for u in units} == {(h.name, "gpu") for h in slurm.compute}
+        held = sorted((u["host"], u["unit"]) for u in units if u.get("job") == job_id)
+        assert held == sorted((h, i) for h in nodes for i in range(GPUS)), units
+        free = [u for u in units if u["host"] not in nodes]
+        assert len(free) == GPUS and {u["state"] for u in free} == {"free"}
+    finally:
+        orch("kill", job_id, timeout=90)
+    assert_nothing_left(slurm)
+
+
+# ---------------------------------------------------------------- GPUs
+
+
+def test_gpus_per_node_is_slurms_gpu_request_and_the_ranks_see_what_slurm_gives(
+    slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
+) -> None:
+    job = talk_job(tmp_path, nodes=2, gpus_per_node=GPUS, env={"LINES": "1"})
+    result = orch("submit", job, "-i", hpc, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = re.findall(r"^\[(\S+) r(\d)\] rank \2 on \1 (.*)$", result.stdout, re.M)
+    assert len(seen) == 2 * GPUS, result.stdout  # one rank per GPU: nproc_per_node's default
+    for _, _, env in seen:
+        # What Slurm sets, as it set it: the GPUs it gave the node. The test cluster's
+        # GPUs have no device numbers, so Slurm names none in CUDA_VISIBLE_DEVICES, and
+        # orch adds none of its own.
+        assert f"SLURM_GPUS_ON_NODE={GPUS}" in env and "CUDA_VISIBLE_DEVICES=None" in env, env
+    batch = job_root(slurm, job_id_of(result.stdout)) / "slurm" / "batch.sh"
+    assert f"#SBATCH --gres=gpu:{GPUS}\n" in batch.read_text()
+
+
+def test_more_gpus_per_node_than_a_node_has_is_refused_before_anything_is_queued(
+    slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
+) -> None:
+    job = talk_job(tmp_path, nodes=2, gpus_per_node=GPUS + 2)
+    result = orch("submit", job, "-i", hpc, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert (
+        f"gpus_per_node={GPUS + 2} on 2 nodes, but the nodes of Slurm partition 'debug' "
+        f"have at most {GPUS} GPUs" in result.stderr
+    )
+    assert f"hint: lower gpus_per_node (at most {GPUS})" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert slurm.active_jobs() == []
+    # Past orch's check, Slurm's own refusal is one error too.
+    sbatch = slurm.write_inventory(tmp_path / "raw.yaml", sbatch=[f"--gres=gpu:{GPUS + 2}"])
+    raw = orch("submit", talk_job(tmp_path, nodes=1), "-i", sbatch, timeout=60)
+    assert raw.returncode == 2, raw.stderr
+    assert "error: sbatch refused the job" in raw.stderr and "hint: " in raw.stderr
+    assert slurm.active_jobs() == []
