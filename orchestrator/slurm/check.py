@@ -15,6 +15,7 @@ from orchestrator.models.inventory import Inventory
 from orchestrator.models.job import JobSpec
 from orchestrator.nodes.group import HostGroup
 from orchestrator.slurm.login import LoginNode
+from orchestrator.slurm.nodes import check_gpus, partition_nodes
 from orchestrator.slurm.submit import check_partition, slurm_job
 from orchestrator.transport import ConnectOptions
 
@@ -77,6 +78,8 @@ def run_check(
         try:
             sj = slurm_job(spec, inventory, f"{spec.name}-check")
             name = check_partition(sj, partitions)
+            if sj.gpus:
+                check_gpus(sj, name, partition_nodes(node, name))
             if job is not None:
                 found.lines.append(f"job {job.name}: {sj.nodes} nodes of partition {name}: ok")
         except OrchError as exc:
