@@ -190,4 +190,6 @@ def describe(sj: SlurmJob) -> list[str]:
         lines.append(f"  {key}={shlex.quote(value)}")
     lines.append("  GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME=<interface routing to the master>")
     lines.append("  ORCH_SLURM_JOB_ID=<the Slurm job id>, ORCH_HOSTS=<the allocated nodes>")
+    if sj.job.launcher == PYTHON:  # the script spawns its own processes, once per node
+        lines.append("  MASTER_ADDR=<master>, MASTER_PORT=<port>, NODE_RANK=<node rank>")
     return lines

@@ -247,6 +247,39 @@ def test_a_legacy_script_gets_local_rank_as_an_argument_under_slurm(
     assert all(prefix == host for prefix, _, host, _ in lines)
 
 
+def test_kill_of_a_detached_self_spawning_job_leaves_nothing_on_any_node(
+    slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
+) -> None:
+    job = write_job(
+        tmp_path,
+        "launchers",
+        "spawn.py",
+        launcher="python",
+        nodes=2,
+        nproc_per_node=2,
+        args=[*SPAWN_ARGS, "--sleep", "120"],
+    )
+    submitted = orch("submit", "-d", job, "-i", hpc, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = job_id_of(submitted.stdout)
+    # The script and both of its spawned processes run on each of the two nodes.
+    wait_for(
+        lambda: (
+            sum(
+                "spawn.py" in cmd or "multiprocessing" in cmd
+                for h in slurm.compute
+                for _, cmd in slurm.job_processes(h)
+            )
+            >= 6
+        ),
+        60,
+        "every spawned process",
+    )
+    killed = orch("kill", job_id, timeout=90)
+    assert killed.returncode == 0, killed.stderr
+    assert_nothing_left(slurm)
+
+
 # ---------------------------------------------------------------- reattach and watch
 
 
