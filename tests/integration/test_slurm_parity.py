@@ -382,6 +382,11 @@ def test_more_gpus_per_node_than_a_node_has_is_refused_before_anything_is_queued
     assert f"hint: lower gpus_per_node (at most {GPUS})" in result.stderr
     assert "Traceback" not in result.stderr
     assert slurm.active_jobs() == []
+    checked = orch("check", "-i", hpc, job, timeout=60)
+    assert checked.returncode == 3, checked.stderr  # what submit would refuse
+    assert f"but the nodes of Slurm partition 'debug' have at most {GPUS} GPUs" in (
+        checked.stdout + checked.stderr
+    )
     # Past orch's check, Slurm's own refusal is one error too.
     sbatch = slurm.write_inventory(tmp_path / "raw.yaml", sbatch=[f"--gres=gpu:{GPUS + 2}"])
     raw = orch("submit", talk_job(tmp_path, nodes=1), "-i", sbatch, timeout=60)
