@@ -28,8 +28,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -144,8 +146,12 @@ class SlurmCluster:
                 self.cluster.shared_home([host.index for host in self.hosts])
             )
             assert self.cluster.workdir is not None
-            self.confdir = self._write_files(self.cluster.workdir / "slurm")
+            # A fresh directory each time: two Slurm modules may share one worker's hosts.
+            root = Path(tempfile.mkdtemp(prefix="slurm-", dir=self.cluster.workdir))
+            self._stack.callback(shutil.rmtree, root, ignore_errors=True)
+            self.confdir = self._write_files(root)
             for host in self.hosts:
+                self._stack.callback(self._unmount, host)
                 self._mount(host)
             self._start_daemon(self.login, "munged", self._munged_argv(), self.state / "munged.log")
             self._wait_for_file(self.state / "munge.sock", "munged", self.state / "munged.log")
@@ -346,6 +352,12 @@ PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP
         result = self.cluster.exec_on(host.index, ["sh", "-c", "\n".join(lines)])
         if result.returncode != 0:
             raise ClusterError(f"mounting Slurm's files on {host.name}: {result.stderr.strip()}")
+
+    def _unmount(self, host: Host) -> None:
+        """Undo ``_mount`` on ``host``, innermost first, so the next Slurm cluster starts bare."""
+        lines = [f"umount /sys/fs/cgroup/{directory}" for directory, _ in CGROUP_HIERARCHIES]
+        lines += ["umount /sys/fs/cgroup", "umount /etc/slurm"]
+        self.cluster.exec_on(host.index, ["sh", "-c", "; ".join(lines)])
 
     def _munged_argv(self) -> list[str]:
         state = self.state
