@@ -39,9 +39,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..kernel import states
+from ..kernel.lease_wire import LeaseState
 from ..kernel.line import Line, Outcome
 from ..kernel.placement import failed_hosts, next_hosts, placement, restart_delay
-from ..kernel.protocol import job_dir
+from ..kernel.protocol import MessageError, job_dir, parse_message
 
 LINE, RUNNING, STOPPING, WAITING, PORT, STARTING, KILLING, DONE, TAKING = (
     "line",
@@ -78,6 +79,11 @@ def successors(snapshot: dict[str, Any]) -> list[str]:
         and c["host"] in talking
         and isinstance(roster.get(c["host"]), int)
     ]
+
+
+def _lease_asks(asks: list[tuple[str, str]]) -> Send:
+    """The line's asks (kernel/line.py) as messages to the members."""
+    return [(host, {"k": "lease", "verb": verb}) for host, verb in asks]
 
 
 class Keeping:
@@ -163,8 +169,13 @@ class Keeping:
         elif kind == "port" and self.phase == PORT and self.chosen and host == self.chosen[0]:
             return self._start(int(msg["port"]), now)
         elif kind == "lease" and self.phase == LINE and self.line:
-            sends, outcome = self.line.hear(host, msg, now)
-            return sends + (self._out_of_line(outcome, now) if outcome else [])
+            try:
+                answer: Any = msg.get("reply")  # checked as it is parsed
+                reply = parse_message(LeaseState, answer, host)
+            except MessageError as exc:  # a round goes on without it
+                reply = LeaseState(error=f"unreadable lease answer: {exc}")
+            asks, outcome = self.line.hear(host, str(msg.get("verb")), reply, now)
+            return _lease_asks(asks) + (self._out_of_line(outcome, now) if outcome else [])
         return []
 
     def gone(self, host: str) -> None:
@@ -183,7 +194,7 @@ class Keeping:
                 for host in sorted(lost):
                     self.nodes[host].update(state=states.LOST, error="silent while in line")
                 return self._give_up_line(now)
-            return self.line.tick(now, set(self.nodes) <= self.connected)
+            return _lease_asks(self.line.tick(now, set(self.nodes) <= self.connected))
         if self.phase in (RUNNING, STARTING):
             for host in sorted(silent & set(self.nodes)):
                 node = self.nodes[host]
@@ -265,10 +276,10 @@ class Keeping:
         if outcome.left:
             return self._give_up_line(now)
         for host, reply in outcome.started.items():
-            if "pid" in reply or reply.get("state") == "started":
+            if reply.pid is not None or reply.state == "started":
                 self.nodes[host]["state"] = states.RUNNING
             else:
-                error = str(reply.get("error") or "did not start")
+                error = reply.error or "did not start"
                 self.nodes[host].update(state=states.FAILED, error=error)
         return self._after_start(now)
 
@@ -351,7 +362,7 @@ class Keeping:
         if queued and self.phase == STARTING:  # a restart on shared hosts: its turn first
             self.phase = LINE
             self.line = Line(list(self.nodes), alone=len(self.nodes) == 1)
-            return self.line.tick(now, set(self.nodes) <= self.connected)
+            return _lease_asks(self.line.tick(now, set(self.nodes) <= self.connected))
         self.phase = RUNNING
         return self._judge_running(now)
 
