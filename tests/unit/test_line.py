@@ -11,6 +11,7 @@ from orchestrator.agent.kernel import line, placement
 from orchestrator.agent.kernel.lease_wire import LeaseState
 from orchestrator.agent.kernel.line import Line, Outcome
 from orchestrator.agent.kernel.protocol import parse_message
+from tests.unit.keeping_driver import Driven
 
 HOSTS = ["node1", "node2"]
 WAITING = {"state": "waiting", "info": {"kind": "slot", "want": 2, "position": 1}}
@@ -23,7 +24,7 @@ def hear(
     return waiting.hear(host, verb, parse_message(LeaseState, reply, host), now)
 
 
-def answer(kept: Line | Keeping, verb: str, replies: dict[str, Any], now: float) -> list[Any]:
+def answer(kept: Line | Driven, verb: str, replies: dict[str, Any], now: float) -> list[Any]:
     """Every host's answer to `verb`; what was sent after the last one."""
     sends: list[Any] = []
     for host, reply in replies.items():
@@ -102,7 +103,7 @@ def test_a_member_that_does_not_answer_is_overdue() -> None:
     assert waiting.overdue(line.REPLY_WAIT_S + 1) == {"node2"}
 
 
-def queued_keeper(restarts: int = 2) -> Keeping:
+def queued_keeper(restarts: int = 2) -> Driven:
     config = {
         "job_id": "j-1",
         "restarts": restarts,
@@ -115,7 +116,7 @@ def queued_keeper(restarts: int = 2) -> Keeping:
             for h in [*HOSTS, "node3"]
         ],
     }
-    kept = Keeping(config, now=0.0)
+    kept = Driven(Keeping(config, now=0.0))
     for host in [*HOSTS, "node3"]:
         kept.hear(host, {"k": "hello", "host": host}, 0.0)
     return kept
