@@ -44,19 +44,7 @@ from ..kernel.lease_wire import LeaseState
 from ..kernel.line import Line, Outcome
 from ..kernel.placement import failed_hosts, next_hosts, placement, restart_delay
 from ..kernel.protocol import Message, MessageError, job_dir, parse_message
-from .wire import (
-    Bye,
-    Hello,
-    LeaseAnswered,
-    LeaseAsked,
-    NodeEnd,
-    NodeStarted,
-    PortFound,
-    PortWanted,
-    Start,
-    Stop,
-    Stopped,
-)
+from . import wire
 
 LINE, RUNNING, STOPPING, WAITING, PORT, STARTING, KILLING, DONE, TAKING = (
     "line",
@@ -97,7 +85,7 @@ def successors(snapshot: dict[str, Any]) -> list[str]:
 
 def _lease_asks(asks: list[tuple[str, str]]) -> Send:
     """The line's asks (kernel/line.py) as messages to the members."""
-    return [(host, LeaseAsked(verb=verb)) for host, verb in asks]
+    return [(host, wire.LeaseAsked(verb=verb)) for host, verb in asks]
 
 
 class Keeping:
@@ -164,23 +152,23 @@ class Keeping:
         if host not in self.heard:
             return []
         self.heard[host] = now
-        if isinstance(msg, Hello):
+        if isinstance(msg, wire.Hello):
             self.connected.add(host)
             self.greeted.add(host)
             self.roster[host] = msg.port
-        elif isinstance(msg, NodeEnd):
+        elif isinstance(msg, wire.NodeEnd):
             return self._ended(host, msg, now)
-        elif isinstance(msg, Stopped) and msg.attempt == self.attempt:
+        elif isinstance(msg, wire.Stopped) and msg.attempt == self.attempt:
             node = self.nodes.get(host)
             if node is not None and node["state"] in ACTIVE:
                 node["state"] = states.KILLED
             self.pending.discard(host)
             return self._after_stop(now)
-        elif isinstance(msg, NodeStarted) and msg.attempt == self.attempt:
+        elif isinstance(msg, wire.NodeStarted) and msg.attempt == self.attempt:
             return self._started(host, msg, now)
-        elif isinstance(msg, PortFound) and self.phase == PORT and self.chosen:
+        elif isinstance(msg, wire.PortFound) and self.phase == PORT and self.chosen:
             return self._start(msg.port, now) if host == self.chosen[0] else []
-        elif isinstance(msg, LeaseAnswered) and self.phase == LINE and self.line:
+        elif isinstance(msg, wire.LeaseAnswered) and self.phase == LINE and self.line:
             try:
                 reply = parse_message(LeaseState, msg.reply, host)
             except MessageError as exc:  # a round goes on without it
@@ -226,7 +214,7 @@ class Keeping:
             if self.pinned_port:
                 return self._start(int(self.pinned_port), now)
             self.phase, self.deadline = PORT, now + PORT_WAIT_S
-            return [(self.chosen[0], PortWanted())]
+            return [(self.chosen[0], wire.PortWanted())]
         elif self.phase == PORT and now > self.deadline:
             self.reason = f"{self.chosen[0]} gave no port for attempt {self.attempt + 2}"
             return self._finish(states.FAILED)
@@ -256,7 +244,7 @@ class Keeping:
 
     # ------------------------------------------------------------ transitions
 
-    def _ended(self, host: str, msg: NodeEnd, now: float) -> Send:
+    def _ended(self, host: str, msg: wire.NodeEnd, now: float) -> Send:
         node = self.nodes.get(host)
         if msg.attempt != self.attempt or node is None or node["state"] not in ACTIVE:
             return []
@@ -316,7 +304,7 @@ class Keeping:
                 self.pending.add(host)
             else:
                 node.update(state=states.LOST, error="member not connected")
-        return [(h, Stop(attempt=self.attempt)) for h in sorted(self.pending)]
+        return [(h, wire.Stop(attempt=self.attempt)) for h in sorted(self.pending)]
 
     def _after_stop(self, now: float) -> Send:
         if self.pending or self.phase not in (STOPPING, KILLING):
@@ -350,9 +338,9 @@ class Keeping:
         self.nodes = {h: self._node(states.STARTING) for h in self.chosen}
         self.phase, self.deadline = STARTING, now + START_WAIT_S
         self.pending = set(self.chosen)
-        return [(h, Start(place=self.place)) for h in self.chosen]
+        return [(h, wire.Start(place=self.place)) for h in self.chosen]
 
-    def _started(self, host: str, msg: NodeStarted, now: float) -> Send:
+    def _started(self, host: str, msg: wire.NodeStarted, now: float) -> Send:
         node = self.nodes.get(host)
         if node is None or self.phase != STARTING:
             return []
@@ -472,7 +460,7 @@ class Keeping:
 
     def _finish(self, outcome: str) -> Send:
         self.phase, self.outcome = DONE, outcome
-        return [(h, Bye()) for h in sorted(self.connected)]
+        return [(h, wire.Bye()) for h in sorted(self.connected)]
 
     # ------------------------------------------------------------ record
 
