@@ -18,9 +18,9 @@ import logging
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel.host_wire import Bandwidth, NetReady, Reached
 from orchestrator.models.errors import HostError, OrchError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
@@ -53,7 +53,8 @@ def reachability(
         {node name: reason} for each node that failed; empty when all got through.
 
     Raises:
-        HostError: the test listener could not start on the master.
+        HostError: the test listener could not start on the master, or a host's
+            agent answered a record of the wrong shape (naming the host).
     """
     if not nodes:
         return {}
@@ -62,12 +63,12 @@ def reachability(
     command = _nettest(master, "listen", port, len(nodes), LISTEN_S, token)
     listener = transport.stream(command, idle_timeout=LISTEN_S + 10)
     try:
-        ready = _first_record(listener)
-        if not ready.get("ready"):
+        ready = _first_record(master, listener)
+        if not ready.ready:
             raise HostError(
                 master.name,
                 f"cannot listen on port {port} for the connection test: "
-                f"{ready.get('error') or listener.stderr()[-300:]}",
+                f"{ready.error or listener.stderr()[-300:]}",
                 "is the port still free? run orch check again",
             )
 
@@ -90,13 +91,15 @@ def connect_all(
     got through, wait for the server to end (it ends once each node came and went).
 
     Returns:
-        {node name: reason} for each node that failed.
+        {node name: reason} for each node that failed (a reply of the wrong shape
+        among them, as the HostError that names it says).
     """
 
     def connect(host: Host, t: Transport) -> str | None:
         args = ("connect", addr, port, CONNECT_TIMEOUT_S, token)
         record = agent.run(host, t, _words(args), timeout=CONNECT_TIMEOUT_S + 30)
-        return None if record.get("ok") else str(record.get("error") or "no answer")
+        reached = agent.parse(host, Reached, record)
+        return None if reached.ok else reached.error or "no answer"
 
     results, errors = group.try_each(connect, only=[n.name for n in nodes])
     failures = {name: reason for name, reason in results.items() if reason}
@@ -111,7 +114,11 @@ def connect_all(
 def bandwidth(
     group: HostGroup, master: Host, master_addr: str, nodes: Sequence[Host]
 ) -> dict[str, Throughput]:
-    """Throughput between each node and the master, measured one node at a time."""
+    """Throughput between each node and the master, measured one node at a time.
+
+    Raises:
+        HostError: the master's test server answered a record of the wrong shape.
+    """
     if not nodes:
         return {}
     transport = group.transports[master.name]
@@ -119,11 +126,11 @@ def bandwidth(
     command = _nettest(master, "bwserve", BANDWIDTH_S, len(nodes), idle)
     server = transport.stream(command, idle_timeout=idle)
     try:
-        ready = _first_record(server)
-        if not ready.get("ready"):
-            error = f"cannot start the test server on {master.name}: {ready.get('error')}"
+        ready = _first_record(master, server)
+        if not ready.ready or ready.port is None:
+            error = f"cannot start the test server on {master.name}: {ready.error}"
             return {n.name: Throughput(error=error) for n in nodes}
-        port = int(ready["port"])
+        port = ready.port
         rates = {}
         for node in nodes:
             rates[node.name] = _measure(group.transports.get(node.name), node, master_addr, port)
@@ -138,19 +145,28 @@ def _measure(transport: Transport | None, node: Host, master_addr: str, port: in
     args = _words(("bwclient", master_addr, port, BANDWIDTH_S))
     try:
         record = agent.run(node, transport, args, timeout=2 * BANDWIDTH_S + 30)
+        measured = agent.parse(node, Bandwidth, record)
     except OrchError as exc:
         return Throughput(error=exc.message)
-    if "error" in record:
-        return Throughput(error=str(record["error"]))
-    return Throughput(record.get("up_gbps"), record.get("down_gbps"))
+    if measured.error is not None:
+        return Throughput(error=measured.error)
+    return Throughput(measured.up_gbps, measured.down_gbps)
 
 
-def _first_record(process: RemoteProcess) -> dict[str, Any]:
+def _first_record(host: Host, process: RemoteProcess) -> NetReady:
+    """A test server's first record: listening, or why not.
+
+    Raises:
+        HostError: the record is not a NetReady (naming the host).
+    """
     for line in process.lines():
         if line.startswith("{"):
-            record: dict[str, Any] = json.loads(line)
-            return record
-    return {"ready": False, "error": process.stderr().strip()[-300:] or "no answer"}
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = line
+            return agent.parse(host, NetReady, record)
+    return NetReady(ready=False, error=process.stderr().strip()[-300:] or "no answer")
 
 
 def _words(args: Sequence[object]) -> list[str]:

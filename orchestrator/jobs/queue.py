@@ -181,8 +181,7 @@ NO_UNITS = {"kind": "slot", "pool": [], "count": 0}  # waits its turn, holds not
 
 
 def lease_reply(node: NodeLaunch, transport: Transport, verb: str) -> Reply:
-    """One of the node's `lease` commands (poll, take, untake, go), its reply as sent
-    (kernel/line.py's rounds read it so, on the hosts too).
+    """One of the node's `lease` commands (poll, take, untake, go), its reply as sent.
 
     Raises:
         RemoteCommandError: the command answered nothing.
@@ -273,26 +272,26 @@ def _wait_all(
     nodes = {n.host.name: n for n in plan.nodes}
     rounds = Line(list(nodes))
     shown = ""
-    taken: dict[str, Reply] = {}
-    sends = rounds.tick(time.monotonic(), ready=True)
+    taken: dict[str, LeaseState] = {}
+    asks = rounds.tick(time.monotonic(), ready=True)
     while True:
-        following: list[tuple[str, dict[str, Any]]] = []
+        following: list[tuple[str, str]] = []
         outcome: Outcome | None = None
-        for verb in dict.fromkeys(message["verb"] for _, message in sends):
-            hosts = [host for host, message in sends if message["verb"] == verb]
+        for verb in dict.fromkeys(v for _, v in asks):
+            hosts = [host for host, v in asks if v == verb]
             replies = group.each(partial(_lease_on, nodes, verb), only=hosts)
             taken = replies if verb == "take" else taken
             for host, reply in replies.items():
-                more, done = rounds.hear(host, {"verb": verb, "reply": reply}, time.monotonic())
+                more, done = rounds.hear(host, verb, reply, time.monotonic())
                 following += more
                 outcome = outcome or done
         if outcome is not None:
             _out_of_line(plan, outcome, taken, reporter, store)
             return None
         if following:
-            sends = following
+            asks = following
             continue
-        waiting = {h: _parsed(h, Waiting, info) for h, info in rounds.waiting.items()}
+        waiting = dict(rounds.waiting)
         text = waiting_text(waiting, nodes) if waiting else "queued: taking every node's lease"
         if no_wait:
             raise QueueBusy(text)
@@ -302,15 +301,21 @@ def _wait_all(
             reporter.notice(text)
             shown = text
         time.sleep(POLL_S)
-        sends = rounds.tick(time.monotonic(), ready=True)
+        asks = rounds.tick(time.monotonic(), ready=True)
 
 
-def _lease_on(nodes: dict[str, NodeLaunch], verb: str, host: Host, transport: Transport) -> Reply:
-    return lease_reply(nodes[host.name], transport, verb)
+def _lease_on(
+    nodes: dict[str, NodeLaunch], verb: str, host: Host, transport: Transport
+) -> LeaseState:
+    return lease_command(nodes[host.name], transport, verb)
 
 
 def _out_of_line(
-    plan: LaunchPlan, outcome: Outcome, taken: dict[str, Reply], reporter: Reporter, store: JobDB
+    plan: LaunchPlan,
+    outcome: Outcome,
+    taken: dict[str, LeaseState],
+    reporter: Reporter,
+    store: JobDB,
 ) -> None:
     """Every node started, or the job cannot start: a node left the line, or did not
     start when told to go.
@@ -320,13 +325,12 @@ def _out_of_line(
     """
     for name, why in outcome.left.items():
         raise HostError(name, why)
-    started = {n: _parsed(n, LeaseState, r) for n, r in outcome.started.items()}
-    for name, reply in started.items():
+    for name, reply in outcome.started.items():
         if reply.pid is None:
             raise HostError(name, f"the node did not start: {printable(reply.error)}")
-    for name, raw in taken.items():
-        _warn(reporter, name, _parsed(name, LeaseState, raw).warnings)
-    _started(plan, started, reporter, store)
+    for name, state in taken.items():
+        _warn(reporter, name, state.warnings)
+    _started(plan, outcome.started, reporter, store)
 
 
 def _check_in_line(name: str, reply: LeaseState) -> None:

@@ -7,9 +7,9 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel.host_wire import GpuFacts, PortHolder, ProbeFacts
 from orchestrator.models.clocks import HostClock
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.facts import HostFacts
@@ -79,7 +79,8 @@ def probe_host(
     """The probe without a verdict: facts even where torch is missing (`orch check`).
 
     Raises:
-        HostError: python is missing, or the probe's output cannot be read.
+        HostError: python is missing, or the probe's output cannot be read (no JSON
+            object, or a field of the wrong type).
         RemoteCommandError: the probe itself failed.
     """
     options = {
@@ -109,7 +110,8 @@ def probe_host(
     data = protocol.last_json(result.stdout)
     if data is None:
         raise HostError(host.name, f"unreadable probe output: {result.stdout[-200:]!r}")
-    return ProbeResult(facts_from_probe(data, received, sent), data.get("ssh_addr"))
+    reply = agent.parse(host, ProbeFacts, data)
+    return ProbeResult(facts_from_probe(reply, received, sent), reply.ssh_addr)
 
 
 def torch_missing(host: Host) -> HostError:
@@ -122,56 +124,56 @@ def torch_missing(host: Host) -> HostError:
 
 
 def facts_from_probe(
-    data: dict[str, Any], received_at: float, sent_at: float | None = None
+    reply: ProbeFacts, received_at: float, sent_at: float | None = None
 ) -> HostFacts:
-    """HostFacts from the probe's JSON; `received_at` is this machine's clock when it
+    """HostFacts from the probe's reply; `received_at` is this machine's clock when it
     came, `sent_at` when the probe was sent.
 
     The probe stamps its clock just before it answers, so the difference is the
     clock offset, give or take the time the answer took to arrive; between sending
     and receiving it is sure to lie (HostClock).
     """
-    gpus = data.get("gpus") or {}
-    port = data.get("port") or {}
-    remote_time = data.get("time")
+    gpus = reply.gpus or GpuFacts()
+    port = reply.port
+    remote_time = reply.time
     return HostFacts(
-        hostname=str(data.get("hostname", "")),
-        python_version=str(data.get("python", "")),
-        torch_version=data.get("torch"),
-        iface=data.get("iface"),
-        local_addr=data.get("local_addr"),
-        free_port=data.get("free_port"),
-        os=str(data.get("os", "")),
-        python_executable=str(data.get("executable", "")),
-        torch_cuda=data.get("torch_cuda"),
-        nccl_version=data.get("nccl"),
-        gpu_count=gpus.get("count"),
-        gpu_names=tuple(str(g.get("name", "")) for g in gpus.get("list", ())),
-        gpu_error=gpus.get("error"),
-        addresses=tuple(sorted((data.get("addresses") or {}).items())),
-        route_error=data.get("route_error"),
-        port=port.get("port"),
-        port_free=port.get("free"),
-        port_holders=tuple(describe_holder(h) for h in port.get("holders", ())),
-        disk_free=data.get("disk_free"),
+        hostname=reply.hostname,
+        python_version=reply.python,
+        torch_version=reply.torch,
+        iface=reply.iface,
+        local_addr=reply.local_addr,
+        free_port=reply.free_port,
+        os=reply.os,
+        python_executable=reply.executable,
+        torch_cuda=reply.torch_cuda,
+        nccl_version=reply.nccl,
+        gpu_count=gpus.count,
+        gpu_names=tuple(g.name for g in gpus.list),
+        gpu_error=gpus.error,
+        addresses=tuple(sorted((reply.addresses or {}).items())),
+        route_error=reply.route_error,
+        port=port.port if port else None,
+        port_free=port.free if port else None,
+        port_holders=tuple(describe_holder(h) for h in port.holders) if port else (),
+        disk_free=reply.disk_free,
         clock_offset_s=remote_time - received_at if isinstance(remote_time, float) else None,
         clock=(
             HostClock.measured(remote_time, sent_at, received_at)
             if isinstance(remote_time, float) and sent_at is not None
             else None
         ),
-        modules_missing=tuple(m for m, found in (data.get("modules") or {}).items() if not found),
-        fs_mark=data.get("fs_mark"),
-        fs_seen=tuple(map(str, data["fs_seen"])) if isinstance(data.get("fs_seen"), list) else None,
+        modules_missing=tuple(m for m, found in (reply.modules or {}).items() if not found),
+        fs_mark=reply.fs_mark,
+        fs_seen=tuple(reply.fs_seen) if reply.fs_seen is not None else None,
     )
 
 
-def describe_holder(holder: dict[str, Any]) -> str:
+def describe_holder(holder: PortHolder) -> str:
     """`pid 4242 (python train.py) of user bob`, or who it is when the pid is hidden."""
-    user = holder.get("user") or "?"
-    if not holder.get("pid"):
+    user = holder.user or "?"
+    if not holder.pid:
         return f"a process of user {user} (hidden from this user: run check as {user} or root)"
-    command = " ".join(str(holder.get("command") or "?").split())
+    command = " ".join((holder.command or "?").split())
     if len(command) > 80:  # keep both ends: the program, and the arguments that name the run
         command = f"{command[:38]} ... {command[-38:]}"
-    return f"pid {holder['pid']} ({command}) of user {user}"
+    return f"pid {holder.pid} ({command}) of user {user}"

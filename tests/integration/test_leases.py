@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import select
 import subprocess
 import time
 from collections.abc import Iterator
@@ -525,8 +526,11 @@ def as_user_on(
     )
 
 
-def said(process: subprocess.Popen[str]) -> str:
+def said(process: subprocess.Popen[str], within: float = 60.0) -> str:
+    """The next line `process` prints; fails when none comes `within` seconds."""
     assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], within)
+    assert ready, f"nothing said within {within:g} s"
     return process.stdout.readline()
 
 
@@ -606,6 +610,59 @@ def test_another_users_hostile_files_give_the_next_users_job_a_correct_start_or_
         assert f"(user {BOB}: /usr/bin/python3 -I /run/orch-{BOB}.py" in error, error
     finally:
         for process in [bob, *alice]:
+            process.kill()
+            process.wait()
+        cluster.exec_on(3, ["sh", "-c", f"rm -rf {LEASES} /run/orch-u40* /run/orch-40*.py"])
+
+
+WEDGE = r"""
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from orchestrator.agent.host import proc
+from orchestrator.agent.leases import storage
+root = storage.open_dir(storage.lease_dir())
+me = (os.getpid(), proc.start_time(os.getpid()))
+name, claim = storage.new_name("T", me), storage.new_name("C", me)
+storage.claim(root, claim)  # claimed once, as a supervisor does, and never again
+storage.write_record(root, name, {
+    "kind": "slot", "count": 4, "job": "wedge", "ticket": [time.time(), "wedge"],
+    "user": "bob", "uid": os.getuid(), "holder": list(me), "boot": proc.boot_id(),
+    "host": storage.HOST, "pool": [0, 1, 2, 3], "since": time.time(), "claim": claim})
+print(name, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_ticket_at_the_front_that_nobody_claims_is_passed_within_seconds_and_keeps_its_place(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    """Bob (uid 4012) puts a ticket for all four slots of node3 at the front of the
+    line, held by a live process of his, and never takes it nor claims it again.
+    Alice's job (uid 4011) waits behind it while its claim is fresh, then starts on
+    two of the slots within seconds (policy.CLAIM_S); Bob's ticket is still first in
+    line."""
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[3], node3={"slots": 4})
+    cluster.exec_on(3, ["sh", "-c", f"rm -rf {LEASES} && install -d -m 1777 {LEASES}"])
+    bob = as_user_on(cluster, 3, BOB, WEDGE)
+    alice: subprocess.Popen[str] | None = None
+    try:
+        assert said(bob).startswith("T-4012-"), bob.stderr.read() if bob.stderr else ""
+        alice = as_user_on(cluster, 3, ALICE, VICTIM, f"/run/orch-u{ALICE}", "2")
+        start = json.loads(said(alice, within=policy.CLAIM_S + 20))
+        assert start["units"] == [0, 1], start
+        queued = start["said"]["queued"]
+        assert queued["position"] == 2 and [a["job"] for a in queued["ahead"]] == ["wedge"]
+        assert policy.CLAIM_S - 5 < start["seconds"] < policy.CLAIM_S + 5, start
+
+        shown = orch("status", "--hosts", "--json", "-i", inventory, timeout=30)
+        assert shown.returncode == 0, shown.stderr
+        found = json.loads(shown.stdout)
+        assert [(q["position"], q["job"], q["count"]) for q in found["queue"]] == [(1, "wedge", 4)]
+        states = [(u["state"], u.get("job")) for u in found["units"]]
+        assert states == [("held", "alice-job")] * 2 + [("free", None)] * 2
+        assert bob.poll() is None  # the wedge's holder still runs: its ticket lives
+    finally:
+        for process in [bob, *([alice] if alice else [])]:
             process.kill()
             process.wait()
         cluster.exec_on(3, ["sh", "-c", f"rm -rf {LEASES} /run/orch-u40* /run/orch-40*.py"])

@@ -16,6 +16,8 @@ import pytest
 
 from orchestrator.agent.host import probe as agent_probe
 from orchestrator.agent.host import proc
+from orchestrator.agent.kernel.host_wire import PortFacts, PortHolder, ProbeFacts
+from orchestrator.agent.kernel.protocol import parse_message
 from orchestrator.nodes import agent
 from orchestrator.nodes.probe import describe_holder, facts_from_probe
 
@@ -28,9 +30,9 @@ def fixture(name: str) -> str:
 
 def test_nvidia_smi_lists_eight_a100s_with_memory_and_driver() -> None:
     gpus = agent_probe.parse_gpu_query(fixture("nvidia-smi-8xA100.csv"), 0)
-    assert gpus["count"] == 8 and "error" not in gpus
-    assert [g["index"] for g in gpus["list"]] == list(range(8))
-    assert gpus["list"][0] == {
+    assert gpus.count == 8 and "error" not in gpus.as_dict()
+    assert [g.index for g in gpus.list] == list(range(8))
+    assert gpus.list[0].as_dict() == {
         "index": 0,
         "name": "NVIDIA A100-SXM4-80GB",
         "memory_mib": 81920,
@@ -40,14 +42,14 @@ def test_nvidia_smi_lists_eight_a100s_with_memory_and_driver() -> None:
 
 def test_nvidia_smi_with_a_lost_gpu_counts_seven_and_keeps_what_it_said() -> None:
     gpus = agent_probe.parse_gpu_query(fixture("nvidia-smi-gpu-lost.txt"), 15)
-    assert gpus["count"] == 7
-    assert gpus["error"].startswith("Unable to determine the device handle for GPU 0000:CA:00.0")
+    assert gpus.count == 7 and gpus.error is not None
+    assert gpus.error.startswith("Unable to determine the device handle for GPU 0000:CA:00.0")
 
 
 def test_nvidia_smi_without_driver_counts_nothing_and_says_why() -> None:
     gpus = agent_probe.parse_gpu_query(fixture("nvidia-smi-no-driver.txt"), 9)
-    assert gpus["count"] is None
-    assert gpus["error"].startswith("NVIDIA-SMI has failed because it couldn't communicate")
+    assert gpus.count is None and gpus.error is not None
+    assert gpus.error.startswith("NVIDIA-SMI has failed because it couldn't communicate")
 
 
 def test_device_nodes_count_gpus_where_nvidia_smi_is_missing() -> None:
@@ -100,24 +102,25 @@ def held() -> Iterator[int]:
 
 def test_busy_port_names_this_process_as_its_holder(held: int) -> None:
     status = agent_probe.port_status(held)
-    assert status["free"] is False
-    listening = [h for h in status["holders"] if h["state"] == "LISTEN"]
-    assert listening and listening[0]["pid"] == os.getpid()
-    assert "pytest" in listening[0]["command"] or "python" in listening[0]["command"]
+    assert status.free is False
+    listening = [h for h in status.holders if h.state == "LISTEN"]
+    assert listening and listening[0].pid == os.getpid()
+    assert "pytest" in str(listening[0].command) or "python" in str(listening[0].command)
 
 
 def test_free_port_is_free() -> None:
     port = agent_probe.free_port()
-    assert agent_probe.port_status(port) == {"port": port, "free": True}
+    assert agent_probe.port_status(port) == PortFacts(port=port, free=True)
+    assert agent_probe.port_status(port).as_dict() == {"port": port, "free": True}
 
 
 def test_holder_description_keeps_both_ends_of_a_long_command() -> None:
-    long = {"pid": 42, "command": "python -c " + "x" * 100 + " leftover-trainer", "user": "bob"}
+    long = PortHolder(pid=42, command="python -c " + "x" * 100 + " leftover-trainer", user="bob")
     text = describe_holder(long)
     assert text.startswith("pid 42 (python -c xxx") and text.endswith(
         "leftover-trainer) of user bob"
     )
-    hidden = describe_holder({"pid": None, "user": "alice"})
+    hidden = describe_holder(PortHolder(pid=None, user="alice"))
     assert hidden.startswith("a process of user alice (hidden")
 
 
@@ -149,7 +152,7 @@ def test_probe_answers_in_one_json_line_without_importing_torch(tmp_path: Path) 
 
 def test_probe_json_of_a_gpu_host_becomes_host_facts() -> None:
     data = json.loads(fixture("probe-a100-gpu-lost.json"))
-    facts = facts_from_probe(data, received_at=data["time"] - 0.5)
+    facts = facts_from_probe(parse_message(ProbeFacts, data), received_at=data["time"] - 0.5)
     assert (facts.torch_version, facts.torch_cuda, facts.nccl_version) == (
         "2.5.1+cu124",
         "12.4",

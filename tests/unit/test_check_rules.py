@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent.kernel.host_wire import ProbeFacts
+from orchestrator.agent.kernel.protocol import parse_message
 from orchestrator.check.rules import (
     Problem,
     Severity,
@@ -42,7 +44,7 @@ def host(name: str = "node2", **keys: object) -> Host:
 
 def gpu_host_facts() -> HostFacts:
     data = json.loads((FIXTURES / "probe-a100-gpu-lost.json").read_text())
-    return facts_from_probe(data, data["time"])
+    return facts_from_probe(parse_message(ProbeFacts, data), data["time"])
 
 
 def only(problems: list[Problem]) -> Problem:

@@ -3,6 +3,7 @@ as their measured offsets can tell, else the first to arrive (reporting/failure.
 
 from __future__ import annotations
 
+from orchestrator.agent.kernel.host_wire import ProbeFacts
 from orchestrator.agent.kernel.protocol import ExitRecord
 from orchestrator.jobs.watch import first_failure
 from orchestrator.models.clocks import HostClock, clocks_from_json
@@ -76,10 +77,10 @@ def test_first_failure_names_the_failed_node_not_the_secondary_that_came_first()
 
 
 def test_the_probe_measures_a_window_between_sending_and_receiving() -> None:
-    facts = facts_from_probe({"time": 2000.0}, received_at=1970.5, sent_at=1970.0)
+    facts = facts_from_probe(ProbeFacts(time=2000.0), received_at=1970.5, sent_at=1970.0)
     assert facts.clock == HostClock(29.5, 30.0)
     assert facts.clock.here(2010.0) == (1980.0, 1980.5)
-    assert facts_from_probe({"time": 2000.0}, received_at=1970.4).clock is None
+    assert facts_from_probe(ProbeFacts(time=2000.0), received_at=1970.4).clock is None
 
 
 def test_stored_clocks_that_are_malformed_are_left_out() -> None:

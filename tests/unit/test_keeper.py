@@ -19,6 +19,7 @@ from orchestrator.models.inventory import Host
 from orchestrator.models.job import LAUNCHERS, JobSpec, load_job
 from orchestrator.plan import build_plan, node_template
 from tests.unit.conftest import WriteFile
+from tests.unit.keeping_driver import Driven
 
 HOSTS = [Host(name=f"node{i}", address=f"10.77.0.{10 + i}") for i in (1, 2, 3)]
 
@@ -73,7 +74,7 @@ def test_the_agent_knows_every_launcher() -> None:
 # ---------------------------------------------------------------- decisions
 
 
-def keeping(hosts: list[str], candidates: list[str], restarts: int = 1) -> Keeping:
+def keeping(hosts: list[str], candidates: list[str], restarts: int = 1) -> Driven:
     config = {
         "job_id": "j-1",
         "restarts": restarts,
@@ -85,7 +86,7 @@ def keeping(hosts: list[str], candidates: list[str], restarts: int = 1) -> Keepi
             for h in candidates
         ],
     }
-    kept = Keeping(config, now=0.0, wall=lambda: 1700000000.0)
+    kept = Driven(Keeping(config, now=0.0, wall=lambda: 1700000000.0))
     for host in candidates:
         kept.hear(host, {"k": "hello", "host": host}, 0.0)
     return kept
@@ -237,7 +238,7 @@ def test_a_member_gets_longer_to_say_hello_than_to_keep_talking() -> None:
             {"host": h, "nproc": 1, "addr": "x", "workdir": "~"} for h in ("node1", "node2")
         ],
     }
-    kept = Keeping(config, now=0.0)
+    kept = Driven(Keeping(config, now=0.0))
     kept.hear("node1", {"k": "hello", "host": "node1"}, 0.5)
     for t in range(1, 30, 2):
         kept.hear("node1", {"k": "hb"}, float(t))

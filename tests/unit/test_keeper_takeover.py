@@ -10,11 +10,12 @@ from typing import Any
 from orchestrator.agent.keeper.decisions import GATHER_S, Keeping, successors
 from orchestrator.agent.kernel import placement
 from orchestrator.jobs.keep import current_keeper
+from tests.unit.keeping_driver import Driven
 
 LOST_AFTER = 3.0
 
 
-def keeping(hosts: list[str], candidates: list[str], restarts: int = 1) -> Keeping:
+def keeping(hosts: list[str], candidates: list[str], restarts: int = 1) -> Driven:
     config = {
         "job_id": "j-1",
         "restarts": restarts,
@@ -27,13 +28,13 @@ def keeping(hosts: list[str], candidates: list[str], restarts: int = 1) -> Keepi
             for h in candidates
         ],
     }
-    kept = Keeping(config, now=0.0, wall=lambda: 1700000000.0)
+    kept = Driven(Keeping(config, now=0.0, wall=lambda: 1700000000.0))
     for port, host in enumerate(candidates, 40100):
         kept.hear(host, {"k": "hello", "host": host, "port": port}, 0.0)
     return kept
 
 
-def shared(kept: Keeping) -> dict[str, Any]:
+def shared(kept: Driven) -> dict[str, Any]:
     """The snapshot as a member holds it: it crossed the wire as JSON."""
     snapshot: dict[str, Any] = json.loads(json.dumps(kept.snapshot()))
     return snapshot
@@ -57,17 +58,17 @@ def test_a_member_that_cannot_keep_or_no_longer_talks_to_the_keeper_is_passed_ov
 
 def test_the_new_keeper_is_one_epoch_later_and_says_where_it_keeps() -> None:
     old = keeping(["node1", "node2"], ["node1", "node2", "node3"])
-    new = Keeping.take_over(shared(old), "node2", now=10.0)
+    new = Driven(Keeping.take_over(shared(old), "node2", now=10.0))
     assert (old.record()["epoch"], old.record()["keeper"]) == (0, "node1")
     assert (new.record()["epoch"], new.record()["keeper"]) == (1, "node2")
     assert new.record()["state"] == "running"  # the nodes run on while it takes over
-    again = Keeping.take_over(shared(new), "node3", now=20.0)
+    again = Driven(Keeping.take_over(shared(new), "node3", now=20.0))
     assert again.epoch == 2 and successors(shared(new)) == []  # none talked to it yet
 
 
 def test_the_new_keeper_restarts_the_job_on_the_surviving_hosts_after_the_master_is_lost() -> None:
     old = keeping(["node1", "node2"], ["node1", "node2", "node3"])
-    new = Keeping.take_over(shared(old), "node2", now=10.0)
+    new = Driven(Keeping.take_over(shared(old), "node2", now=10.0))
     new.hear("node2", {"k": "hello", "host": "node2", "port": 40101}, 10.1)
     assert new.tick(10.2) == []  # node3 may still be on its way
     new.hear("node3", {"k": "hello", "host": "node3", "port": 40102}, 10.5)
@@ -89,7 +90,7 @@ def test_the_new_keeper_restarts_the_job_on_the_surviving_hosts_after_the_master
 
 def test_a_member_that_never_comes_to_the_new_keeper_is_lost_once_the_gathering_ends() -> None:
     old = keeping(["node1", "node2"], ["node1", "node2", "node3", "node4", "node5"])
-    new = Keeping.take_over(shared(old), "node3", now=10.0)
+    new = Driven(Keeping.take_over(shared(old), "node3", now=10.0))
     for host in ("node3", "node4", "node5"):
         new.hear(host, {"k": "hello", "host": host, "port": 1}, 10.1)
     end = 10.0 + LOST_AFTER + GATHER_S
@@ -104,7 +105,7 @@ def test_a_member_that_never_comes_to_the_new_keeper_is_lost_once_the_gathering_
 
 def test_a_keeper_that_reaches_too_few_members_starts_nothing_and_dismisses_them() -> None:
     old = keeping(["node1", "node2"], ["node1", "node2", "node3"])
-    new = Keeping.take_over(shared(old), "node2", now=10.0)
+    new = Driven(Keeping.take_over(shared(old), "node2", now=10.0))
     new.hear("node2", {"k": "hello", "host": "node2", "port": 40101}, 10.1)
     sends = new.tick(10.0 + LOST_AFTER + GATHER_S + 0.1)
     assert kinds(sends) == [("node2", "bye")]
@@ -127,7 +128,7 @@ def test_an_old_keeper_cut_off_from_the_other_members_never_starts_an_attempt() 
 def test_a_new_keeper_finishes_a_kill_its_lost_keeper_began_and_starts_nothing() -> None:
     old = keeping(["node1", "node2"], ["node1", "node2", "node3"])
     old.stop(1.0)
-    new = Keeping.take_over(shared(old), "node2", now=10.0)
+    new = Driven(Keeping.take_over(shared(old), "node2", now=10.0))
     for host in ("node2", "node3"):
         new.hear(host, {"k": "hello", "host": host, "port": 1}, 10.1)
     assert kinds(new.tick(10.2)) == [("node2", "stop")]

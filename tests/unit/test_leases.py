@@ -87,6 +87,68 @@ def test_only_the_inventorys_gpus_are_handed_out() -> None:
     assert policy.grant(pool, mine, [lease("L-x", [0], kind="gpu")], [mine], {}) == [2, 4]
 
 
+def claimed_at(record: policy.Record, at: float) -> policy.Record:
+    return {**record, "claimed": at}
+
+
+def test_a_front_ticket_nobody_claims_keeps_nothing_back_but_keeps_its_place() -> None:
+    # A ticket whose turn came and that never takes (a file a co-tenant left, with a
+    # live process of theirs as its holder): once its claim is older than CLAIM_S,
+    # the job behind it starts; it stays first in line, and may still take.
+    now = 1000.0
+    wedge = claimed_at(ticket("T-old", 1.0, "wedge", 4), now - policy.CLAIM_S - 1)
+    behind = ticket("T-new", 2.0, "honest", 2)
+    line = [wedge, behind]
+    assert policy.grant(request(2), behind, [], line, {}, now) == [0, 1]
+    assert policy.grant(request(4), wedge, [], line, {}, now) == [0, 1, 2, 3]
+    info = policy.why_waiting(request(2), behind, [], line, {})
+    assert info["position"] == 2 and [a["job"] for a in info["ahead"]] == ["wedge"]
+
+
+def test_a_claimed_ticket_keeps_its_turn_however_long_it_waits() -> None:
+    # An honest node of several: its turn came here, its job waits for another host,
+    # and its controller's rounds claim it here all the while (all or none).
+    now = 100_000.0
+    waiting = claimed_at(ticket("T-old", 1.0, "two-nodes", 4), now - 1)
+    behind = ticket("T-new", 2.0, "small", 1)
+    assert policy.grant(request(1), behind, [], [waiting, behind], {}, now) is None
+
+
+def test_a_ticket_nobody_claims_keeps_nothing_back_behind_a_lease_either() -> None:
+    # A co-tenant's lease of one slot and a ticket of theirs wanting all four: while
+    # that ticket is claimed nobody behind gets the other three; once not, they do.
+    now = 1000.0
+    held = [lease("L-theirs", [0])]
+    theirs = ticket("T-theirs", 1.0, "all", 4)
+    mine = ticket("T-mine", 2.0, "mine", 3)
+    fresh = [claimed_at(theirs, now - 2), mine]
+    assert policy.grant(request(3), mine, held, fresh, {}, now) is None
+    stale = [claimed_at(theirs, now - policy.CLAIM_S - 0.5), mine]
+    assert policy.grant(request(3), mine, held, stale, {}, now) == [1, 2, 3]
+
+
+def test_a_ticket_is_claimed_from_its_files_change_times_never_from_what_it_says() -> None:
+    record = {
+        "kind": "slot",
+        "count": 1,
+        "job": "j",
+        "ticket": [10.0, "j"],
+        "user": "u",
+        "uid": os.getuid(),
+        "holder": list(ME),
+        "boot": "b",
+        "pool": [0],
+        "since": 10.0,
+        "claimed": 1e10,  # a forged claim in the ticket's own words
+        "claim": "C-1.json",
+    }
+    checked, why = policy.check_record(record, "T-1.json", os.getuid(), 500.0)
+    assert checked is not None and checked["claimed"] == 500.0, why
+    for bad in ("../../etc/passwd", "C-/x.json", "T-1.json", 7):
+        refused, why = policy.check_record({**record, "claim": bad}, "T-1.json", os.getuid(), 1)
+        assert refused is None and why == "claim is not a claim file's name"
+
+
 def test_tickets_order_by_submit_time_then_job_id_the_same_on_every_host() -> None:
     line = [ticket("T-9", 2.0, "a", 1), ticket("T-1", 1.0, "z", 1), ticket("T-5", 1.0, "b", 1)]
     assert [t["job"] for t in sorted(line, key=policy.ticket_key)] == ["b", "z", "a"]
@@ -248,6 +310,61 @@ def test_scan_drops_my_stale_leases_and_ignores_anothers(lease_dir: Path) -> Non
     assert (lease_dir / "L-theirs-stale.json").exists()  # not ours to remove; counts for nothing
     held, _ = storage.scan(root)
     assert [r["name"] for r in held] == ["L-live.json"]
+
+
+def test_a_claim_counts_from_a_regular_file_of_the_tickets_own_user(lease_dir: Path) -> None:
+    root = storage.open_dir(str(lease_dir))
+    record = {"claimed": 5.0, "claim": "C-a.json", "uid": os.getuid()}
+    assert storage.claimed_at(root, record) == 5.0  # no claim file yet
+    storage.claim(root, "C-a.json")
+    made = os.lstat(lease_dir / "C-a.json").st_ctime
+    assert storage.claimed_at(root, record) == made > 5.0
+    assert storage.claimed_at(root, {**record, "uid": os.getuid() + 1}) == 5.0
+    os.symlink(lease_dir / "C-a.json", lease_dir / "C-link.json")
+    assert storage.claimed_at(root, {**record, "claim": "C-link.json"}) == 5.0
+
+
+def test_a_supervisor_in_line_claims_its_ticket_and_takes_its_claim_away_with_it(
+    lease_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    req = {"kind": "slot", "pool": [0, 1], "count": 2, "ticket": [1.0, "a"], "job": "a"}
+    first, _ = wait_turn(tmp_path / "a", req)
+    assert first is not None
+    waiter = subprocess.Popen(
+        [sys.executable, "-c", WAIT_IN_LINE, str(tmp_path / "b")],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert waiter.stdout is not None and b"queued" in waiter.stdout.readline()
+        _, line = storage.scan(str(lease_dir))
+        assert [t["job"] for t in line] == ["b"]
+        claim = lease_dir / line[0]["claim"]
+        assert claim.exists() and line[0]["claimed"] >= os.lstat(claim).st_ctime
+    finally:
+        holder.release(first)
+    assert waiter.wait(timeout=30) == 0
+    assert not list(lease_dir.glob("C-*")) and not list(lease_dir.glob("T-*"))
+
+
+WAIT_IN_LINE = """
+import json, os, sys
+from orchestrator.agent.leases import holder
+os.makedirs(sys.argv[1]); os.chdir(sys.argv[1])
+read_fd, write_fd = os.pipe()
+req = {"kind": "slot", "pool": [0, 1], "count": 2, "ticket": [2.0, "b"], "job": "b"}
+turn = None
+pid = os.fork()
+if pid == 0:
+    os.close(read_fd)
+    turn = holder.wait_turn({"lease": req}, write_fd)
+    holder.release(turn)
+    os._exit(0 if turn and turn.units == [0, 1] else 1)
+os.close(write_fd)
+print(os.read(read_fd, 65536).decode(), flush=True)
+sys.exit(os.waitpid(pid, 0)[1] >> 8)
+"""
 
 
 # ---------------------------------------------------------------- the supervisor's turn

@@ -8,23 +8,39 @@ from typing import Any
 
 from orchestrator.agent.keeper.decisions import Keeping
 from orchestrator.agent.kernel import line, placement
-from orchestrator.agent.kernel.line import Line
+from orchestrator.agent.kernel.lease_wire import LeaseState
+from orchestrator.agent.kernel.line import Line, Outcome
+from orchestrator.agent.kernel.protocol import parse_message
+from tests.unit.keeping_driver import Driven
 
 HOSTS = ["node1", "node2"]
 WAITING = {"state": "waiting", "info": {"kind": "slot", "want": 2, "position": 1}}
 
 
-def answer(kept: Line | Keeping, verb: str, replies: dict[str, Any], now: float) -> list[Any]:
+def hear(
+    waiting: Line, host: str, verb: str, reply: dict[str, Any], now: float
+) -> tuple[list[tuple[str, str]], Outcome | None]:
+    """A host's answer to `verb`, parsed as the controller and the keeper parse it."""
+    return waiting.hear(host, verb, parse_message(LeaseState, reply, host), now)
+
+
+def answer(kept: Line | Driven, verb: str, replies: dict[str, Any], now: float) -> list[Any]:
     """Every host's answer to `verb`; what was sent after the last one."""
     sends: list[Any] = []
     for host, reply in replies.items():
-        heard = kept.hear(host, {"k": "lease", "verb": verb, "reply": reply}, now)
-        sends = heard[0] if isinstance(kept, Line) else heard
+        if isinstance(kept, Line):
+            sends = hear(kept, host, verb, reply, now)[0]
+        else:
+            sends = kept.hear(host, {"k": "lease", "verb": verb, "reply": reply}, now)
     return sends
 
 
-def verbs(sends: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str]]:
-    return [(host, str(message.get("verb", message["k"]))) for host, message in sends]
+def verbs(sends: list[Any]) -> list[tuple[str, str]]:
+    """(host, verb) of a line's asks, or of a keeper's messages."""
+    return [
+        (host, sent if isinstance(sent, str) else str(sent.get("verb", sent["k"])))
+        for host, sent in sends
+    ]
 
 
 def test_nodes_are_polled_until_none_waits_then_taken_then_told_to_go() -> None:
@@ -32,19 +48,20 @@ def test_nodes_are_polled_until_none_waits_then_taken_then_told_to_go() -> None:
     assert waiting.tick(0.0, ready=False) == []  # a member not there yet
     assert verbs(waiting.tick(0.0, ready=True)) == [("node1", "poll"), ("node2", "poll")]
     assert waiting.tick(0.1, ready=True) == []  # answers awaited
-    sends, outcome = waiting.hear("node1", {"verb": "poll", "reply": {"state": "ready"}}, 0.2)
+    sends, outcome = hear(waiting, "node1", "poll", {"state": "ready"}, 0.2)
     assert (sends, outcome) == ([], None)
-    sends, outcome = waiting.hear("node2", {"verb": "poll", "reply": WAITING}, 0.2)
-    assert (sends, outcome) == ([], None) and waiting.waiting == {"node2": WAITING["info"]}
+    sends, outcome = hear(waiting, "node2", "poll", WAITING, 0.2)
+    assert (sends, outcome) == ([], None)
+    assert {h: w.as_dict() for h, w in waiting.waiting.items()} == {"node2": WAITING["info"]}
     assert waiting.tick(0.3, ready=True) == []  # the next round after POLL_S
     assert len(waiting.tick(0.2 + line.POLL_S, ready=True)) == 2
     ready = {"node1": {"state": "ready"}, "node2": {"state": "ready"}}
     assert verbs(answer(waiting, "poll", ready, 1.0)) == [("node1", "take"), ("node2", "take")]
     taken = {h: {"state": "taken", "units": [0, 1]} for h in HOSTS}
     assert verbs(answer(waiting, "take", taken, 1.1)) == [("node1", "go"), ("node2", "go")]
-    waiting.hear("node1", {"verb": "go", "reply": {"pid": 11}}, 1.2)
-    _, outcome = waiting.hear("node2", {"verb": "go", "reply": {"error": "disk full"}}, 1.2)
-    assert outcome is not None and outcome.started["node2"] == {"error": "disk full"}
+    hear(waiting, "node1", "go", {"pid": 11}, 1.2)
+    _, outcome = hear(waiting, "node2", "go", {"error": "disk full"}, 1.2)
+    assert outcome is not None and outcome.started["node2"].as_dict() == {"error": "disk full"}
 
 
 def test_a_refused_take_gives_back_the_leases_taken_and_waits_on() -> None:
@@ -53,37 +70,40 @@ def test_a_refused_take_gives_back_the_leases_taken_and_waits_on() -> None:
     answer(waiting, "poll", {h: {"state": "ready"} for h in HOSTS}, 0.1)
     refused = {"node1": {"state": "taken", "units": [0]}, "node2": WAITING}
     assert verbs(answer(waiting, "take", refused, 0.2)) == [("node1", "untake")]
-    assert waiting.hear("node1", {"verb": "untake", "reply": {}}, 0.3) == ([], None)  # ignored
+    assert hear(waiting, "node1", "untake", {}, 0.3) == ([], None)  # ignored
     assert verbs(waiting.tick(0.2 + line.POLL_S, ready=True))[0] == ("node1", "poll")
 
 
 def test_a_node_that_left_the_line_ends_the_wait_with_why() -> None:
     waiting = Line(HOSTS)
     waiting.tick(0.0, ready=True)
-    gone = {"state": "ended", "ended": {"error": "killed while it waited in line"}}
-    waiting.hear("node1", {"verb": "poll", "reply": {"state": "ready"}}, 0.1)
-    _, outcome = waiting.hear("node2", {"verb": "poll", "reply": gone}, 0.1)
+    gone = {
+        "state": "ended",
+        "ended": {"returncode": None, "error": "killed while it waited in line"},
+    }
+    hear(waiting, "node1", "poll", {"state": "ready"}, 0.1)
+    _, outcome = hear(waiting, "node2", "poll", gone, 0.1)
     assert outcome is not None and "killed while it waited" in outcome.left["node2"]
 
 
 def test_a_node_alone_is_only_watched_never_taken_for() -> None:
     waiting = Line(["node1"], alone=True)
     waiting.tick(0.0, ready=True)
-    assert waiting.hear("node1", {"verb": "poll", "reply": {"state": "ready"}}, 0.1) == ([], None)
+    assert hear(waiting, "node1", "poll", {"state": "ready"}, 0.1) == ([], None)
     waiting.tick(1.0, ready=True)
-    _, outcome = waiting.hear("node1", {"verb": "poll", "reply": {"state": "started"}}, 1.1)
-    assert outcome is not None and outcome.started == {"node1": {"state": "started"}}
+    _, outcome = hear(waiting, "node1", "poll", {"state": "started"}, 1.1)
+    assert outcome is not None and outcome.started == {"node1": LeaseState(state="started")}
 
 
 def test_a_member_that_does_not_answer_is_overdue() -> None:
     waiting = Line(HOSTS)
     waiting.tick(0.0, ready=True)
-    waiting.hear("node1", {"verb": "poll", "reply": WAITING}, 0.1)
+    hear(waiting, "node1", "poll", WAITING, 0.1)
     assert waiting.overdue(line.REPLY_WAIT_S - 1) == set()
     assert waiting.overdue(line.REPLY_WAIT_S + 1) == {"node2"}
 
 
-def queued_keeper(restarts: int = 2) -> Keeping:
+def queued_keeper(restarts: int = 2) -> Driven:
     config = {
         "job_id": "j-1",
         "restarts": restarts,
@@ -96,7 +116,7 @@ def queued_keeper(restarts: int = 2) -> Keeping:
             for h in [*HOSTS, "node3"]
         ],
     }
-    kept = Keeping(config, now=0.0)
+    kept = Driven(Keeping(config, now=0.0))
     for host in [*HOSTS, "node3"]:
         kept.hear(host, {"k": "hello", "host": host}, 0.0)
     return kept
@@ -169,3 +189,11 @@ def test_a_restart_on_shared_hosts_waits_its_turn_before_it_runs() -> None:
     answer(kept, "take", {h: {"state": "taken"} for h in now}, 1.5)
     answer(kept, "go", {h: {"pid": 8} for h in now}, 1.6)
     assert kept.record()["state"] == "running"
+
+
+def test_a_lease_answer_of_the_wrong_type_is_no_answer_and_the_rounds_go_on() -> None:
+    kept = queued_keeper()
+    kept.tick(0.1)
+    sends = answer(kept, "poll", {"node1": {"state": "ready"}, "node2": {"state": 5}}, 0.2)
+    assert sends == [] and kept.record()["state"] == "queued"  # no take: node2 not ready
+    assert verbs(kept.tick(0.2 + line.POLL_S)) == [("node1", "poll"), ("node2", "poll")]

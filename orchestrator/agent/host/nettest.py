@@ -6,8 +6,9 @@
     bwserve SECONDS EXPECT IDLE       serve EXPECT throughput tests on a free port
     bwclient ADDR PORT SECONDS        send to ADDR:PORT for SECONDS, then receive
 
-Each prints JSON lines; `listen` and `bwserve` print {"ready": ...} as soon as they
-listen, then a last line when done. Every command ends on its own within its time
+Each prints JSON lines, the records of kernel/host_wire.py: `listen` and `bwserve`
+print NetReady as soon as they listen, then NetDone; `connect` prints Reached,
+`bwclient` Bandwidth. Every command ends on its own within its time
 limit: a closed SSH channel does not stop a remote command. Hosts may run an older
 Python than the controller (3.8 up): `socket.timeout` is TimeoutError only from 3.10.
 """
@@ -15,17 +16,19 @@ Python than the controller (3.8 up): `socket.timeout` is TimeoutError only from 
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import sys
 import time
 from typing import Any
 
+from ..kernel.host_wire import Bandwidth, NetDone, NetReady, Reached
+from ..kernel.protocol import Message
+
 CHUNK = 1 << 20
 
 
-def emit(record: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(record) + "\n")
+def emit(record: Message) -> None:
+    sys.stdout.write(record.to_json() + "\n")
     sys.stdout.flush()
 
 
@@ -43,9 +46,9 @@ def cmd_listen(args: list[str]) -> int:
     try:
         server = listener(port)
     except OSError as exc:
-        emit({"ready": False, "error": exc.strerror or str(exc)})
+        emit(NetReady(ready=False, error=exc.strerror or str(exc)))
         return 1
-    emit({"ready": True, "port": server.getsockname()[1]})
+    emit(NetReady(ready=True, port=server.getsockname()[1]))
     deadline = time.monotonic() + seconds
     peers: list[str] = []
     with server:
@@ -64,7 +67,7 @@ def cmd_listen(args: list[str]) -> int:
                 except OSError:
                     pass
             peers.append(addr[0])
-    emit({"done": True, "peers": peers})
+    emit(NetDone(done=True, peers=peers))
     return 0
 
 
@@ -80,17 +83,16 @@ def cmd_connect(args: list[str]) -> int:
                     break
                 got += chunk
     except socket.timeout:  # noqa: UP041
-        emit(
-            {"ok": False, "error": f"no answer within {seconds:g} s (a firewall dropping packets?)"}
-        )
+        why = f"no answer within {seconds:g} s (a firewall dropping packets?)"
+        emit(Reached(ok=False, error=why))
         return 0
     except OSError as exc:
-        emit({"ok": False, "error": (exc.strerror or str(exc)).lower()})
+        emit(Reached(ok=False, error=(exc.strerror or str(exc)).lower()))
         return 0
     if got != token:
-        emit({"ok": False, "error": "another program answered on that port, not orch's test"})
+        emit(Reached(ok=False, error="another program answered on that port, not orch's test"))
         return 0
-    emit({"ok": True, "ms": round((time.monotonic() - started) * 1000, 1)})
+    emit(Reached(ok=True, ms=round((time.monotonic() - started) * 1000, 1)))
     return 0
 
 
@@ -99,9 +101,9 @@ def cmd_bwserve(args: list[str]) -> int:
     try:
         server = listener(0)
     except OSError as exc:
-        emit({"ready": False, "error": exc.strerror or str(exc)})
+        emit(NetReady(ready=False, error=exc.strerror or str(exc)))
         return 1
-    emit({"ready": True, "port": server.getsockname()[1]})
+    emit(NetReady(ready=True, port=server.getsockname()[1]))
     served = 0
     with server:
         server.settimeout(idle)
@@ -115,7 +117,7 @@ def cmd_bwserve(args: list[str]) -> int:
                 with contextlib.suppress(OSError):
                     serve_one(conn, seconds)
             served += 1
-    emit({"done": True, "served": served})
+    emit(NetDone(done=True, served=served))
     return 0
 
 
@@ -166,9 +168,9 @@ def cmd_bwclient(args: list[str]) -> int:
             up = gbits(int(nbytes), float(elapsed))
             down = gbits(*receive_all(conn))
     except (OSError, ValueError) as exc:
-        emit({"error": getattr(exc, "strerror", None) or str(exc) or type(exc).__name__})
+        emit(Bandwidth(error=getattr(exc, "strerror", None) or str(exc) or type(exc).__name__))
         return 0
-    emit({"up_gbps": up, "down_gbps": down})
+    emit(Bandwidth(up_gbps=up, down_gbps=down))
     return 0
 
 

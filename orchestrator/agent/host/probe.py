@@ -10,6 +10,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..kernel.host_wire import GpuFacts, GpuRow, PortFacts, PortHolder, ProbeFacts
 from ..kernel.protocol import FS_MARKS, TOKEN_RE
 from . import nvidia, proc
 
@@ -36,39 +37,41 @@ def main(args: list[str]) -> int:
     # nvidia-smi can take a second on a big box: it runs while the rest is read.
     gpu_query = start_gpu_query() if want_gpus else None
     build = torch_build()
-    facts: dict[str, object] = {
-        "hostname": socket.gethostname(),
-        "os": os_name(),
-        "python": sys.version.split()[0],
-        "executable": sys.executable,
-        "torch": build.get("version"),
-        "torch_cuda": build.get("cuda"),
-        "torch_hip": build.get("hip"),
-        "nccl": nccl_version(build.get("dir")),
+    facts = ProbeFacts(
+        hostname=socket.gethostname(),
+        os=os_name(),
+        python=sys.version.split()[0],
+        executable=sys.executable,
+        torch=build.get("version"),
+        torch_cuda=build.get("cuda"),
+        torch_hip=build.get("hip"),
+        nccl=nccl_version(build.get("dir")),
         # The address sshd was reached at: what other hosts most likely reach us at too.
-        "ssh_addr": ssh_server_addr(),
-        "free_port": free_port(),
-    }
+        ssh_addr=ssh_server_addr(),
+        free_port=free_port(),
+    )
     own = own_addresses()
-    facts["addresses"] = own
+    facts.addresses = own
     if opts.get("master"):
-        facts.update(route_facts(str(opts["master"]), own))
+        route = route_facts(str(opts["master"]), own)
+        facts.iface, facts.local_addr = route["iface"], route["local_addr"]
+        facts.route_error = route["route_error"]
     if opts.get("port"):
-        facts["port"] = port_status(int(opts["port"]))
+        facts.port = port_status(int(opts["port"]))
     if opts.get("workdir"):
-        facts["disk_free"] = disk_free(str(opts["workdir"]))
+        facts.disk_free = disk_free(str(opts["workdir"]))
     if opts.get("mark"):
         workdir = str(opts.get("workdir") or "~/.orch")
-        facts["fs_seen"] = fs_marks(workdir, str(opts["mark"]), list(opts.get("look") or ()))
-        facts["fs_mark"] = opts["mark"] if facts["fs_seen"] is not None else None
+        facts.fs_seen = fs_marks(workdir, str(opts["mark"]), list(opts.get("look") or ()))
+        facts.fs_mark = opts["mark"] if facts.fs_seen is not None else None
     if opts.get("modules"):
-        facts["modules"] = {name: module_found(name) for name in opts["modules"]}
+        facts.modules = {name: module_found(name) for name in opts["modules"]}
     if gpu_query is not None:
-        facts["gpus"] = finish_gpu_query(gpu_query)
+        facts.gpus = finish_gpu_query(gpu_query)
     elif want_gpus:  # no nvidia-smi: the device nodes still tell the count
-        facts["gpus"] = {"count": device_gpu_count(os.listdir("/dev")), "source": "/dev"}
-    facts["time"] = time.time()  # last: the controller compares it with its own clock
-    print(json.dumps(facts))
+        facts.gpus = GpuFacts(count=device_gpu_count(os.listdir("/dev")), source="/dev")
+    facts.time = time.time()  # last: the controller compares it with its own clock
+    print(facts.to_json())
     return 0
 
 
@@ -224,7 +227,8 @@ def route_facts(target: str, own: dict[str, str]) -> dict[str, str | None]:
 
     When `target` is one of this host's own addresses, the interface is the one that
     holds it (not `lo`, which `ip route get` reports for local addresses): peers reach
-    the master through that interface. `route_error` says why there is no answer.
+    the master through that interface. `route_error` says why there is no answer
+    (the probe's fields of the same names; node/srun.py reads the first two).
     """
     import socket
     import subprocess
@@ -304,14 +308,14 @@ def start_gpu_query() -> subprocess.Popen[bytes] | None:
         return None
 
 
-def finish_gpu_query(query: subprocess.Popen[bytes]) -> dict[str, Any]:
+def finish_gpu_query(query: subprocess.Popen[bytes]) -> GpuFacts:
     answer = nvidia.finish(query, GPU_QUERY_TIMEOUT_S)
     if answer.error is not None or answer.returncode is None:
-        return {"count": None, "error": answer.error}
+        return GpuFacts(count=None, error=answer.error)
     return parse_gpu_query(answer.text, answer.returncode)
 
 
-def parse_gpu_query(out: str, returncode: int) -> dict[str, Any]:
+def parse_gpu_query(out: str, returncode: int) -> GpuFacts:
     """nvidia-smi's CSV answer: the GPUs it lists, and what it said about the others.
 
     A GPU that fell off the bus shows as a line like `Unable to determine the device
@@ -319,23 +323,23 @@ def parse_gpu_query(out: str, returncode: int) -> dict[str, Any]:
     """
     found, notes = nvidia.rows(out, 3)
     gpus = [
-        {
-            "index": int(fields[0]),
-            "name": fields[1],
-            "memory_mib": int(fields[2]) if fields[2].isdigit() else None,
-            "driver": fields[3] if len(fields) > 3 else None,
-        }
+        GpuRow(
+            index=int(fields[0]),
+            name=fields[1],
+            memory_mib=int(fields[2]) if fields[2].isdigit() else None,
+            driver=fields[3] if len(fields) > 3 else None,
+        )
         for fields in found
     ]
     if returncode != 0 and not gpus:
-        return {
-            "count": None,
-            "source": "nvidia-smi",
-            "error": " ".join(notes)[:300] or f"nvidia-smi exited {returncode}",
-        }
-    result: dict[str, Any] = {"count": len(gpus), "source": "nvidia-smi", "list": gpus}
+        return GpuFacts(
+            count=None,
+            source="nvidia-smi",
+            error=" ".join(notes)[:300] or f"nvidia-smi exited {returncode}",
+        )
+    result = GpuFacts(count=len(gpus), source="nvidia-smi", list=gpus)
     if notes:
-        result["error"] = " ".join(notes)[:300]
+        result.error = " ".join(notes)[:300]
     return result
 
 
@@ -344,7 +348,7 @@ def device_gpu_count(dev_names: list[str]) -> int:
     return sum(1 for n in dev_names if n.startswith("nvidia") and n[6:].isdigit())
 
 
-def port_status(port: int) -> dict[str, Any]:
+def port_status(port: int) -> PortFacts:
     """Whether `port` can be bound as torchrun's store binds it, and if not, by whom."""
     import socket
 
@@ -353,12 +357,12 @@ def port_status(port: int) -> dict[str, Any]:
             # As c10d's TCPStore does: a TIME_WAIT leftover does not make a port busy.
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("", port))
-        return {"port": port, "free": True}
+        return PortFacts(port=port, free=True)
     except OSError as exc:
-        return {"port": port, "free": False, "error": exc.strerror, "holders": port_holders(port)}
+        return PortFacts(port=port, free=False, error=exc.strerror, holders=port_holders(port))
 
 
-def port_holders(port: int) -> list[dict[str, Any]]:
+def port_holders(port: int) -> list[PortHolder]:
     """The sockets on `port` and, where /proc lets us see them, their processes."""
     sockets = [s for s in proc.tcp_sockets() if s["port"] == port and s["state"] != "TIME_WAIT"]
     sockets.sort(key=lambda s: s["state"] != "LISTEN")
@@ -367,12 +371,12 @@ def port_holders(port: int) -> list[dict[str, Any]]:
     for s in sockets:
         pid = owners.get(s["inode"])
         holders.append(
-            {
-                "pid": pid,
-                "command": proc.cmdline(pid) if pid else None,
-                "user": proc.user_name(s["uid"]),
-                "state": s["state"],
-                "addr": s["addr"],
-            }
+            PortHolder(
+                pid=pid,
+                command=proc.cmdline(pid) if pid else None,
+                user=proc.user_name(s["uid"]),
+                state=s["state"],
+                addr=s["addr"],
+            )
         )
     return holders

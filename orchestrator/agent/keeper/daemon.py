@@ -43,9 +43,9 @@ from typing import Any
 
 from ..host import proc
 from ..host.daemonize import daemonize
-from ..kernel.protocol import Message, MessageError, read_json, write_json
+from ..kernel.protocol import Message, read_json, write_json
 from .decisions import STOP_WAIT_S, Keeping
-from .wire import HB_S, Channel, Hello, for_member, greet, read_messages, ready, record
+from .wire import HB_S, Channel, Heartbeat, Hello, State, greet, read_messages, ready
 
 TICK_S = 0.2
 KEEPER_FILE = "keeper.json"  # in the master's node directory of attempt 0
@@ -105,7 +105,7 @@ class KeeperDaemon:
             )
             self.saved = record
 
-    def share(self) -> list[tuple[str, dict[str, Any]]]:
+    def share(self) -> list[tuple[str, Message]]:
         if self.keeping.done:
             return []
         snapshot = self.keeping.snapshot()
@@ -113,7 +113,7 @@ class KeeperDaemon:
         stale = [h for h in self.channels if self.shared.get(h) != text]
         for host in stale:
             self.shared[host] = text
-        return [(h, {"k": "state", "snapshot": snapshot}) for h in stale]
+        return [(h, State(snapshot=snapshot)) for h in stale]
 
     def accept(self) -> None:
         while True:
@@ -145,7 +145,7 @@ class KeeperDaemon:
                 pass
             sends += self.keeping.tick(time.monotonic())
             if now - beat >= HB_S:
-                sends += [(h, {"k": "hb"}) for h in self.channels]
+                sends += [(h, Heartbeat()) for h in self.channels]
                 beat = now
             sends += self.share()
             for host, decided in sends:
@@ -162,7 +162,7 @@ class KeeperDaemon:
 
     def handle(
         self, channel: Channel, message: Message | None, now: float
-    ) -> list[tuple[str, dict[str, Any]]]:
+    ) -> list[tuple[str, Message]]:
         if message is None:  # the channel is gone
             if channel.host is not None and self.channels.get(channel.host) is channel:
                 del self.channels[channel.host]
@@ -177,17 +177,15 @@ class KeeperDaemon:
             self.shared.pop(channel.host, None)
         if channel.host is None:
             return []
-        return self.keeping.hear(channel.host, record(message), now)
+        return self.keeping.hear(channel.host, message, now)
 
-    def send(self, host: str, message: dict[str, Any]) -> None:
-        """Send what Keeping decided (data) as its message class."""
+    def send(self, host: str, message: Message) -> None:
+        """Send what Keeping decided."""
         channel = self.channels.get(host)
         if channel is None:
             return
         try:
-            channel.tell(for_member(message))
-        except MessageError as exc:  # a decision of the wrong shape: said, not sent
-            print(f"not sent to {host}: {exc}", flush=True)
+            channel.tell(message)
         except OSError:
             channel.close()
 

@@ -17,10 +17,11 @@ It ends `succeeded` (every node of an attempt succeeded), `failed` (it failed an
 restart is left, or too few hosts are), or `killed` (`orch kill`: `stop()`, or a node
 found killed by someone else). It never restarts after a kill.
 
-Messages are dicts, their kind in "k". From a member: hello, hb, end {attempt,
-returncode, killed, error}, started {attempt, ok, error}, stopped {attempt}, port
-{port}, lease {verb, reply}. To a member: stop {attempt}, start {place}, port, lease
-{verb}, bye. A job that never gets its nodes out of the line is not restarted.
+Messages are the classes of keeper/wire.py. From a member: Hello, Heartbeat, NodeEnd
+{attempt, returncode, killed, error}, NodeStarted {attempt, ok, error, queued},
+Stopped {attempt}, PortFound {port}, LeaseAnswered {verb, reply}. To a member: Stop
+{attempt}, Start {place}, PortWanted, LeaseAsked {verb}, Bye. A job that never gets
+its nodes out of the line is not restarted.
 
 When the keeper's host is lost, a member takes over (takeover.py): `snapshot()` is what
 the keeper shares with its members, `Keeping.take_over` the new keeper made from it,
@@ -39,9 +40,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..kernel import states
+from ..kernel.lease_wire import LeaseState
 from ..kernel.line import Line, Outcome
 from ..kernel.placement import failed_hosts, next_hosts, placement, restart_delay
-from ..kernel.protocol import job_dir
+from ..kernel.protocol import Message, MessageError, job_dir, parse_message
+from . import wire
 
 LINE, RUNNING, STOPPING, WAITING, PORT, STARTING, KILLING, DONE, TAKING = (
     "line",
@@ -62,7 +65,7 @@ GATHER_S = 10.0  # beyond lost_after, for a new keeper's members to find it (tak
 ACTIVE = states.NODE_ACTIVE
 
 if TYPE_CHECKING:  # a runtime alias would need Python 3.9; hosts may run 3.8
-    Send = list[tuple[str, dict[str, Any]]]  # (host, message) to send
+    Send = list[tuple[str, Message]]  # (host, message) to send
 
 
 def successors(snapshot: dict[str, Any]) -> list[str]:
@@ -78,6 +81,11 @@ def successors(snapshot: dict[str, Any]) -> list[str]:
         and c["host"] in talking
         and isinstance(roster.get(c["host"]), int)
     ]
+
+
+def _lease_asks(asks: list[tuple[str, str]]) -> Send:
+    """The line's asks (kernel/line.py) as messages to the members."""
+    return [(host, wire.LeaseAsked(verb=verb)) for host, verb in asks]
 
 
 class Keeping:
@@ -139,32 +147,34 @@ class Keeping:
 
     # ------------------------------------------------------------ events
 
-    def hear(self, host: str, msg: dict[str, Any], now: float) -> Send:
-        """A message from `host`'s member."""
+    def hear(self, host: str, msg: Message, now: float) -> Send:
+        """A message from `host`'s member (a Heartbeat only says it is there)."""
         if host not in self.heard:
             return []
         self.heard[host] = now
-        kind = msg.get("k")
-        if kind == "hello":
+        if isinstance(msg, wire.Hello):
             self.connected.add(host)
             self.greeted.add(host)
-            port = msg.get("port")
-            self.roster[host] = port if isinstance(port, int) else None
-        elif kind == "end":
+            self.roster[host] = msg.port
+        elif isinstance(msg, wire.NodeEnd):
             return self._ended(host, msg, now)
-        elif kind == "stopped" and msg.get("attempt") == self.attempt:
+        elif isinstance(msg, wire.Stopped) and msg.attempt == self.attempt:
             node = self.nodes.get(host)
             if node is not None and node["state"] in ACTIVE:
                 node["state"] = states.KILLED
             self.pending.discard(host)
             return self._after_stop(now)
-        elif kind == "started" and msg.get("attempt") == self.attempt:
+        elif isinstance(msg, wire.NodeStarted) and msg.attempt == self.attempt:
             return self._started(host, msg, now)
-        elif kind == "port" and self.phase == PORT and self.chosen and host == self.chosen[0]:
-            return self._start(int(msg["port"]), now)
-        elif kind == "lease" and self.phase == LINE and self.line:
-            sends, outcome = self.line.hear(host, msg, now)
-            return sends + (self._out_of_line(outcome, now) if outcome else [])
+        elif isinstance(msg, wire.PortFound) and self.phase == PORT and self.chosen:
+            return self._start(msg.port, now) if host == self.chosen[0] else []
+        elif isinstance(msg, wire.LeaseAnswered) and self.phase == LINE and self.line:
+            try:
+                reply = parse_message(LeaseState, msg.reply, host)
+            except MessageError as exc:  # a round goes on without it
+                reply = LeaseState(error=f"unreadable lease answer: {exc}")
+            asks, outcome = self.line.hear(host, msg.verb, reply, now)
+            return _lease_asks(asks) + (self._out_of_line(outcome, now) if outcome else [])
         return []
 
     def gone(self, host: str) -> None:
@@ -183,7 +193,7 @@ class Keeping:
                 for host in sorted(lost):
                     self.nodes[host].update(state=states.LOST, error="silent while in line")
                 return self._give_up_line(now)
-            return self.line.tick(now, set(self.nodes) <= self.connected)
+            return _lease_asks(self.line.tick(now, set(self.nodes) <= self.connected))
         if self.phase in (RUNNING, STARTING):
             for host in sorted(silent & set(self.nodes)):
                 node = self.nodes[host]
@@ -204,7 +214,7 @@ class Keeping:
             if self.pinned_port:
                 return self._start(int(self.pinned_port), now)
             self.phase, self.deadline = PORT, now + PORT_WAIT_S
-            return [(self.chosen[0], {"k": "port"})]
+            return [(self.chosen[0], wire.PortWanted())]
         elif self.phase == PORT and now > self.deadline:
             self.reason = f"{self.chosen[0]} gave no port for attempt {self.attempt + 2}"
             return self._finish(states.FAILED)
@@ -234,15 +244,13 @@ class Keeping:
 
     # ------------------------------------------------------------ transitions
 
-    def _ended(self, host: str, msg: dict[str, Any], now: float) -> Send:
+    def _ended(self, host: str, msg: wire.NodeEnd, now: float) -> Send:
         node = self.nodes.get(host)
-        if msg.get("attempt") != self.attempt or node is None or node["state"] not in ACTIVE:
+        if msg.attempt != self.attempt or node is None or node["state"] not in ACTIVE:
             return []
-        code = msg.get("returncode")
-        state = (
-            states.KILLED if msg.get("killed") else states.SUCCEEDED if code == 0 else states.FAILED
-        )
-        node.update(state=state, exit_code=code, error=msg.get("error"))
+        code = msg.returncode
+        state = states.KILLED if msg.killed else states.SUCCEEDED if code == 0 else states.FAILED
+        node.update(state=state, exit_code=code, error=msg.error)
         if self.phase in (STOPPING, KILLING):
             self.pending.discard(host)
             return self._after_stop(now)
@@ -265,10 +273,10 @@ class Keeping:
         if outcome.left:
             return self._give_up_line(now)
         for host, reply in outcome.started.items():
-            if "pid" in reply or reply.get("state") == "started":
+            if reply.pid is not None or reply.state == "started":
                 self.nodes[host]["state"] = states.RUNNING
             else:
-                error = str(reply.get("error") or "did not start")
+                error = reply.error or "did not start"
                 self.nodes[host].update(state=states.FAILED, error=error)
         return self._after_start(now)
 
@@ -296,7 +304,7 @@ class Keeping:
                 self.pending.add(host)
             else:
                 node.update(state=states.LOST, error="member not connected")
-        return [(h, {"k": "stop", "attempt": self.attempt}) for h in sorted(self.pending)]
+        return [(h, wire.Stop(attempt=self.attempt)) for h in sorted(self.pending)]
 
     def _after_stop(self, now: float) -> Send:
         if self.pending or self.phase not in (STOPPING, KILLING):
@@ -330,17 +338,17 @@ class Keeping:
         self.nodes = {h: self._node(states.STARTING) for h in self.chosen}
         self.phase, self.deadline = STARTING, now + START_WAIT_S
         self.pending = set(self.chosen)
-        return [(h, {"k": "start", "place": self.place}) for h in self.chosen]
+        return [(h, wire.Start(place=self.place)) for h in self.chosen]
 
-    def _started(self, host: str, msg: dict[str, Any], now: float) -> Send:
+    def _started(self, host: str, msg: wire.NodeStarted, now: float) -> Send:
         node = self.nodes.get(host)
         if node is None or self.phase != STARTING:
             return []
         if node["state"] == states.STARTING:
-            if msg.get("ok"):
-                node["state"] = states.QUEUED if msg.get("queued") else states.RUNNING
+            if msg.ok:
+                node["state"] = states.QUEUED if msg.queued else states.RUNNING
             else:
-                node.update(state=states.FAILED, error=msg.get("error") or "could not start")
+                node.update(state=states.FAILED, error=msg.error or "could not start")
         self.pending.discard(host)
         return self._after_start(now)
 
@@ -351,7 +359,7 @@ class Keeping:
         if queued and self.phase == STARTING:  # a restart on shared hosts: its turn first
             self.phase = LINE
             self.line = Line(list(self.nodes), alone=len(self.nodes) == 1)
-            return self.line.tick(now, set(self.nodes) <= self.connected)
+            return _lease_asks(self.line.tick(now, set(self.nodes) <= self.connected))
         self.phase = RUNNING
         return self._judge_running(now)
 
@@ -452,7 +460,7 @@ class Keeping:
 
     def _finish(self, outcome: str) -> Send:
         self.phase, self.outcome = DONE, outcome
-        return [(h, {"k": "bye"}) for h in sorted(self.connected)]
+        return [(h, wire.Bye()) for h in sorted(self.connected)]
 
     # ------------------------------------------------------------ record
 

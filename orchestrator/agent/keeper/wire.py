@@ -5,8 +5,9 @@ when it connects (`join`); the keeper greets it (`greet`) and refuses a stranger
 
 Each message is one of the classes below, its kind in "k": built with `Channel.tell`,
 parsed by `Channel.hear` (kernel/protocol.py checks its fields' types; a kind this
-side does not know is skipped, fields it does not know ignored). decisions.py and
-kernel/line.py, pure, take and give them as data (`record`, `for_member`).
+side does not know is skipped, fields it does not know ignored). decisions.py, pure,
+takes and gives them as these classes; kernel/line.py's lease rounds as verbs and
+parsed lease answers.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ who holds what: job id, user, pids, since when.
                            start time, which names it for good; R: random, so
                            that no file can be put at the name beforehand)
     T-UID-PID-START-R.json a ticket: a supervisor waiting in line
+    C-UID-PID-START-R.json its claim: touched by whoever drives the ticket; made
+                           before the ticket names it, so nobody could put a
+                           file there first
 
 Any user can put any file there: a record counts only when it is a regular file
 of at most 64 KiB whose fields check, and whose `uid` owns it; the rest is
@@ -29,7 +32,17 @@ is recorded). A ticket lives while its supervisor does.
 host of a job; a ticket's time is taken as no earlier than 5 s before its file's
 ctime, which its owner cannot set back (policy.LINE_SLACK_S). A ticket may take units when the free ones, less what every older
 ticket of the same kind wants, still leave enough: first come, first served, and
-a job that needs a whole host is never overtaken by a stream of small ones. Jobs
+a job that needs a whole host is never overtaken by a stream of small ones. A ticket keeps units back only while it is claimed: whoever drives it touches
+its claim file (its supervisor at each look, a node of several its controller's
+rounds), and a ticket whose claim is older than policy.CLAIM_S (10 s) keeps its
+place but holds nothing back. A ticket nobody drives (a file a co-tenant left
+with a live process behind it, a stopped supervisor, a controller gone silent)
+then cannot stall the line: the jobs behind it start on the free units, and it is
+still first for what frees once it is claimed again. A timeout on the ticket
+itself would be wrong: a job of several nodes waits on each host, claimed, for as
+long as another host is busy. Who keeps claiming a ticket that never takes holds
+no more than a lease of theirs would, and is named as ahead in every `queued:`
+line. Jobs
 of one node take their lease as soon as their turn comes (`self_start`). Jobs of
 several nodes take them all or none: their controller asks each host whether the
 turn came (`poll`), takes every lease (`take`), and if one host refused, gives

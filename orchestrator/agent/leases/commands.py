@@ -18,6 +18,7 @@ from .holder import GO, QUEUED
 from .policy import Record, foreign_warning, grant, public, why_waiting
 from .storage import (
     LeaseError,
+    claim,
     lease_dir,
     locked,
     owner_warning,
@@ -76,6 +77,8 @@ def poll(take_it: bool = False) -> LeaseState:
     queued, root = found
     with contextlib.suppress(OSError):
         os.utime(QUEUED)
+    if isinstance(queued.get("claim"), str):  # a node of several: its controller drives it
+        claim(root, queued["claim"])
     if not runs(queued.get("holder")):
         return LeaseState(state="gone", error="the node's supervisor vanished while in line")
     try:
@@ -93,15 +96,16 @@ def _look(queued: Record, root: str, take_it: bool) -> LeaseState:
             return LeaseState(state="starting")  # its supervisor puts it back in line
         request = {"kind": ticket["kind"], "count": ticket["count"], "pool": ticket.get("pool", [])}
         busy: dict[int, Record] = {}
-        if grant(request, ticket, leases, tickets, busy) is not None:
+        now = time.time()
+        if grant(request, ticket, leases, tickets, busy, now) is not None:
             busy = busy_units(request, leases)  # nvidia-smi: only when it may matter
-        units = grant(request, ticket, leases, tickets, busy)
+        units = grant(request, ticket, leases, tickets, busy, now)
         if units is None:
             info = why_waiting(request, ticket, leases, tickets, busy)
             return LeaseState(state="waiting", info=info, warnings=seen.warnings)
         if not take_it:
             return LeaseState(state="ready", warnings=seen.warnings)
-        lease = {k: v for k, v in ticket.items() if k not in ("name", "order")}
+        lease = {k: v for k, v in ticket.items() if k not in ("name", "order", "claim", "claimed")}
         lease.update(units=units, since=time.time())
         write_record(root, str(queued["lease"]), lease)
         warnings = [foreign_warning(b) for b in busy.values()] + seen.warnings

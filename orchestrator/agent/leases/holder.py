@@ -18,6 +18,7 @@ from .policy import Record, foreign_warning, grant, why_waiting
 from .storage import (
     HOST,
     LeaseError,
+    claim,
     lease_dir,
     locked,
     new_name,
@@ -33,6 +34,7 @@ QUEUED = "queued.json"  # in the node's directory: its supervisor and ticket, wh
 GO = "go"  # in the node's directory: the controller took its leases; start
 POLL_S = 0.1  # how often a supervisor in line looks again
 GO_WAIT_S = 120.0  # a node of several waits this long for its controller's next poll
+CLAIM_EVERY_S = 1.0  # a supervisor claims its ticket this often (policy.CLAIM_S)
 
 
 class Turn:
@@ -49,6 +51,8 @@ class Turn:
         # sees): nobody can have put a file at either beforehand.
         self.ticket_name = new_name("T", self.holder)
         self.lease_name = new_name("L", self.holder)
+        self.claim_name = new_name("C", self.holder)  # made before the ticket names it
+        self.claimed = 0.0  # when this supervisor last claimed its ticket (monotonic)
 
     def env(self) -> dict[str, str]:
         """What the lease adds to the job's environment."""
@@ -73,8 +77,18 @@ class Turn:
             "host": HOST,
             "pool": request.get("pool", []),
             "since": time.time(),
-            **({"units": self.units} if kind == "L" else {}),
+            **({"units": self.units} if kind == "L" else {"claim": self.claim_name}),
         }
+
+    def claim(self) -> None:
+        """Claim the ticket (policy.CLAIM_S), at most once a second."""
+        if time.monotonic() - self.claimed >= CLAIM_EVERY_S:
+            claim(self.root, self.claim_name)
+            self.claimed = time.monotonic()
+
+    def leave_line(self) -> None:
+        remove(self.root, self.ticket_name)
+        remove(self.root, self.claim_name)
 
 
 def wait_turn(spec: Record, ready_fd: int) -> Turn | None:
@@ -91,6 +105,7 @@ def wait_turn(spec: Record, ready_fd: int) -> Turn | None:
     request = turn.request
     try:
         turn.root = open_dir(lease_dir())
+        turn.claim()
         write_record(turn.root, turn.ticket_name, turn.record("T"))
     except (OSError, LeaseError) as exc:
         refuse(turn, ready_fd, f"cannot use the lease directory: {exc}")
@@ -98,7 +113,12 @@ def wait_turn(spec: Record, ready_fd: int) -> Turn | None:
     unsafe = owner_warning(turn.root)
     if unsafe:
         turn.warnings.append(unsafe)
-    queued = {"holder": list(turn.holder), "ticket": turn.ticket_name, "lease": turn.lease_name}
+    queued = {
+        "holder": list(turn.holder),
+        "ticket": turn.ticket_name,
+        "lease": turn.lease_name,
+        "claim": turn.claim_name,
+    }
     write_json(QUEUED, {**queued, "root": turn.root})
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
@@ -106,7 +126,7 @@ def wait_turn(spec: Record, ready_fd: int) -> Turn | None:
         try:
             info = try_take(turn) if request.get("self_start", True) else taken_by_controller(turn)
         except (OSError, LeaseError) as exc:  # the lock held too long, the directory gone
-            remove(turn.root, turn.ticket_name)
+            turn.leave_line()
             if not turn.reported:
                 refuse(turn, ready_fd, f"cannot use the lease directory {turn.root}: {exc}")
             else:
@@ -115,7 +135,7 @@ def wait_turn(spec: Record, ready_fd: int) -> Turn | None:
         if info is None:
             break
         if not request.get("wait", True):
-            remove(turn.root, turn.ticket_name)
+            turn.leave_line()
             refuse(turn, ready_fd, "busy", info)
             return None
         if not turn.reported:
@@ -125,13 +145,13 @@ def wait_turn(spec: Record, ready_fd: int) -> Turn | None:
             turn.reported = True
         why = gave_up(turn, stop)
         if why:
-            remove(turn.root, turn.ticket_name)
+            turn.leave_line()
             remove(turn.root, turn.lease_name)
             end_in_line(why)
             return None
         time.sleep(POLL_S)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    remove(turn.root, turn.ticket_name)
+    turn.leave_line()
     with contextlib.suppress(OSError):
         os.unlink(QUEUED)
     return turn
@@ -140,6 +160,7 @@ def wait_turn(spec: Record, ready_fd: int) -> Turn | None:
 def try_take(turn: Turn) -> Record | None:
     """Take the lease if the node's turn came (None), else say what it waits for."""
     assert turn.request is not None
+    turn.claim()  # a node alone: its supervisor drives its ticket
     with locked(turn.root):
         found = scan(turn.root)
         leases, tickets = found
@@ -151,10 +172,11 @@ def try_take(turn: Turn) -> Record | None:
             write_record(turn.root, turn.ticket_name, turn.record("T"))
             mine = {**turn.record("T"), "name": turn.ticket_name, "order": time.time()}
             tickets.append(mine)
-        if grant(turn.request, mine, leases, tickets, {}) is None:
+        now = time.time()
+        if grant(turn.request, mine, leases, tickets, {}, now) is None:
             return why_waiting(turn.request, mine, leases, tickets, {})
         busy = busy_units(turn.request, leases)  # nvidia-smi: only when it may matter
-        units = grant(turn.request, mine, leases, tickets, busy)
+        units = grant(turn.request, mine, leases, tickets, busy, now)
         if units is not None:
             turn.units = units
             write_record(turn.root, turn.lease_name, turn.record("L"))
@@ -215,4 +237,4 @@ def release(turn: Turn | None) -> None:
     """Give the lease back: the node's job ended, however it did."""
     if turn is not None and turn.root:
         remove(turn.root, turn.lease_name)
-        remove(turn.root, turn.ticket_name)
+        turn.leave_line()

@@ -14,6 +14,14 @@ Record = Dict[str, Any]  # noqa: UP006 (run at import: hosts may have Python 3.8
 # the ticket file's change time, which its owner cannot set back: a forged time
 # moves a ticket at most this far ahead of those that came before it.
 LINE_SLACK_S = 5.0
+# A ticket keeps units back for itself only while whoever drives it claims it: its
+# supervisor at each look (a node alone), its controller's rounds (`lease poll`, a
+# node of several). A claim is the change time of the ticket's own claim file, which
+# nobody can set: a ticket that nobody drives any more (a file a co-tenant left with
+# a live process of theirs behind it, a stopped supervisor, a controller gone silent)
+# keeps its place but holds nothing back, and the tickets behind it go while it does
+# not take. Rounds come every 0.5 s plus an SSH call; this is twenty of them.
+CLAIM_S = 10.0
 MAX_UNIT = 1 << 16  # unit numbers and counts beyond any machine's
 MAX_UNITS = 4096  # entries of a units or pool list
 MAX_TEXT = 256  # characters of a job id, user name, host name, boot id
@@ -74,6 +82,7 @@ def check_record(data: Any, name: str, owner: int, changed: float) -> tuple[Reco
             "ticket is not [time, job id]",
         ),
         (not name.startswith("L-") or _is_units(data.get("units")), "units is not a list of units"),
+        (_is_claim_name(data.get("claim", "C-.json")), "claim is not a claim file's name"),
     ]
     for ok, why in checks:
         if not ok:
@@ -81,7 +90,16 @@ def check_record(data: Any, name: str, owner: int, changed: float) -> tuple[Reco
     record = dict(data, name=name)
     if name.startswith("T-"):
         record["order"] = line_time(float(data["ticket"][0]), changed)
+        record["claimed"] = changed  # storage.py adds the claim file's, if later
     return record, ""
+
+
+def claimed(ticket: Record, now: float | None) -> bool:
+    """Whether a ticket keeps units back for itself (CLAIM_S): its last claim (the
+    later of its file's and its claim file's change time, `claimed`) is recent. With
+    no clock (`now` None) or no claim known, every ticket does."""
+    at = ticket.get("claimed")
+    return now is None or at is None or now - float(at) <= CLAIM_S
 
 
 def _is_int(value: Any, low: int, high: int) -> bool:
@@ -95,6 +113,17 @@ def _is_text(value: Any) -> bool:
 def _is_time(value: Any) -> bool:
     """A finite number of seconds since 1970 (NaN compares false with everything)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < MAX_TIME
+
+
+def _is_claim_name(value: Any) -> bool:
+    """A name in the lease directory itself: C-....json, no path."""
+    return (
+        _is_text(value)
+        and value.startswith("C-")
+        and value.endswith(".json")
+        and "/" not in value
+        and "\0" not in value
+    )
 
 
 def _is_units(value: Any) -> bool:
@@ -121,13 +150,21 @@ def held_units(leases: list[Record], kind: str) -> dict[int, Record]:
 
 
 def grant(
-    request: Record, mine: Record, leases: list[Record], tickets: list[Record], busy: dict[int, Any]
+    request: Record,
+    mine: Record,
+    leases: list[Record],
+    tickets: list[Record],
+    busy: dict[int, Any],
+    now: float | None = None,
 ) -> list[int] | None:
     """The units `mine` (a ticket) may take now, or None when its turn has not come.
 
     Args:
         request: kind, pool (the units orch may hand out here) and count.
         busy: units in use by processes orch did not start (GPUs: nvidia-smi).
+        now: the host's clock, against which older tickets' claims are checked
+            (`claimed`): an older ticket nobody claimed for CLAIM_S keeps nothing
+            back; None: every older ticket does.
     """
     kind, count = request["kind"], int(request["count"])
     held = held_units(leases, kind)
@@ -136,7 +173,10 @@ def grant(
     older = [
         t
         for t in tickets
-        if t.get("kind") == kind and t["name"] != mine["name"] and ticket_key(t) < key
+        if t.get("kind") == kind
+        and t["name"] != mine["name"]
+        and ticket_key(t) < key
+        and claimed(t, now)
     ]
     # An older ticket keeps back only what it could take of these units: entries of one
     # machine in the inventory lease slots of their own (jobs/queue.py slot_offsets).

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..host import proc
-from .policy import Record, check_record, ticket_key
+from .policy import CLAIM_S, Record, check_record, ticket_key
 
 LEASE_DIRS = ("/run/lock/orch-leases", "/dev/shm/orch-leases", "/var/tmp/orch-leases")
 LOCK = ".lock"  # what agents before the directory's own lock flock()ed: taken too
@@ -188,6 +188,35 @@ def write_record(root: str, name: str, record: Record) -> None:
         raise
 
 
+def claim(root: str, name: str) -> None:
+    """Claim one of this user's tickets (policy.CLAIM_S): touch its claim file, which
+    gets a new change time; make it where it is gone (its directory's owner may remove
+    it). Best effort: a ticket not claimed is passed, never lost."""
+    path = os.path.join(root, name)
+    try:
+        os.utime(path, follow_symlinks=False)
+    except FileNotFoundError:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | O_CLOEXEC
+        with contextlib.suppress(OSError):
+            os.close(os.open(path, flags, 0o644))
+    except OSError:
+        pass
+
+
+def claimed_at(root: str, record: Record) -> float:
+    """When a ticket was last claimed: its claim file's change time, if the ticket's
+    own user made that file, and no earlier than the ticket's (`claimed`, its file's
+    change time). Nobody can set a change time, nor touch another user's file."""
+    at = float(record["claimed"])
+    name = record.get("claim")
+    if name:
+        with contextlib.suppress(OSError):
+            info = os.lstat(os.path.join(root, name))
+            if stat.S_ISREG(info.st_mode) and info.st_uid == record["uid"]:
+                at = max(at, info.st_ctime)
+    return at
+
+
 def remove(root: str, name: str) -> None:
     """Remove one of this user's files; one that is gone, or not this user's to
     remove (the directory's sticky bit), is left as it is."""
@@ -287,7 +316,9 @@ def scan(root: str) -> Scan:
     another user) counts for nothing either, and is named in `warnings`."""
     boot, me = proc.boot_id(), os.getuid()
     found = Scan()
-    for name in sorted(os.listdir(root)):
+    names = sorted(os.listdir(root))
+    claims = {n for n in names if n.startswith("C-")}
+    for name in names:
         if name[:2] not in ("L-", "T-") or not name.endswith(".json"):
             continue
         record, why = read_record(root, name)
@@ -297,10 +328,32 @@ def scan(root: str) -> Scan:
                     f"ignored {os.path.join(root, name)!r} of {owner_of(root, name)}: {why}"
                 )
             continue
+        claims.discard(record.get("claim", ""))
         if not is_live(record, boot):
             if record["uid"] == me and record.get("host", HOST) == HOST:
                 remove(root, name)
+                if record.get("claim"):
+                    remove(root, str(record["claim"]))
             continue
-        (found.leases if name.startswith("L-") else found.tickets).append(record)
+        if name.startswith("T-"):
+            record["claimed"] = claimed_at(root, record)
+            found.tickets.append(record)
+        else:
+            found.leases.append(record)
     found.tickets.sort(key=ticket_key)
+    _remove_orphans(root, claims, me)
     return found
+
+
+ORPHAN_S = 6 * CLAIM_S  # a claim file is made just before its ticket
+
+
+def _remove_orphans(root: str, claims: set[str], me: int) -> None:
+    """This user's claim files that no ticket names any more (a supervisor killed
+    between the two writes), once they are old enough not to be a new ticket's."""
+    stale = time.time() - ORPHAN_S
+    for name in claims:
+        with contextlib.suppress(OSError):
+            info = os.lstat(os.path.join(root, name))
+            if info.st_uid == me and info.st_ctime < stale:
+                remove(root, name)
