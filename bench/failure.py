@@ -402,8 +402,78 @@ class KillRow:
             f"| {median([r.usage.cpu_s for r in self.runs]):.2f} "
             f"| {median([r.usage.peak_rss_mb for r in self.runs]):.0f} "
             f"| {median([r.cores_busy for r in self.runs]):.1f} "
-            f"| {median([r.pkill_s for r in self.runs]):.2f} |"
+            f"| {median([r.pkill_s for r in self.runs]):.2f} "
+            f"| {median([r.orch_s for r in self.runs]) / median([r.pkill_s for r in self.runs]):.2f}x |"
         )
+
+
+def kill_row(cluster: Cluster, controller: Controller, n: int, repeat: int) -> KillRow:
+    """`orch kill` and parallel ssh pkill at n hosts, `repeat` times each."""
+    hang = controller.home / f"hang{n}.yaml"
+    hang.write_text(
+        f"name: hang\nworkdir: {WORKLOAD.parent}\nscript: workload.py\nnodes: {n}\nargs: [--hang]\n"
+    )
+    inventory = cluster.write_inventory(
+        controller.home / f"inv-kill{n}.yaml", hosts=[h.name for h in cluster.hosts[:n]]
+    )
+    killed = [kill_latency(cluster, controller, hang, inventory, n) for _ in range(repeat)]
+    print(
+        f"orch kill at {n} hosts: {[round(k.orch_s, 2) for k in killed]} s, CPU "
+        f"{[round(k.usage.cpu_s, 2) for k in killed]} s, RSS "
+        f"{[round(k.usage.peak_rss_mb) for k in killed]} MB, cores busy "
+        f"{[round(k.cores_busy, 1) for k in killed]}; parallel ssh pkill: "
+        f"{[round(k.pkill_s, 2) for k in killed]} s"
+    )
+    return KillRow(n, killed)
+
+
+def kill_rows(kills: list[KillRow]) -> list[str]:
+    return [
+        "| hosts | `orch kill` (s) | its CPU (s) | its peak RSS (MB) | machine's busy cores "
+        "| parallel `ssh host pkill -9 -f` (s) | orch / pkill |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        *(row.cells() for row in kills),
+    ]
+
+
+def kill_only(hosts: list[int], repeat: int) -> None:
+    """The kill measurements alone, at each host count, into their own section."""
+    with Cluster(max(hosts)) as cluster:
+        controller = cluster.new_controller()
+        place_file(cluster, controller, WORKLOAD, REMOTE_DIR)
+        kills = [kill_row(cluster, controller, n, repeat) for n in hosts]
+    table = kill_rows(kills)
+    every = [
+        f"{row.hosts} hosts: orch "
+        + ", ".join(f"{r.orch_s:.2f}" for r in row.runs)
+        + "; pkill "
+        + ", ".join(f"{r.pkill_s:.2f}" for r in row.runs)
+        for row in kills
+    ]
+    body = "\n".join(
+        [
+            "## `orch kill` against a parallel `ssh pkill`",
+            "",
+            "`orch kill` of a running job, one rank per host, every rank past its first line:",
+            "wall time for the whole command (start the CLI, connect, TERM, give the ranks their",
+            "grace, KILL torchrun once its ranks are gone, confirm every process and the port",
+            "gone, record it), its CPU and peak RSS. The baseline, in the same run against",
+            "another job of the same shape: one `ssh host pkill -9 -f` per host, all at once,",
+            "until the job's processes are gone; it kills only the workers, leaves torchrun and",
+            f"confirms nothing. Median of {repeat} runs each; {machine()}. Targets: at most 1.0x",
+            "the pkill at 8 hosts, at most 1.5 s at 32. Every host's sshd and agent share this",
+            "machine's 2 cores (the busy cores column), which a cluster's hosts would not.",
+            "",
+            *table,
+            "",
+            "Every run (s): " + "; ".join(every) + ".",
+            "",
+            f"Reproduce: `sudo .venv/bin/python bench/failure.py --only kill --hosts "
+            f"{' '.join(map(str, hosts))} --repeat {repeat}`",
+        ]
+    )
+    write_section("kill", body)
+    print("\n".join(table))
 
 
 def main() -> None:
@@ -415,7 +485,16 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=1, help="orch's runs per host count (crash, kill): median"
     )
+    parser.add_argument(
+        "--only",
+        choices=["kill"],
+        help="only `orch kill` against parallel ssh pkill, at every --hosts count "
+        "(its own section, kill)",
+    )
     args = parser.parse_args()
+    if args.only == "kill":
+        kill_only(args.hosts, args.repeat)
+        return
     scale = max(args.hosts) > 8
     kill_at = [n for n in args.hosts if n >= 8] or [max(args.hosts)]
 
@@ -458,26 +537,7 @@ def main() -> None:
                 f"{[round(r.cores_busy, 1) for r in runs]}), "
                 f"bare torchrun {'>=' if capped else ''}{base_s:.1f} s"
             )
-        for n in kill_at:
-            hang = controller.home / f"hang{n}.yaml"
-            hang.write_text(
-                f"name: hang\nworkdir: {WORKLOAD.parent}\nscript: workload.py\nnodes: {n}\n"
-                "args: [--hang]\n"
-            )
-            inventory = cluster.write_inventory(
-                controller.home / f"inv-kill{n}.yaml", hosts=[h.name for h in cluster.hosts[:n]]
-            )
-            killed = [
-                kill_latency(cluster, controller, hang, inventory, n) for _ in range(args.repeat)
-            ]
-            kills.append(KillRow(n, killed))
-            print(
-                f"orch kill at {n} hosts: {[round(k.orch_s, 2) for k in killed]} s, CPU "
-                f"{[round(k.usage.cpu_s, 2) for k in killed]} s, RSS "
-                f"{[round(k.usage.peak_rss_mb) for k in killed]} MB, cores busy "
-                f"{[round(k.cores_busy, 1) for k in killed]}; parallel ssh pkill: "
-                f"{[round(k.pkill_s, 2) for k in killed]} s"
-            )
+        kills = [kill_row(cluster, controller, n, args.repeat) for n in kill_at]
         n = max(args.hosts)
         inventory = cluster.write_inventory(
             controller.home / "inv-all.yaml", hosts=[h.name for h in cluster.hosts[:n]]
@@ -497,12 +557,7 @@ def main() -> None:
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     table += [row.cells() for row in rows]
-    kill_table = [
-        "| hosts | `orch kill` (s) | its CPU (s) | its peak RSS (MB) | machine's busy cores "
-        "| parallel `ssh host pkill -9 -f` (s) |",
-        "|---:|---:|---:|---:|---:|---:|",
-    ]
-    kill_table += [row.cells() for row in kills]
+    kill_table = kill_rows(kills)
     runs = "median of " + (f"{args.repeat} runs" if args.repeat > 1 else "1 run")
     every = [
         f"{row.hosts} hosts: " + ", ".join(f"{r.gone_s:.2f}" for r in row.runs) for row in rows

@@ -5,12 +5,12 @@ which backend it is; a new backend is a new module and a line in BACKENDS."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.backends.base import Backend, CheckView, HostsView, PullBars
-from orchestrator.backends.slurm import SlurmBackend
-from orchestrator.backends.ssh import SshBackend
 from orchestrator.models.errors import InputError
 from orchestrator.models.inventory import Inventory, resolve_inventory
 from orchestrator.models.job import JobSpec, Overrides, load_job, with_overrides
@@ -18,13 +18,25 @@ from orchestrator.records.db import JobRecord
 
 __all__ = ["Backend", "CheckView", "Chosen", "HostsView", "PullBars", "for_inventory", "load"]
 
-_ALL: tuple[Backend, ...] = (SshBackend(), SlurmBackend())
-BACKENDS: dict[str, Backend] = {b.name: b for b in _ALL}
+# name -> the module and class that implement it. A backend's module is imported when
+# a job or an inventory first needs it: `orch kill` of an SSH job imports no Slurm.
+BACKENDS: dict[str, tuple[str, str]] = {
+    "ssh": ("orchestrator.backends.ssh", "SshBackend"),
+    "slurm": ("orchestrator.backends.slurm", "SlurmBackend"),
+}
+
+
+@functools.cache
+def backend(name: str) -> Backend:
+    """The backend called `name` (a key of BACKENDS), one instance per process."""
+    module, cls = BACKENDS[name]
+    made: Backend = getattr(importlib.import_module(module), cls)()
+    return made
 
 
 def for_inventory(inventory: Inventory) -> Backend:
     """The backend of an inventory: Slurm where it has a `slurm:` section, else SSH."""
-    return BACKENDS["slurm" if inventory.slurm is not None else "ssh"]
+    return backend("slurm" if inventory.slurm is not None else "ssh")
 
 
 def for_record(record: JobRecord) -> Backend:
@@ -33,13 +45,12 @@ def for_record(record: JobRecord) -> Backend:
     Raises:
         InputError: the record names a backend this orch does not know.
     """
-    backend = BACKENDS.get(record.backend)
-    if backend is None:
+    if record.backend not in BACKENDS:
         raise InputError(
             f"job {record.id} ran on backend '{record.backend}', which this orch does not know",
             "manage it with the orch that submitted it",
         )
-    return backend
+    return backend(record.backend)
 
 
 @dataclass(frozen=True)

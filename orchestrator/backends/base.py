@@ -13,19 +13,21 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.check.run import CheckReport
-from orchestrator.models.errors import OrchError
-from orchestrator.models.inventory import Inventory
-from orchestrator.models.job import JobSpec
-from orchestrator.plan import LaunchPlan
-from orchestrator.records.db import JobDB, JobRecord
-from orchestrator.reporting.filters import LogFilter
-from orchestrator.reporting.outcomes import KillOutcome
 from orchestrator.reporting.pull import Progress, PullReport
-from orchestrator.reporting.reporter import Reporter
-from orchestrator.reporting.top import TopView
+
+if TYPE_CHECKING:  # names for the signatures only: `orch kill` need not import check/
+    from orchestrator.check.run import CheckReport
+    from orchestrator.models.errors import OrchError
+    from orchestrator.models.inventory import Inventory
+    from orchestrator.models.job import JobSpec
+    from orchestrator.plan import LaunchPlan
+    from orchestrator.records.db import JobDB, JobRecord
+    from orchestrator.reporting.filters import LogFilter
+    from orchestrator.reporting.outcomes import KillOutcome
+    from orchestrator.reporting.reporter import Reporter
+    from orchestrator.reporting.top import TopView
 
 # Runs a pull, handing it a progress callback (or None): the caller draws the bars.
 PullBars = Callable[[Callable[[Progress | None], list[PullReport]]], list[PullReport]]

@@ -9,9 +9,7 @@ from pathlib import Path
 
 from orchestrator.agent.kernel.lease_wire import printable
 from orchestrator.backends.base import CheckView, HostsView, PullBars
-from orchestrator.check.run import run_check
 from orchestrator.jobs import keep, reconcile, teardown, top
-from orchestrator.jobs import submit as submitting
 from orchestrator.jobs.logs import logs
 from orchestrator.jobs.pull import sources
 from orchestrator.jobs.queue import host_views, positions, queue_rows, unit_rows
@@ -45,6 +43,8 @@ class SshBackend:
         outputs_dir: Path | None = None,
         no_wait: bool = False,
     ) -> str:
+        from orchestrator.jobs import submit as submitting  # with check/: for submit only
+
         sub = submitting.prepare(job, inventory, outputs_dir, no_wait)
         submitting.submit(sub, reporter, detach=detach)
         return sub.job_id
@@ -55,6 +55,8 @@ class SshBackend:
         return [*describe(plan), "", f"pushes {len(files)} files from {plan.job.workdir}"]
 
     def plan(self, job: JobSpec, inventory: Inventory) -> LaunchPlan:
+        from orchestrator.jobs import submit as submitting
+
         return submitting.dry_run(submitting.prepare(job, inventory))
 
     def status(
@@ -111,6 +113,8 @@ class SshBackend:
     ) -> bool:
         probing = "probing the job's hosts" if job else f"probing {len(inventory.hosts)} hosts"
         with view.probing(probing):
+            from orchestrator.check.run import run_check
+
             report = run_check(inventory, job, bandwidth, ConnectOptions(notice=view.notice))
         view.report(report)
         return bool(report.errors)

@@ -4,8 +4,8 @@ Results go to stdout (the job id, the ranks' lines), diagnostics to stderr. Ever
 OrchError is caught in `main` and shown as `error: ...` and `hint: ...` with its exit
 code; no traceback ever reaches the user.
 
-Each verb is its own `cmd_*` module; `app` holds the options they share and
-`console` what a running job shows.
+Each verb is its own `cmd_*` module, imported when the verb runs (`app.VERBS`);
+`app` holds the options they share and `console` what a running job shows.
 """
 
 from __future__ import annotations
@@ -15,24 +15,6 @@ import os
 import sys
 from typing import NoReturn
 
-# The verbs register themselves on `app`, in the order `orch --help` lists them.
-# isort: off
-from orchestrator.cli import (  # noqa: F401
-    cmd_submit,
-    cmd_status,
-    cmd_logs,
-    cmd_top,
-    cmd_kill,
-    cmd_pull,
-    cmd_check,
-    cmd_exec,
-    cmd_bench,
-    cmd_gc,
-    cmd_keys,
-    cmd_init,
-)
-
-# isort: on
 from orchestrator.agent.kernel.limits import raise_open_files
 from orchestrator.cli.app import app
 from orchestrator.cli.console import ConsoleReporter

@@ -2,16 +2,54 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+import typer.main
+from typer import _click
+from typer.core import TyperGroup
 
 from orchestrator.reporting.progress import AUTO_MAX, ProgressMode
 
+# Each verb is its own cmd_* module, which adds it to `app`; listed in the order
+# `orch --help` shows them. A verb's module is imported when that verb runs (or help
+# lists them all): `orch kill` need not import what submit and check need (0.1 s).
+VERBS = {
+    "submit": "cmd_submit",
+    "status": "cmd_status",
+    "logs": "cmd_logs",
+    "top": "cmd_top",
+    "kill": "cmd_kill",
+    "pull": "cmd_pull",
+    "check": "cmd_check",
+    "exec": "cmd_exec",
+    "bench": "cmd_bench",
+    "gc": "cmd_gc",
+    "keys": "cmd_keys",
+    "init": "cmd_init",
+}
+
+
+class Verbs(TyperGroup):
+    """orch's verbs, each added to the group from its module on first use."""
+
+    def list_commands(self, ctx: _click.Context) -> list[str]:
+        return [*VERBS, *(name for name in super().list_commands(ctx) if name not in VERBS)]
+
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
+        if cmd_name not in self.commands and cmd_name in VERBS:
+            importlib.import_module(f"orchestrator.cli.{VERBS[cmd_name]}")
+            for name, command in typer.main.get_group(app).commands.items():
+                self.commands.setdefault(name, command)
+        return super().get_command(ctx, cmd_name)
+
+
 app = typer.Typer(
+    cls=Verbs,
     name="orch",
     help="Launch PyTorch distributed training on machines you can reach over SSH.",
     no_args_is_help=True,

@@ -3,11 +3,15 @@ lines that run it on a host, and its replies parsed at the boundary.
 
 The agent travels as a deterministic archive: canonical JSON of {path: source} of
 the package's modules, sorted. Its sha256 is the agent's version. Every command is
-run by a small loader that reads the archive from the front of stdin and unpacks it
-once per version under WORKDIR/agent/<version>, compiled, so that each command
-starts from cached bytecode and imports only its own module. One round trip either
-way; the rest of stdin is the command's. A job's own commands run the version that
-built its snapshot (`job_command`).
+run by a small loader that unpacks the archive, when it comes first on stdin, once
+per version under WORKDIR/agent/<version>, compiled, so that each command starts
+from cached bytecode and imports only its own module. The archive goes only to a
+host that lacks its version: a command is first sent without it, and where the
+version is not there the loader says so (exit MISSING) before it reads any of
+stdin, and the command goes again with the archive (`execute`). One round trip
+either way, two the first time a host sees a version; the rest of stdin is the
+command's. A job's own commands run the version that built its snapshot
+(`job_command`).
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import shlex
+import threading
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import Any, TypeVar
@@ -30,7 +36,10 @@ from orchestrator.transport import CommandResult, Transport
 
 PACKAGE = "orch_agent"  # the agent's package name on hosts
 SHELL_NOT_FOUND = (126, 127)  # sh could not find or run the interpreter
+MISSING = 75  # the loader's exit code: no archive came, and this version is not here
+MISSING_NOTE = "orch agent: version not unpacked here"  # its line on stderr
 R = TypeVar("R", bound=protocol.Message)
+log = logging.getLogger(__name__)
 
 # Runs an agent command. -I -S: the standard library is all the agent needs, and the
 # site-packages of a torch venv take time to import. A version is unpacked beside its
@@ -40,7 +49,7 @@ R = TypeVar("R", bound=protocol.Message)
 # Files are the user's alone (umask 077), and code is run only from directories that
 # are the user's and nobody else can write (the workdir, its agent/, the version):
 # in a shared place (/tmp/orch) another user could plant one and run as this user.
-LOADER = """\
+LOADER = f"""\
 import os,sys
 os.umask(63)
 n,v,r=int(sys.argv[1]),sys.argv[2],os.path.expanduser(sys.argv[3])
@@ -54,6 +63,8 @@ def mine(p):
             %(p,s.st_uid,s.st_mode&4095))
         sys.exit(3)
 if os.path.isdir(r):mine(os.path.dirname(r));mine(r)
+if not n and not os.path.isdir(d):
+    sys.stderr.write("{MISSING_NOTE}\\n");sys.exit({MISSING})
 if not os.path.isdir(d):
     import compileall,json,shutil,socket,tempfile,zlib
     def unpack(t):
@@ -113,25 +124,122 @@ def version() -> str:
     return hashlib.sha256(archive()).hexdigest()[:16]
 
 
+_packing = threading.Lock()
+
+
 @functools.cache
-def packed() -> bytes:
-    """The archive as the loader wants it first on stdin."""
+def _packed() -> bytes:
     return zlib.compress(archive(), 9)
 
 
-def command(host: Host, *args: str, isolated: bool = True) -> str:
-    """The command line that runs agent command `args` through the loader; `packed()`
-    must come first on its stdin (`run` sends it).
+def packed() -> bytes:
+    """The archive as the loader wants it first on stdin. Made once: the hosts' threads
+    that ask at the same time wait for the first (20 ms of CPU each, otherwise)."""
+    with _packing:
+        return _packed()
+
+
+def command(host: Host, *args: str, isolated: bool = True, archive: bool = True) -> str:
+    """The command line that runs agent command `args` through the loader; with
+    `archive`, `packed()` must come first on its stdin (`execute` sends it), else the
+    loader runs the version installed on the host, or exits MISSING.
 
     Args:
         isolated: run with -I -S (no site-packages, no PYTHON* variables): faster, and
             all the agent needs, except the probe, which must see what a job would.
     """
     where = sh_path(protocol.agent_dir(host.workdir))
-    loader_args = f"{len(packed())} {version()} {where}"
+    loader_args = f"{len(packed()) if archive else 0} {version()} {where}"
     flags = "-I -S " if isolated else ""
     loader = shlex.quote(LOADER)
     return f"{sh_path(host.python)} {flags}-c {loader} {loader_args} {sh_join(args)}"
+
+
+class _Installed:
+    """What this process saw of where this agent version is unpacked, per host and
+    workdir: where a command found it, the next ones go without the archive at once;
+    where it was missing even after the archive came (a read-only workdir runs each
+    command from a temporary copy), every command carries the archive."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._found: set[tuple[object, ...]] = set()
+        self._sent: set[tuple[object, ...]] = set()
+        self._always: set[tuple[object, ...]] = set()
+
+    @staticmethod
+    def _key(host: Host) -> tuple[object, ...]:
+        return (host.name, host.address, host.port, host.user, host.workdir)
+
+    def found(self, host: Host) -> bool:
+        return self._key(host) in self._found
+
+    def needs_archive(self, host: Host) -> bool:
+        return self._key(host) in self._always
+
+    def saw(self, host: Host, missing: bool) -> None:
+        """A command without the archive found the version, or found it missing (and
+        the archive goes next)."""
+        key = self._key(host)
+        with self._lock:
+            if not missing:
+                self._found.add(key)
+                self._sent.discard(key)
+            elif key in self._sent:
+                self._always.add(key)  # the archive came last time, and did not stay
+            else:
+                self._sent.add(key)
+
+    def forget(self, host: Host) -> None:
+        """The version went missing under a command told it was there."""
+        with self._lock:
+            self._found.discard(self._key(host))
+
+
+_installed = _Installed()
+
+
+def invocation(host: Host, *args: str, isolated: bool = True) -> tuple[str, bytes]:
+    """The command line of agent command `args`, and what goes first on its stdin: for
+    a caller whose stdin cannot be sent twice (a stream, a push's frames), so the
+    archive stays off only where a command of this process found the version on the
+    host; `reply_of` tells if it went missing since."""
+    if _installed.found(host):
+        return command(host, *args, isolated=isolated, archive=False), b""
+    return command(host, *args, isolated=isolated), packed()
+
+
+def execute(
+    host: Host,
+    transport: Transport,
+    args: Sequence[str],
+    stdin: Iterable[bytes] = (),
+    timeout: float | None = None,
+    isolated: bool = True,
+) -> CommandResult:
+    """Run an agent command, `stdin` after the archive where the host needs it: first
+    without, unless the host is known to need it every time, then again with it where
+    the loader says its version is missing (the first command of a version there).
+
+    Args:
+        isolated: as for `command`.
+    """
+    parts = list(stdin)  # sent twice where the version is missing
+    if not _installed.needs_archive(host):
+        line = command(host, *args, isolated=isolated, archive=False)
+        result = transport.run(line, stdin=parts, timeout=timeout)
+        missing = _missing(result.exit_code, result.stderr)
+        if result.exit_code not in SHELL_NOT_FOUND:
+            _installed.saw(host, missing)
+        if not missing:
+            return result
+        log.debug("[host=%s] agent %s not unpacked there: sending it", host.name, version())
+    line = command(host, *args, isolated=isolated)
+    return transport.run(line, stdin=[packed(), *parts], timeout=timeout)
+
+
+def _missing(exit_code: int, stderr: str) -> bool:
+    return exit_code == MISSING and MISSING_NOTE in stderr
 
 
 def installed_command(host: Host, *args: str) -> str:
@@ -156,15 +264,14 @@ def run(
     stdin: Iterable[bytes] = (),
     timeout: float | None = None,
 ) -> dict[str, Any]:
-    """Run an agent command (the archive goes first on stdin, then `stdin`) and return
-    its reply: the JSON object it printed last.
+    """Run an agent command (`execute`: the archive first on stdin where the host lacks
+    its version, then `stdin`) and return its reply: the JSON object it printed last.
 
     Raises:
         HostError: python is missing on the host.
         RemoteCommandError: the command printed no reply.
     """
-    parts: list[bytes] = [packed(), *stdin]
-    result = transport.run(command(host, *args), stdin=parts, timeout=timeout)
+    result = execute(host, transport, args, stdin, timeout)
     return reply_of(host, result, args[0])
 
 
@@ -172,7 +279,8 @@ def reply_of(host: Host, result: CommandResult, name: str) -> dict[str, Any]:
     """The JSON object an agent command printed last.
 
     Raises:
-        HostError: python is missing on the host.
+        HostError: python is missing on the host, or the agent version went missing
+            there under a command sent without it (`invocation`).
         RemoteCommandError: the command printed no reply.
     """
     data = protocol.last_json(result.stdout)
@@ -180,6 +288,14 @@ def reply_of(host: Host, result: CommandResult, name: str) -> dict[str, Any]:
         return data
     if result.exit_code in SHELL_NOT_FOUND:
         raise python_not_found(host)
+    if _missing(result.exit_code, result.stderr):
+        _installed.forget(host)
+        raise HostError(
+            host.name,
+            f"orch agent {name}: agent version {version()} went missing from "
+            f"{protocol.agent_dir(host.workdir)} while this orch ran",
+            "is something cleaning that directory? run the command again",
+        )
     raise RemoteCommandError(host.name, f"orch agent {name}", result.exit_code, result.stderr)
 
 

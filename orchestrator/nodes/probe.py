@@ -93,9 +93,9 @@ def probe_host(
     if marks is not None and host.name in marks.of:
         options.update(mark=marks.of[host.name], look=list(marks.of.values()))
     # Not isolated: torch may come from site-packages, the user's site or PYTHONPATH.
-    command = agent.command(host, "probe", json.dumps(options), isolated=False)
+    args = ["probe", json.dumps(options)]
     sent = time.time()
-    result = transport.run(command, stdin=agent.packed(), timeout=PROBE_TIMEOUT_S)
+    result = agent.execute(host, transport, args, timeout=PROBE_TIMEOUT_S, isolated=False)
     received = time.time()
     if result.exit_code in agent.SHELL_NOT_FOUND:
         raise agent.python_not_found(host)

@@ -40,6 +40,9 @@ IDLE_TIMEOUT_S = 12.0  # `once`: six missed heartbeats, the host is gone
 QUIET_AFTER_S = 5.0  # following: silent this long, a fresh connection is tried
 RETRY_MAX_S = 1.0  # between fresh connection attempts, at most
 EMPTY_STREAMS = 3  # streams in a row that ended with no record: the host cannot follow
+# Silent hosts are judged this often (and Ctrl-C, which interrupts the wait, is seen at
+# once): each judgement looks at every host, 5 a second cost a 32-host launch 0.2 s.
+JUDGE_EVERY_S = 0.5
 Reconnect = Callable[[Host], Transport]
 
 
@@ -281,16 +284,17 @@ class Watcher:
                 continue
 
     def events(self) -> Iterator[Event]:
-        """Every event, until all nodes ended; lost nodes as `contact.judge` finds them.
-        Short waits keep Ctrl-C responsive."""
+        """Every event, until all nodes ended; lost nodes as `contact.judge` finds them,
+        every JUDGE_EVERY_S."""
         remaining = {n.host.name for n in self._nodes}
         ranks = {n.host.name: n.node_rank for n in self._nodes}
         outage, stalls = False, 0
         outage_ended = 0.0  # silence before this was the network here, no host's
         back = True  # since the last outage, some host answered again
+        judged = 0.0
         while remaining:
             try:
-                event = self._queue.get(timeout=0.2)
+                event = self._queue.get(timeout=JUDGE_EVERY_S)
             except queue.Empty:
                 event = None
             if isinstance(event, NodeExit):
@@ -308,6 +312,9 @@ class Watcher:
                         f"this process did not run for {self._clock.stalled_for:.0f} s "
                         "(a closed lid? Ctrl-Z?): the job kept running; following on"
                     )
+            if time.monotonic() - judged < JUDGE_EVERY_S:
+                continue  # judging every host on every line of output costs the most
+            judged = time.monotonic()
             followed = {n: c for n, c in self.contacts.items() if n in remaining}
             if not back and any(c.following for c in followed.values()):
                 back, outage_ended = True, time.monotonic()  # the network is back: count anew

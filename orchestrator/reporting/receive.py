@@ -79,8 +79,8 @@ def receive_from(
 ) -> None:
     """Run the node's `outputs` command and write what it sends."""
     request = {"paths": paths, "have": tree.listing()}
-    command = agent.command(node.host, "outputs", protocol.outputs_dir(node.job_dir))
-    process = transport.stream(command, stdin=agent.packed() + json.dumps(request).encode())
+    command, archive = agent.invocation(node.host, "outputs", protocol.outputs_dir(node.job_dir))
+    process = transport.stream(command, stdin=archive + json.dumps(request).encode())
     try:
         for kind, meta, chunks in frames(process.stdout):
             if kind == b"F":

@@ -138,7 +138,6 @@ def push(
     shared = _Shared(
         tree,
         cache,
-        agent.packed(),
         keep if keep is not None else snapshot_retention(),
         progress or (lambda _: None),
     )
@@ -209,7 +208,6 @@ class _Shared:
 
     tree: Tree
     cache: wire.PieceCache
-    source: bytes
     keep: int
     progress: Progress
 
@@ -238,7 +236,8 @@ class _HostPush:
         self.setup = setup
         self.files = self.bytes = self.wire_bytes = self.round_trips = 0
         self.files_total = self.bytes_total = 0
-        self.command = agent.command(host, "sync")
+        # The agent's archive goes first only where the host may lack its version.
+        self.command, self.archive = agent.invocation(host, "sync")
         self.nodes = nodes
         self.token = token  # names the temporary files of this push on this host
 
@@ -395,7 +394,7 @@ class _HostPush:
         header = protocol.json_frame(
             b"H", {"store": protocol.store_dir(self.host.workdir), "push": self.token}
         )
-        ends = [self.shared.source, header, protocol.frame(b"Z")]
+        ends = [self.archive, header, protocol.frame(b"Z")]
         size = sum(len(part) for part in ends) + sum(len(frame) for frame in frames)
         stream = itertools.chain(ends[:2], self._counted(frames, batch), ends[2:])
         self.round_trips += 1

@@ -81,10 +81,9 @@ class RelayServer:
         secret = secrets.token_hex(32)
         config = {"store": protocol.store_dir(host.workdir), "secret": secret, "expect": expect}
         try:
+            command, archive = agent.invocation(host, "relay")
             process = group.transports[host.name].stream(
-                agent.command(host, "relay"),
-                idle_timeout=RELAY_END_S,
-                stdin=agent.packed() + json.dumps(config).encode(),
+                command, idle_timeout=RELAY_END_S, stdin=archive + json.dumps(config).encode()
             )
             port = int(json.loads(next(process.lines(), ""))["port"])
         except (HostError, OSError, ValueError, KeyError, TypeError) as exc:

@@ -3,6 +3,7 @@ as written (item 4)."""
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from orchestrator.cli.app import app
+from orchestrator.cli.app import VERBS, app
 from tests.unit.conftest import Orch, WriteFile
 
 INVENTORY = """
@@ -89,6 +90,8 @@ def test_a_bad_override_is_an_input_error_naming_it(
 
 
 def commands() -> list[tuple[str, str]]:
+    for module in VERBS.values():  # each verb joins the app when its module is imported
+        importlib.import_module(f"orchestrator.cli.{module}")
     found = []
     for info in app.registered_commands:
         assert info.callback is not None
