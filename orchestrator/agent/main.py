@@ -21,6 +21,7 @@ COMMANDS = {
     "outputs": "node.outputs",
     "top": "node.top",
     "slurm-node": "node.srun",
+    "slurm-attempt": "node.chain",
     "sync": "store.sync",
     "relay": "store.relay",
     "gc": "store.gc",
@@ -48,6 +49,8 @@ USAGE = """usage: orch agent COMMAND ARGS...
   lease dir                           where the lease directory is, and who owns it
   top JOB_DIR                         (stdin: offsets) CPU, memory, GPUs, log growth of its ranks
   slurm-node JOB_ROOT                 under srun, on each node of a Slurm job: its torchrun
+  slurm-attempt begin|end JOB_ROOT ATTEMPT [PREVIOUS|RC]
+                                      a Slurm job's restarts: run or skip, queue the next
 """
 
 

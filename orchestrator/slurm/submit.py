@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.agent.kernel import protocol
 from orchestrator.agent.kernel.slurm import SPEC
+from orchestrator.agent.kernel.slurm_chain import CHAIN
 from orchestrator.models.errors import InputError, Interrupted, OrchError
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import PYTHON, JobSpec
@@ -21,12 +22,11 @@ from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
 from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobDB, JobRecord
-from orchestrator.records.logmirror import LogMirror
 from orchestrator.reporting.reporter import ProgressReporter, Reporter, phase
 from orchestrator.slurm import script
-from orchestrator.slurm.follow import follow_job
 from orchestrator.slurm.login import LoginNode
 from orchestrator.slurm.queue import Partition
+from orchestrator.slurm.restarts import follow_attempts
 from orchestrator.slurm.script import SlurmJob
 from orchestrator.slurm.unsupported import refuse
 from orchestrator.sync.ignore import collect_files
@@ -60,8 +60,6 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
             f"labels: selects SSH hosts, but {inventory.path} is a Slurm cluster",
             "ask Slurm for node features in the inventory: slurm: {sbatch: [--constraint=a100]}",
         )
-    if job.restarts:
-        refuse("restarts", job.where("restarts"))
     if job.outputs:
         refuse("outputs", job.where("outputs"))
     if job.launcher == PYTHON:
@@ -153,6 +151,11 @@ def submit(
                 {
                     f"{sj.job_root}/{script.BATCH}": (script.batch_script(sj), 0o700),
                     f"{sj.job_root}/{SPEC}": (script.spec_json(sj), 0o600),
+                    **(
+                        {f"{sj.job_root}/{CHAIN}": (script.chain_json(sj), 0o600)}
+                        if sj.job.restarts
+                        else {}
+                    ),
                 }
             )
             phase(reporter, "sbatch")
@@ -169,13 +172,7 @@ def submit(
         reporter.notice(f"slurm job {slurm_id} on partition {partition}")
         if detach:
             return 0
-        mirror = LogMirror(store.home / "logs", sj.job_id, 0)
-        try:
-            return follow_job(
-                store.get(sj.job_id), login_node, reporter, store, mirror, attached=True
-            )
-        finally:
-            mirror.close()
+        return follow_attempts(store.get(sj.job_id), login_node, reporter, store, attached=True)
 
 
 def record_of(sj: SlurmJob, partition: str, login: Host) -> JobRecord:
@@ -187,6 +184,8 @@ def record_of(sj: SlurmJob, partition: str, login: Host) -> JobRecord:
         "workdir": str(sj.job.workdir),
         "backend": "slurm",
         "slurm": _slurm_spec(sj, partition, login),
+        "restarts": sj.job.restarts,
+        "attempt": 0,
     }
     return JobRecord(sj.job_id, sj.job.name, JobState.PENDING, "", sj.job.rendezvous_port, spec)
 

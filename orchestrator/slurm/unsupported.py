@@ -10,10 +10,6 @@ from orchestrator.models.errors import Unsupported
 
 # feature -> (what is refused, the way around it)
 NOT_YET: dict[str, tuple[str, str]] = {
-    "restarts": (
-        "restarts: is not supported on a Slurm cluster yet",
-        "let Slurm requeue the job: slurm: {sbatch: [--requeue]}, or leave restarts out",
-    ),
     "outputs": (
         "outputs: is not brought back from a Slurm cluster yet",
         "leave outputs: out; the job's ORCH_OUTPUT_DIR is on the shared home",

@@ -218,7 +218,6 @@ def test_the_cli_dry_run_prints_the_batch_script_and_refuses_ssh_keys(
 @pytest.mark.parametrize(
     ("extra", "key", "message", "hint"),
     [
-        ("restarts: 2\n", "restarts", "restarts: is not supported on a Slurm", "--requeue"),
         ("outputs: [ckpt]\n", "outputs", "outputs: is not brought back from a Slurm", "shared"),
         ("launcher: python\n", "launcher", "launcher: python is not supported on a", "leave"),
     ],

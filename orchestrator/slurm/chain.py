@@ -1,0 +1,48 @@
+"""A Slurm job's chain of attempts (`restarts:`), as the controller reads and stops it:
+each attempt's record on the shared home, and `orch kill` / Ctrl-C, after which no
+attempt starts. The chain itself runs on the cluster (agent/kernel/slurm_chain.py
+says why a chain of batch jobs; agent/node/chain.py is its batch script's steps);
+following it from one attempt to the next is restarts.py's."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+from typing import Any
+
+from orchestrator.agent.kernel.slurm_chain import KILLED_MARK, attempt_record
+from orchestrator.nodes.shell import sh_path
+from orchestrator.records.db import JobRecord
+from orchestrator.slurm.login import LoginNode
+
+log = logging.getLogger(__name__)
+
+
+def job_root(record: JobRecord) -> str:
+    return str(record.spec["slurm"]["job_root"])
+
+
+def read_attempt(login: LoginNode, root: str, attempt: int) -> dict[str, Any] | None:
+    """Attempt `attempt`'s record, or None while there is none."""
+    text = login.read(f"{root}/{attempt_record(attempt)}")
+    try:
+        found = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def stop_chain(record: JobRecord, login: LoginNode) -> None:
+    """Before the current attempt is cancelled: mark the job killed on the shared home
+    (a later attempt that starts anyway skips) and cancel the next attempt, queued
+    behind this one, first: a cancelled job counts as failed to its dependency."""
+    if not record.view.restarts:
+        return
+    root = job_root(record)
+    found = read_attempt(login, root, record.view.attempt) or {}
+    following = str(found.get("next") or "")
+    cancel = f" && scancel {shlex.quote(following)}" if following.isdigit() else ""
+    result = login.run(f": > {sh_path(root)}/{KILLED_MARK}{cancel}")
+    if not result.ok:
+        log.debug("[job=%s] stopping the chain: %s", record.id, result.stderr.strip())
