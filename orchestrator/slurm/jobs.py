@@ -98,9 +98,11 @@ def status(store: JobDB, record: JobRecord, notice: Callable[[str], None]) -> Jo
 
 
 def _may_restart(record: JobRecord) -> bool:
-    """A job that failed, with restarts left: its chain may have started another attempt."""
+    """A job not killed or done, with restarts left: its chain may have started
+    another attempt since this record was last brought up to date."""
     view = record.view
-    return view.attempt < view.restarts and record.state in (JobState.FAILED, JobState.RUNNING)
+    done = (JobState.KILLED, JobState.SUCCEEDED)
+    return view.attempt < view.restarts and record.state not in done
 
 
 def note(spec: Mapping[str, Any]) -> str:

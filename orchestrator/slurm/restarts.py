@@ -150,12 +150,12 @@ def advance(
     """Move the record on to the next attempt (Slurm job `following`), the ended one's
     nodes kept in spec["attempts"] and its logs in its local copy."""
     view = record.view
-    _keep_logs(record, login, store)
     names = list(nodes)
+    _keep_logs(record, login, store, ",".join(names))
     info = record.spec["slurm"]
     ended = {
         "attempt": view.attempt,
-        "nodelist": info.get("nodelist") or "",
+        "nodelist": ",".join(names) or info.get("nodelist") or "",
         "slurm_id": info.get("job_id"),
         "nodes": [
             {
@@ -256,10 +256,9 @@ def _wait_for_next(
         time.sleep(POLL_S)
 
 
-def _keep_logs(record: JobRecord, login: LoginNode, store: JobDB) -> None:
+def _keep_logs(record: JobRecord, login: LoginNode, store: JobDB, nodelist: str) -> None:
     """The current attempt's logs into its local copy, as far as the shared home has
     them (what an attached follow saw is there already)."""
-    nodelist = str(record.spec["slurm"].get("nodelist") or "")
     nodes = nodes_of(record, login.host, nodelist)
     if not nodes:
         return
