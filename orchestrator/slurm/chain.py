@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+from dataclasses import replace
 from typing import Any
 
-from orchestrator.agent.kernel.slurm_chain import KILLED_MARK, attempt_record
+from orchestrator.agent.kernel.slurm_chain import KILLED_MARK, attempt_record, state_word
 from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobRecord
 from orchestrator.slurm.login import LoginNode
+from orchestrator.slurm.queue import QueuedJob
 
 log = logging.getLogger(__name__)
 
@@ -46,3 +48,17 @@ def stop_chain(record: JobRecord, login: LoginNode) -> None:
     result = login.run(f": > {sh_path(root)}/{KILLED_MARK}{cancel}")
     if not result.ok:
         log.debug("[job=%s] stopping the chain: %s", record.id, result.stderr.strip())
+
+
+def ended_attempt(record: JobRecord, login: LoginNode, found: QueuedJob) -> QueuedJob | None:
+    """A job with restarts whose attempt squeue still calls COMPLETING, when its batch
+    script has recorded its end: over, as that record says. Slurm holds a job
+    COMPLETING while one of its nodes does not answer (a lost node) until it declares
+    that node down, but the next attempt need not wait for that (node/chain.py: watch)."""
+    if not record.view.restarts or state_word(found.slurm_state) != "COMPLETING":
+        return None
+    ended = read_attempt(login, job_root(record), record.view.attempt) or {}
+    if "returncode" not in ended:
+        return None
+    word = "COMPLETED" if ended["returncode"] == 0 else "FAILED"
+    return replace(found, slurm_state=word)

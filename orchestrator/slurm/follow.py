@@ -31,7 +31,7 @@ from orchestrator.records.logmirror import LogMirror
 from orchestrator.reporting.failure import TAIL_LINES, failure_summary
 from orchestrator.reporting.follow import NodeExit, Notice, Output, Watcher
 from orchestrator.reporting.reporter import Reporter, phase
-from orchestrator.slurm.chain import stop_chain
+from orchestrator.slurm.chain import ended_attempt, stop_chain
 from orchestrator.slurm.failures import ended_by_slurm, slurm_ending
 from orchestrator.slurm.login import LoginNode
 from orchestrator.slurm.queue import QueuedJob
@@ -226,7 +226,9 @@ def _poll_end(
             log.debug("[job=%s] squeue failed", record.id, exc_info=True)
             continue
         if found is not None and found.allocated:
-            continue
+            found = ended_attempt(record, login, found)  # restarts: over, Slurm still busy
+            if found is None:
+                continue
         end.found = found
         state = found.slurm_state if found else "gone from the queue"
         mark = json.dumps({"returncode": -9, "error": f"stopped by Slurm ({state})"})

@@ -139,22 +139,24 @@ def batch_script(sj: SlurmJob) -> str:
         "# a rank that fails ends the whole allocation (--kill-on-bad-exit).",
         *restart_steps(sj)[0],
         f"srun --kill-on-bad-exit=1 --ntasks-per-node=1 --nodes={sj.nodes} \\",
-        f'    {q(sj.python)} -I -S {LAUNCHER} "$PWD"',
+        f'    {q(sj.python)} -I -S {LAUNCHER} "$PWD"' + (" &" if sj.job.restarts else ""),
+        *restart_steps(sj)[1],
         "rc=$?",
         'printf \'{"returncode": %d, "ended": %s}\\n\' "$rc" "$(date +%s)" '
         f'> "{SLURM_DIR}/exit-$SLURM_JOB_ID.json"',
-        *restart_steps(sj)[1],
+        *restart_steps(sj)[2],
         "exit $rc",
     ]
     return "\n".join(lines) + "\n"
 
 
-def restart_steps(sj: SlurmJob) -> tuple[list[str], list[str]]:
+def restart_steps(sj: SlurmJob) -> tuple[list[str], list[str], list[str]]:
     """A job with `restarts:`: the batch script's lines before srun (this attempt's
-    number, skip or run, queue the next) and after it (settle the next), as
-    kernel/slurm_chain.py designs them; none without restarts."""
+    number, skip or run, queue the next), while it runs (srun in the background,
+    watched: a lost node would hold it until Slurm declares the node down) and after
+    it (settle the next), as kernel/slurm_chain.py designs them; none without."""
     if not sj.job.restarts:
-        return [], []
+        return [], [], []
     step = f"{shlex.quote(sj.python)} -I -S {protocol.AGENT}/{protocol.RUN_SCRIPT} slurm-attempt"
     before = [
         f"# restarts: {sj.job.restarts}. Attempt $1 (0 the first) queues the next, which Slurm",
@@ -162,8 +164,13 @@ def restart_steps(sj: SlurmJob) -> tuple[list[str], list[str]]:
         f"{ATTEMPT_ENV}=${{1:-0}}; export {ATTEMPT_ENV}",
         f'{step} begin "$PWD" "${ATTEMPT_ENV}" "${{2:-}}" || exit 0',
     ]
+    during = [
+        "srun_pid=$!",
+        f'{step} watch "$PWD" "${ATTEMPT_ENV}" "$srun_pid"',
+        'wait "$srun_pid"',
+    ]
     after = [f'{step} end "$PWD" "${ATTEMPT_ENV}" "$rc"']
-    return before, after
+    return before, during, after
 
 
 def chain_json(sj: SlurmJob) -> str:

@@ -64,8 +64,8 @@ def test_the_node_that_failed_first_is_the_culprit_not_those_srun_stopped_after(
     assert culprits({"node2": {"returncode": 1}, "node3": {"returncode": 1, "ended": 9.0}}) == [
         "node3"
     ]
-    # Nobody recorded a failure, one node recorded nothing: that one was lost.
-    assert culprits({"node2": None, "node3": {"returncode": 0, "ended": 1.0}}) == ["node2"]
+    # A node that recorded nothing was lost: it, not the peers its loss took down.
+    assert culprits({"node2": {"returncode": 1, "ended": 5.0}, "node3": None}) == ["node3"]
 
 
 def test_the_failed_node_is_left_out_only_where_the_partition_has_enough_others() -> None:

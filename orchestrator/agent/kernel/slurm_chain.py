@@ -71,18 +71,21 @@ def usable(node_state: str) -> bool:
 
 
 def culprits(exits: Mapping[str, Mapping[str, object] | None]) -> list[str]:
-    """The nodes an attempt failed on, from each node's exit record (None: it wrote
-    none). srun's kill-on-bad-exit stops every node once one failed, so many records
-    say failed: the node that ended first with a failure is the one that failed. When no
-    node recorded a failure but some recorded nothing, those are the lost ones."""
+    """The nodes an attempt failed on, from each node's exit record once srun ended
+    (None: it wrote none). A node whose launcher wrote nothing was lost (the others'
+    launchers record even srun's kill-on-bad-exit TERM): as over SSH, when one was
+    lost only the lost ones count. Else srun's kill-on-bad-exit stopped every node once
+    one failed, so many records say failed: the node that ended first with a failure
+    is the one that failed."""
+    lost = sorted(name for name, rec in exits.items() if rec is None)
+    if lost:
+        return lost
     ended = [
         (float(rec.get("ended") or "inf"), name)  # type: ignore[arg-type]
         for name, rec in exits.items()
         if rec is not None and rec.get("returncode") not in (0, None) and not rec.get("killed")
     ]
-    if ended:
-        return [min(ended)[1]]
-    return sorted(name for name, rec in exits.items() if rec is None)
+    return [min(ended)[1]] if ended else []
 
 
 def exclude(

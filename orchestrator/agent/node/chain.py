@@ -1,4 +1,4 @@
-"""`slurm-attempt begin|end JOB_ROOT ATTEMPT [PREVIOUS_ID|RETURNCODE]`: the two steps
+"""`slurm-attempt begin|watch|end JOB_ROOT ATTEMPT [PREVIOUS_ID|SRUN_PID|RETURNCODE]`: the two steps
 a Slurm job with `restarts:` runs in its batch script, before and after its srun, on
 the allocation's first node. The design (a chain of batch jobs, each queuing the next
 with `--dependency=afternotok`) and the files are kernel/slurm_chain.py's.
@@ -6,6 +6,7 @@ with `--dependency=afternotok`) and the files are kernel/slurm_chain.py's.
 - `begin` decides whether this attempt runs (exit 0) or is skipped (exit 1: the job
   was killed, or the previous attempt ended in a way no restart follows), and queues
   the next attempt while restarts are left;
+- `watch` ends an attempt whose srun waits on a lost node (see `watch`);
 - `end` records how the attempt ended and settles the next one: cancelled after a
   success or a kill, else told which nodes to leave out.
 
@@ -15,8 +16,10 @@ chain (slurm/restarts.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import time
 from typing import Any
@@ -35,6 +38,11 @@ from ..kernel.slurm_chain import (
 )
 
 TIMEOUT_S = 60
+POLL_S = 0.5
+# A node failed and the others that can have recorded their end: this long without
+# more news and the nodes still silent are lost (their launchers write within a second
+# of srun's kill-on-bad-exit TERM).
+QUIET_S = 3.0
 BATCH = "slurm/batch.sh"
 
 
@@ -152,6 +160,39 @@ def end(root: str, attempt: int, returncode: int) -> int:
     return 0
 
 
+def _running(pid: int) -> bool:
+    """Whether srun still runs (a zombie waiting for the batch script's `wait` does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def watch(root: str, attempt: int, pid: int) -> int:
+    """Until srun (`pid`) ends; but once a node failed and every other node that still
+    can has said how it ended, srun waits for the lost node's slurmstepd until Slurm
+    declares the node down (SlurmdTimeout: minutes on a real cluster, and only then
+    does the job end NODE_FAIL). Past QUIET_S of no further news, the attempt is over:
+    srun is killed, so that the batch script records the end and the next attempt
+    starts on the nodes that are left."""
+    nodes = expand_nodelist(os.environ.get("SLURM_JOB_NODELIST", ""))
+    paths = [os.path.join(root, attempt_dir(node_dir_name(n), attempt), EXIT) for n in nodes]
+    seen, news, failed = 0, time.monotonic(), False
+    while _running(pid):
+        exits = [read_json(path) for path in paths]
+        count = sum(rec is not None for rec in exits)
+        if count != seen:
+            seen, news = count, time.monotonic()
+        failed = failed or any(r is not None and r.get("returncode") != 0 for r in exits)
+        if failed and seen < len(paths) and time.monotonic() - news > QUIET_S:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            return 0
+        time.sleep(POLL_S)
+    return 0
+
+
 def main(args: list[str]) -> int:
     step, root, attempt = args[0], os.path.abspath(os.path.expanduser(args[1])), int(args[2])
     rest = args[3] if len(args) > 3 else ""
@@ -159,4 +200,6 @@ def main(args: list[str]) -> int:
         return begin(root, attempt, rest)
     if step == "end":
         return end(root, attempt, int(rest or 1))
+    if step == "watch":
+        return watch(root, attempt, int(rest))
     raise SystemExit(f"orch: slurm-attempt: unknown step {step!r}")
