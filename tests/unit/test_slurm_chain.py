@@ -23,6 +23,7 @@ from orchestrator.agent.node import chain
 from orchestrator.models.inventory import load_inventory
 from orchestrator.models.job import load_job
 from orchestrator.slurm import script
+from orchestrator.slurm.failures import ended_by_slurm, slurm_ending
 from orchestrator.slurm.submit import slurm_job
 from tests.unit.conftest import WriteFile
 
@@ -118,3 +119,21 @@ def test_no_attempt_begins_after_a_kill(tmp_path: Path, monkeypatch: pytest.Monk
     record = json.loads((tmp_path / attempt_record(1)).read_text())
     assert record["slurm_id"] == "43" and "killed" in record["skipped"]
     assert "started" not in record
+
+
+@pytest.mark.parametrize(
+    ("state", "said", "hint"),
+    [
+        ("TIMEOUT", "ended TIMEOUT", "--time="),
+        ("NODE_FAIL", "ended NODE_FAIL (node node3)", "restarts:"),
+        ("PREEMPTED", "ended PREEMPTED", "higher priority"),
+        ("CANCELLED by 0", "ended CANCELLED", "orch logs j1"),
+    ],
+)
+def test_a_job_slurm_ended_is_one_error_naming_slurms_word_with_a_hint_for_that_cause(
+    state: str, said: str, hint: str
+) -> None:
+    message, advice = slurm_ending("j1", "failed", "42", state, ["node3"], "~/x/batch-42.out")
+    assert message.startswith("job j1 failed: Slurm job 42 ") and said in message
+    assert hint in advice and advice.endswith("~/x/batch-42.out on the login node")
+    assert ended_by_slurm(state) is (state in ("TIMEOUT", "NODE_FAIL", "PREEMPTED"))
