@@ -54,25 +54,33 @@ import torch.distributed as dist
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-print(f"ready r{rank} {time.time():.3f}", flush=True)
+attempt = os.environ.get("ORCH_ATTEMPT", os.environ.get("ATTEMPT", "0"))
+print(f"ready r{rank} attempt {attempt} {time.time():.3f}", flush=True)
+if attempt != "0":
+    sys.exit(0)
 if os.environ.get("FAIL_RANK") == str(rank):
     time.sleep(1)
     print(f"failing at {time.time():.3f}", flush=True)
     sys.exit(3)
-time.sleep(float(os.environ.get("SLEEP", "0")))
+# Wait as a training loop does: a collective every 0.2 s (a lost peer fails it).
+until = time.time() + float(os.environ.get("SLEEP", "0"))
+while time.time() < until:
+    dist.barrier()
+    time.sleep(0.2)
 dist.barrier()
 """
 
 HAND_BATCH = """\
 #!/bin/sh
 #SBATCH --job-name=byhand
-#SBATCH --nodes=3
+#SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node=1
+#SBATCH --no-requeue
 #SBATCH --output=byhand-%j.out
 head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 addr=$(scontrol show node "$head" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
 srun --kill-on-bad-exit=1 sh -c "cd $PWD && GLOO_SOCKET_IFNAME=eth0 {python} -m torch.distributed.run \\
-    --nnodes 3 --nproc-per-node 1 --node-rank \\$SLURM_NODEID \\
+    --nnodes {nodes} --nproc-per-node 1 --node-rank \\$SLURM_NODEID \\
     --master-addr $addr --master-port 29400 --local-addr \\$(hostname -I | cut -d' ' -f1) train.py"
 """
 
@@ -127,17 +135,22 @@ class Bench:
         self.hand_dir = slurm.home / "byhand"
         self.hand_dir.mkdir()
         (self.hand_dir / "train.py").write_text(WORKLOAD)
-        (self.hand_dir / "batch.sh").write_text(HAND_BATCH.format(python=repo_python()))
+        (self.hand_dir / "batch.sh").write_text(HAND_BATCH.format(python=repo_python(), nodes=3))
+        (self.hand_dir / "restart.sh").write_text(HAND_BATCH.format(python=repo_python(), nodes=2))
 
     def ssh(self, command: str) -> list[str]:
         return ssh_argv(self.slurm.cluster, self.controller, self.slurm.login.address, command)
 
     # -- the two ways --------------------------------------------------------------
 
-    def orch(self, env: dict[str, str]) -> tuple[subprocess.Popen[str], Reader, float, str]:
+    def orch(
+        self, env: dict[str, str], nodes: int = 3, restarts: int = 0
+    ) -> tuple[subprocess.Popen[str], Reader, float, str]:
         name = f"orch{time.monotonic_ns() % 10**8}"
         job = self.tmp / f"{name}.yaml"
-        spec = {"name": name, "workdir": str(self.work), "script": "train.py", "nodes": 3}
+        spec = {"name": name, "workdir": str(self.work), "script": "train.py", "nodes": nodes}
+        if restarts:
+            spec["restarts"] = restarts
         job.write_text(yaml.safe_dump({**spec, "env": env}))
         started = time.time()
         proc = subprocess.Popen(
@@ -150,12 +163,21 @@ class Bench:
         )
         return proc, Reader(proc), started, name
 
-    def by_hand(self, env: dict[str, str]) -> tuple[subprocess.Popen[str], Reader, float, str]:
+    def by_hand(
+        self, env: dict[str, str], batch: str = "batch.sh"
+    ) -> tuple[subprocess.Popen[str], Reader, float, str]:
         """sbatch over ssh, then tail -F of the output file over ssh: what users do."""
+        proc, reader, started, slurm_id = self.hand_submit(env, batch)
+        return proc, reader, started, slurm_id
+
+    def hand_submit(
+        self, env: dict[str, str], batch: str, exclude: str = ""
+    ) -> tuple[subprocess.Popen[str], Reader, float, str]:
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        options = f"--exclude={exclude} " if exclude else ""
         started = time.time()
         submitted = subprocess.run(
-            self.ssh(f"cd ~/byhand && {exports} sbatch --parsable batch.sh"),
+            self.ssh(f"cd ~/byhand && {exports} sbatch --parsable {options}{batch}"),
             capture_output=True,
             text=True,
             check=True,
@@ -175,7 +197,7 @@ class Bench:
     def first_line(self, way: str) -> float:
         start = self.orch if way == "orch" else self.by_hand
         proc, reader, started, ident = start({"SLEEP": "0"})
-        when, line = reader.wait(r"ready r\d [\d.]+")
+        when, line = reader.wait(r"ready r\d attempt \d [\d.]+")
         printed = float(line.split()[-1])
         self._finish(way, proc, ident)
         born = [float(t) for _, text in reader.lines for t in re.findall(r"born ([\d.]+)", text)]
@@ -203,6 +225,52 @@ class Bench:
         self._finish(way, proc, ident)
         return gone - pressed
 
+    def restart(self, way: str) -> float:
+        """A compute node's slurmd and job processes killed under a 2-node job on the
+        3-node partition: from the kill until every rank of the second attempt printed
+        its ready line (each line says when). By hand: the person watching `tail -F`
+        reacts to the first error line at once: scancel, then sbatch again with
+        --exclude of the node (what `scontrol show job` names), then tail -F again."""
+        env = {"SLEEP": "600"}
+        if way == "orch":
+            proc, reader, _, ident = self.orch(env, nodes=2, restarts=1)
+        else:
+            proc, reader, _, ident = self.by_hand(env, batch="restart.sh")
+        reader.wait(r"ready r1 attempt 0", timeout=180)
+        name = ident if way == "orch" else "byhand"
+        listed = [
+            j["nodes"] for j in self.slurm.squeue() if j["name"] == name and j["state"] == "RUNNING"
+        ]
+        hosts = self.slurm.run_on_login(f"scontrol show hostnames {listed[0]}").stdout.split()
+        victim = next(h for h in self.slurm.compute if h.name == hosts[1])
+        killed = time.time()
+        self.slurm.fail_node(victim)
+        procs = [proc]
+        try:
+            if way == "orch":
+                readers = [reader]
+            else:
+                reader.wait(r"error|Error|exited|Exited", timeout=300)
+                subprocess.run(self.ssh(f"scancel {ident}"), check=True)
+                again = self.hand_submit({"ATTEMPT": "1", **env}, "restart.sh", victim.name)
+                readers = [again[1]]
+                procs.append(again[0])
+            times = []
+            for rank in (0, 1):
+                line = next_match(readers, rf"ready r{rank} attempt 1 [\d.]+", 300)
+                times.append(float(line.rsplit(" ", 1)[1]))
+        finally:
+            subprocess.run(self.ssh("scancel --user=root"), check=False)
+            allocation_gone(self.slurm, name)
+            if way == "orch":
+                proc.wait(timeout=120)
+            else:
+                for one in procs:
+                    os.killpg(one.pid, signal.SIGTERM)
+                    one.wait(timeout=30)
+            self.slurm.revive_node(victim)
+        return max(times) - killed
+
     def _finish(self, way: str, proc: subprocess.Popen[str], ident: str) -> None:
         if way == "orch":
             proc.wait(timeout=120)
@@ -210,6 +278,18 @@ class Bench:
             allocation_gone(self.slurm, "byhand")
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=30)
+
+
+def next_match(readers: list[Reader], pattern: str, timeout: float) -> str:
+    """The first line matching `pattern` in any of the readers."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for reader in readers:
+            for _, line in list(reader.lines):
+                if re.search(pattern, line):
+                    return line
+        time.sleep(0.05)
+    raise RuntimeError(f"no line matching {pattern!r} within {timeout} s")
 
 
 def median_of(runs: int, measure: Callable[[str], float]) -> tuple[float, float]:
@@ -233,6 +313,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--restarts", type=int, default=3, help="runs of the node-lost restart figure (0: none)"
+    )
     args = parser.parse_args()
     with (
         Cluster(4) as cluster,
@@ -245,6 +328,13 @@ def main() -> None:
             ("rank failure -> allocation gone", median_of(args.repeat, bench.failure)),
             ("Ctrl-C -> allocation gone", median_of(args.repeat, bench.interrupt)),
         ]
+        if args.restarts:
+            rows.append(
+                (
+                    "node lost -> every rank of attempt 2 running",
+                    median_of(args.restarts, bench.restart),
+                )
+            )
         for i, part in enumerate(("submit -> a rank runs", "a rank's line -> here")):
             orch, hand = ([p[i] for p in bench.parts[way]] for way in ("orch", "hand"))
             rows.insert(1 + i, (f"  of which {part}", (median(orch), median(hand))))
@@ -271,7 +361,15 @@ scancel` (a lower bound for a person). By hand, the first line waits for `tail -
 looks at its file once a second; orch's follow looks every 50 ms. Both failure and
 Ctrl-C are Slurm's own work once it knows (kill-on-bad-exit, scancel, KillWait): orch
 adds nothing there but its squeue polls.
-Median of {args.repeat} alternating runs; {platform.machine()}, {os.cpu_count()} cores,
+Restart: a 2-node job with `restarts: 1` on the 3-node partition; one compute node's
+slurmd and every job process on it SIGKILLed mid-job (the ranks run a barrier every
+0.2 s), until every rank of the second attempt printed its ready line. orch: nothing
+to do (each attempt queued the next with --dependency=afternotok; the batch script ends
+the attempt once the surviving nodes recorded their end, without waiting for Slurm to
+declare the node down, and leaves the node out with scontrol update ExcNodeList). By
+hand: the person reacts to the first error line in `tail -F` at once with `ssh login
+scancel` and `ssh login sbatch --exclude=NODE`, then `tail -F` again (a lower bound).
+Median of {args.repeat} alternating runs ({args.restarts} for the restart); {platform.machine()}, {os.cpu_count()} cores,
 Python {platform.python_version()}, Slurm 22.05 (KillWait=5). Target: at most 1.2x.
 
 {chr(10).join(lines)}

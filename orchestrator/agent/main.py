@@ -22,6 +22,7 @@ COMMANDS = {
     "top": "node.top",
     "slurm-node": "node.srun",
     "slurm-top": "node.slurm_top",
+    "slurm-attempt": "node.chain",
     "sync": "store.sync",
     "relay": "store.relay",
     "gc": "store.gc",
@@ -50,6 +51,8 @@ USAGE = """usage: orch agent COMMAND ARGS...
   top JOB_DIR                         (stdin: offsets) CPU, memory, GPUs, log growth of its ranks
   slurm-node JOB_ROOT                 under srun, on each node of a Slurm job: its torchrun
   slurm-top JOB_ROOT REQUEST          under srun --overlap: `top` of this node of a Slurm job
+  slurm-attempt begin|end JOB_ROOT ATTEMPT [PREVIOUS|RC]
+                                      a Slurm job's restarts: run or skip, queue the next
 """
 
 

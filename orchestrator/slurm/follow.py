@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from orchestrator.agent.kernel.slurm import expand_nodelist, node_dir_name
+from orchestrator.agent.kernel.slurm_chain import attempt_dir
 from orchestrator.models.errors import InfraError, Interrupted, JobFailed
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState, node_state
@@ -30,6 +31,8 @@ from orchestrator.records.logmirror import LogMirror
 from orchestrator.reporting.failure import TAIL_LINES, failure_summary
 from orchestrator.reporting.follow import NodeExit, Notice, Output, Watcher
 from orchestrator.reporting.reporter import Reporter, phase
+from orchestrator.slurm.chain import ended_attempt, stop_chain
+from orchestrator.slurm.failures import ended_by_slurm, slurm_ending
 from orchestrator.slurm.login import LoginNode
 from orchestrator.slurm.queue import QueuedJob
 from orchestrator.transport import ConnectOptions, Transport, open_transport
@@ -75,7 +78,7 @@ def nodes_of(record: JobRecord, login: Host, nodelist: str) -> list[NodeRecord]:
             rank,
             rank * nproc,
             nproc,
-            f"{root}/{node_dir_name(name)}",
+            f"{root}/{attempt_dir(node_dir_name(name), record.view.attempt)}",
             JobState.RUNNING,
         )
         for rank, name in enumerate(expand_nodelist(nodelist))
@@ -150,7 +153,9 @@ def follow_job(
         nodes = nodes_of(record, login.host, found.nodelist)
         if nodes:
             login.prepare_node_dirs(
-                str(record.spec["slurm"]["job_root"]), [n.host.name for n in nodes]
+                str(record.spec["slurm"]["job_root"]),
+                [n.host.name for n in nodes],
+                record.view.attempt,
             )
         end, exits, tails = _stream(record, nodes, login, reporter, mirror)
     except KeyboardInterrupt:
@@ -221,7 +226,9 @@ def _poll_end(
             log.debug("[job=%s] squeue failed", record.id, exc_info=True)
             continue
         if found is not None and found.allocated:
-            continue
+            found = ended_attempt(record, login, found)  # restarts: over, Slurm still busy
+            if found is None:
+                continue
         end.found = found
         state = found.slurm_state if found else "gone from the queue"
         mark = json.dumps({"returncode": -9, "error": f"stopped by Slurm ({state})"})
@@ -275,15 +282,17 @@ def conclude(
     store.update_job(record.id, final, 1)
     note_slurm(store, record, state=slurm_state)
     first = _first_failure(failed)
-    if first is not None and final is JobState.FAILED:
+    if first is not None and final is JobState.FAILED and not ended_by_slurm(slurm_state):
         record.nodes = nodes
         raise JobFailed(failure_summary(record, first, tails), f"all output: orch logs {record.id}")
-    raise JobFailed(
-        f"job {record.id} {final.value}: Slurm job {slurm_id_of(record)} ended {slurm_state}",
-        f"see: orch logs {record.id}, and the batch script's output "
-        f"{record.spec['slurm']['job_root']}/slurm/batch-{slurm_id_of(record)}.out "
-        "on the login node",
-    )
+    stopped = [  # the nodes whose launcher never said how it ended: Slurm stopped them
+        name
+        for name, e in exits.items()
+        if e.ended is not None and str(e.ended.error or "").startswith("stopped by Slurm")
+    ]
+    slurm_id = slurm_id_of(record)
+    output = f"{record.spec['slurm']['job_root']}/slurm/batch-{slurm_id}.out"
+    raise JobFailed(*slurm_ending(record.id, final.value, slurm_id, slurm_state, stopped, output))
 
 
 def _first_failure(failed: list[NodeExit]) -> NodeExit | None:
@@ -301,10 +310,14 @@ def cancel(record: JobRecord, login: LoginNode, store: JobDB) -> bool:
     """scancel the job, marking its nodes killed first; True once squeue shows its
     allocation gone."""
     slurm_id, root = slurm_id_of(record), str(record.spec["slurm"]["job_root"])
+    stop_chain(record, login)  # restarts: no later attempt starts after this
     found = login.squeue([slurm_id]).get(slurm_id)
     if found is not None and found.nodelist:
         names = expand_nodelist(found.nodelist)
-        marks = " ".join(f"{sh_path(root)}/{node_dir_name(n)}/killed" for n in names)
+        attempt = record.view.attempt
+        marks = " ".join(
+            f"{sh_path(root)}/{attempt_dir(node_dir_name(n), attempt)}/killed" for n in names
+        )
         login.run(f'for f in {marks}; do [ -d "${{f%/killed}}" ] && : > "$f"; done; true')
     login.scancel(slurm_id)
     gone = login.wait_gone(slurm_id, root)

@@ -23,10 +23,11 @@ from orchestrator.records.logmirror import LogMirror, rank_of
 from orchestrator.reporting.filters import FilteredReporter, LogFilter
 from orchestrator.reporting.follow import IDLE_TIMEOUT_S, NodeExit, Watcher
 from orchestrator.reporting.reporter import Reporter
-from orchestrator.slurm.follow import cancel, follow_job, nodes_of, slurm_id_of
+from orchestrator.slurm.follow import cancel, nodes_of, slurm_id_of
 from orchestrator.slurm.login import LoginNode
 from orchestrator.slurm.outputs import bring_outputs
 from orchestrator.slurm.queue import QueuedJob
+from orchestrator.slurm.restarts import follow_attempts, print_earlier, sync_chain
 from orchestrator.transport import ConnectOptions, Transport
 
 
@@ -54,8 +55,13 @@ def connected(record: JobRecord, notice: Callable[[str], None]) -> Iterator[Logi
 
 
 def refresh(store: JobDB, record: JobRecord, login: LoginNode) -> JobRecord:
-    """Bring a Slurm job's record in line with Slurm: state, reason, nodes."""
-    if record.state.is_terminal() or not record.spec["slurm"].get("job_id"):
+    """Bring a Slurm job's record in line with Slurm: state, reason, nodes; with
+    `restarts:`, at the attempt its chain reached (restarts.sync_chain)."""
+    if not record.spec["slurm"].get("job_id"):
+        return record
+    if _may_restart(record):
+        record = sync_chain(store, record, login)
+    if record.state.is_terminal():
         return record
     slurm_id = slurm_id_of(record)
     found = login.query(slurm_id, str(record.spec["slurm"]["job_root"]))
@@ -78,7 +84,7 @@ def refresh(store: JobDB, record: JobRecord, login: LoginNode) -> JobRecord:
 def status(store: JobDB, record: JobRecord, notice: Callable[[str], None]) -> JobRecord:
     """`orch status` of a Slurm job: asked of its login node when it has not ended, with
     its nodes from Slurm's node list."""
-    if not record.state.is_terminal():
+    if not record.state.is_terminal() or _may_restart(record):
         try:
             with connected(record, notice) as login:
                 record = refresh(store, record, login)
@@ -90,6 +96,14 @@ def status(store: JobDB, record: JobRecord, notice: Callable[[str], None]) -> Jo
         for n in nodes_of(record, login_host(record), nodelist)
     ]
     return record
+
+
+def _may_restart(record: JobRecord) -> bool:
+    """A job not killed or done, with restarts left: its chain may have started
+    another attempt since this record was last brought up to date."""
+    view = record.view
+    done = (JobState.KILLED, JobState.SUCCEEDED)
+    return view.attempt < view.restarts and record.state not in done
 
 
 def note(spec: Mapping[str, Any]) -> str:
@@ -146,37 +160,40 @@ def logs(
     """
     store = store or JobDB()
     record = store.get(job_id)
-    mirror = LogMirror(store.home / "logs", record.id, 0)
-    try:
-        with connected(record, reporter.notice) as login:
-            record = refresh(store, record, login)
+    with connected(record, reporter.notice) as login:
+        record = refresh(store, record, login)
+        mirror = LogMirror(store.home / "logs", record.id, record.view.attempt)
+        try:
             nodelist = str(record.spec["slurm"].get("nodelist") or "")
             nodes = nodes_of(record, login.host, nodelist)
             record.nodes = nodes
             chosen = want.nodes(record) if not follow else nodes
             if chosen:
                 login.prepare_node_dirs(
-                    str(record.spec["slurm"]["job_root"]), [n.host.name for n in chosen]
+                    str(record.spec["slurm"]["job_root"]),
+                    [n.host.name for n in chosen],
+                    record.view.attempt,
                 )
             _drain(chosen, login.transport, mirror)
+            print_earlier(record, store, want, reporter)
             for node in want.nodes(record):
                 for stream in mirror.streams(node.host.name):
                     if want.wants(node.host.name, rank_of(stream)):
                         data = mirror.read(node.host.name, stream, want.tail)
                         reporter.output(node.host.name, rank_of(stream), data)
-            if not follow:
-                return 0
-            if record.state.is_terminal():
-                return 0 if record.state is JobState.SUCCEEDED else 1
-            try:
-                return follow_job(
-                    record, login, FilteredReporter(reporter, want), store, mirror, attached=False
-                )
-            except JobFailed as exc:
-                reporter.notice(exc.message)
-                return 1
-    finally:
-        mirror.close()
+        finally:
+            mirror.close()
+        if not follow:
+            return 0
+        if record.state.is_terminal():
+            return 0 if record.state is JobState.SUCCEEDED else 1
+        try:
+            return follow_attempts(
+                record, login, FilteredReporter(reporter, want), store, attached=False
+            )
+        except JobFailed as exc:
+            reporter.notice(exc.message)
+            return 1
 
 
 def _drain(nodes: list[NodeRecord], transport: Transport, mirror: LogMirror) -> None:

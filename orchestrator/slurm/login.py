@@ -11,6 +11,7 @@ import shlex
 import time
 
 from orchestrator.agent.kernel.slurm import node_dir_name
+from orchestrator.agent.kernel.slurm_chain import attempt_dir
 from orchestrator.models.errors import HostError, InputError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes.shell import sh_path
@@ -150,13 +151,13 @@ class LoginNode:
                 return False
             time.sleep(0.25)
 
-    def prepare_node_dirs(self, job_root: str, names: list[str]) -> None:
+    def prepare_node_dirs(self, job_root: str, names: list[str], attempt: int = 0) -> None:
         """Each node's directory, with its links to the job's code and agent and an
         empty node.json (the agent's follow takes a directory without one for a node
         that never started), before following it: its launcher may not have run yet."""
         parts = []
         for name in names:
-            d = f"{sh_path(job_root)}/{shlex.quote(node_dir_name(name))}"
+            d = f"{sh_path(job_root)}/{shlex.quote(attempt_dir(node_dir_name(name), attempt))}"
             parts.append(
                 f"mkdir -p {d}/logs && {{ [ -e {d}/node.json ] || echo '{{}}' > {d}/node.json; }}"
                 f" && {{ [ -L {d}/code ] || ln -s ../code {d}/code 2>/dev/null || true; }}"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from orchestrator.agent.kernel import protocol
 from orchestrator.agent.kernel.slurm import MASTER_ADDR_MARK, MASTER_PORT_MARK, SLURM_DIR
+from orchestrator.agent.kernel.slurm_chain import ATTEMPT_ENV
 from orchestrator.models import placeholders
 from orchestrator.models.job import LEGACY_LAUNCH, PYTHON, JobSpec
 from orchestrator.models.slurm import SlurmSection
@@ -131,6 +132,10 @@ def batch_script(sj: SlurmJob) -> str:
         f"--nodes={sj.nodes}",
         "--ntasks-per-node=1",
         f"--output={batch_output()}",
+        # Slurm requeues a batch job whose node failed (JobRequeue=1, its default): the
+        # same job id ran again from the top under a follow that saw it end. A failed
+        # node ends the job instead; restarts: starts the next attempt (slurm_chain.py).
+        "--no-requeue",
     ]
     if sj.slurm.partition:
         options.append(f"--partition={sj.slurm.partition}")
@@ -144,14 +149,45 @@ def batch_script(sj: SlurmJob) -> str:
         f"world size {sj.world_size}.",
         "# Node rank, master, port and interface are worked out on each node by the agent;",
         "# a rank that fails ends the whole allocation (--kill-on-bad-exit).",
+        *restart_steps(sj)[0],
         f"srun --kill-on-bad-exit=1 --ntasks-per-node=1 --nodes={sj.nodes} \\",
-        f'    {q(sj.python)} -I -S {LAUNCHER} "$PWD"',
+        f'    {q(sj.python)} -I -S {LAUNCHER} "$PWD"' + (" &" if sj.job.restarts else ""),
+        *restart_steps(sj)[1],
         "rc=$?",
         'printf \'{"returncode": %d, "ended": %s}\\n\' "$rc" "$(date +%s)" '
         f'> "{SLURM_DIR}/exit-$SLURM_JOB_ID.json"',
+        *restart_steps(sj)[2],
         "exit $rc",
     ]
     return "\n".join(lines) + "\n"
+
+
+def restart_steps(sj: SlurmJob) -> tuple[list[str], list[str], list[str]]:
+    """A job with `restarts:`: the batch script's lines before srun (this attempt's
+    number, skip or run, queue the next), while it runs (srun in the background,
+    watched: a lost node would hold it until Slurm declares the node down) and after
+    it (settle the next), as kernel/slurm_chain.py designs them; none without."""
+    if not sj.job.restarts:
+        return [], [], []
+    step = f"{shlex.quote(sj.python)} -I -S {protocol.AGENT}/{protocol.RUN_SCRIPT} slurm-attempt"
+    before = [
+        f"# restarts: {sj.job.restarts}. Attempt $1 (0 the first) queues the next, which Slurm",
+        "# starts if this one fails (--dependency=afternotok); it skips after a kill.",
+        f"{ATTEMPT_ENV}=${{1:-0}}; export {ATTEMPT_ENV}",
+        f'{step} begin "$PWD" "${ATTEMPT_ENV}" "${{2:-}}" || exit 0',
+    ]
+    during = [
+        "srun_pid=$!",
+        f'{step} watch "$PWD" "${ATTEMPT_ENV}" "$srun_pid"',
+        'wait "$srun_pid"',
+    ]
+    after = [f'{step} end "$PWD" "${ATTEMPT_ENV}" "$rc"']
+    return before, during, after
+
+
+def chain_json(sj: SlurmJob) -> str:
+    """slurm/chain.json: what a later attempt's sbatch needs (kernel/slurm_chain.py)."""
+    return json.dumps({"restarts": sj.job.restarts, "sbatch": list(sj.slurm.sbatch)})
 
 
 def sbatch_argv(sj: SlurmJob) -> list[str]:

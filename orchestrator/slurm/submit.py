@@ -14,6 +14,7 @@ from pathlib import Path
 
 from orchestrator.agent.kernel import protocol
 from orchestrator.agent.kernel.slurm import SPEC
+from orchestrator.agent.kernel.slurm_chain import CHAIN
 from orchestrator.models.errors import InputError, Interrupted, OrchError
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
@@ -22,16 +23,14 @@ from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
 from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobDB, JobRecord
-from orchestrator.records.logmirror import LogMirror
 from orchestrator.reporting.reporter import ProgressReporter, Reporter, phase
 from orchestrator.slurm import script
-from orchestrator.slurm.follow import follow_job
 from orchestrator.slurm.login import LoginNode
 from orchestrator.slurm.nodes import check_gpus, partition_nodes
 from orchestrator.slurm.outputs import bring_outputs
 from orchestrator.slurm.queue import Partition
+from orchestrator.slurm.restarts import follow_attempts
 from orchestrator.slurm.script import SlurmJob
-from orchestrator.slurm.unsupported import refuse
 from orchestrator.sync.ignore import collect_files
 from orchestrator.sync.manifest import scan_workdir
 from orchestrator.sync.push import push
@@ -63,8 +62,6 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
             f"labels: selects SSH hosts, but {inventory.path} is a Slurm cluster",
             "ask Slurm for node features in the inventory: slurm: {sbatch: [--constraint=a100]}",
         )
-    if job.restarts:
-        refuse("restarts", job.where("restarts"))
     login = inventory.hosts[0]
     root = protocol.job_root(login.workdir, job_id)
     return SlurmJob(job, job_id, inventory.slurm, login.python, root, inventory.path)
@@ -159,6 +156,11 @@ def submit(
                 {
                     f"{sj.job_root}/{script.BATCH}": (script.batch_script(sj), 0o700),
                     f"{sj.job_root}/{SPEC}": (script.spec_json(sj), 0o600),
+                    **(
+                        {f"{sj.job_root}/{CHAIN}": (script.chain_json(sj), 0o600)}
+                        if sj.job.restarts
+                        else {}
+                    ),
                 }
             )
             phase(reporter, "sbatch")
@@ -175,13 +177,9 @@ def submit(
         reporter.notice(f"slurm job {slurm_id} on partition {partition}")
         if detach:
             return 0
-        mirror = LogMirror(store.home / "logs", sj.job_id, 0)
         try:
-            return follow_job(
-                store.get(sj.job_id), login_node, reporter, store, mirror, attached=True
-            )
+            return follow_attempts(store.get(sj.job_id), login_node, reporter, store, attached=True)
         finally:
-            mirror.close()
             bring_outputs(store.get(sj.job_id), login_node, outputs_dir, reporter.notice)
 
 
@@ -196,6 +194,8 @@ def record_of(sj: SlurmJob, partition: str, login: Host) -> JobRecord:
         "outputs": list(sj.job.outputs),
         "outputs_from": sj.job.outputs_from,
         "slurm": _slurm_spec(sj, partition, login),
+        "restarts": sj.job.restarts,
+        "attempt": 0,
     }
     return JobRecord(sj.job_id, sj.job.name, JobState.PENDING, "", sj.job.rendezvous_port, spec)
 

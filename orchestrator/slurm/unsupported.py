@@ -10,12 +10,6 @@ from orchestrator.models.errors import Unsupported
 
 # feature -> (what is refused, the way around it)
 NOT_YET: dict[str, tuple[str, str]] = {
-    "restarts": (
-        "restarts: is not supported on a Slurm cluster yet",
-        "let Slurm requeue the job: slurm: {sbatch: [--requeue]}, or leave restarts out",
-    ),
-    # Slurm's own reason, not ours: which nodes, and so node ranks and the master, are
-    # known only when Slurm starts the job; there is no plan to show before.
     "plan": (
         "a launch plan is not made for a Slurm cluster: Slurm picks the nodes at start",
         "orch submit --dry-run prints the batch script and the sbatch command",

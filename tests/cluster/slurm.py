@@ -256,6 +256,36 @@ class SlurmCluster:
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
 
+    def fail_node(self, host: Host) -> None:
+        """A compute node dies under a job, as far as Slurm and the job can tell: its
+        slurmd and every job process on it (slurmstepd, the launcher, torchrun, the
+        ranks) killed at once, SIGKILL. The host itself (its sshd, its namespace)
+        stays, so that ``revive_node`` can bring it back for the next test."""
+        daemon = next(d for d in self._daemons if d.name == "slurmd" and d.host == host)
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(daemon.pidfd, signal.SIGKILL)
+        daemon.nsenter.wait(timeout=10)
+        os.close(daemon.pidfd)
+        self._daemons.remove(daemon)
+        pids = [str(pid) for pid, _ in self.job_processes(host)]
+        if pids:
+            self.cluster.exec_on(host.index, ["kill", "-9", *pids])
+
+    def revive_node(self, host: Host, timeout: float = 60) -> None:
+        """slurmd on ``host`` again after ``fail_node``, and the node back in service
+        (idle) however far Slurm had got with taking it out."""
+        if not any(d.name == "slurmd" and d.host == host for d in self._daemons):
+            self._start_daemon(host, "slurmd", ["slurmd", "-D"], self.state / f"{host.name}.out")
+
+        def idle() -> bool:
+            state = self.run_on_login(f"sinfo --noheader --Node --nodes={host.name} --format=%t")
+            word = state.stdout.strip()
+            if word.startswith(("down", "drain", "fail")):
+                self.run_on_login(f"scontrol update NodeName={host.name} State=RESUME")
+            return word == "idle"
+
+        self.wait_for(idle, f"{host.name} idle again", timeout)
+
     def new_controller(self) -> Controller:
         """A fresh controller that trusts every host (see ``Cluster.new_controller``)."""
         return self.cluster.new_controller()

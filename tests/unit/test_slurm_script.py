@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.kernel.slurm import fill_marks, node_dir_name
-from orchestrator.models.errors import InputError, Unsupported
+from orchestrator.models.errors import InputError
 from orchestrator.models.inventory import load_inventory
 from orchestrator.models.job import load_job
 from orchestrator.slurm import script
@@ -213,26 +213,6 @@ def test_the_cli_dry_run_prints_the_batch_script_and_refuses_ssh_keys(
     assert refused.returncode == 2
     assert "labels: selects SSH hosts" in refused.stderr
     assert "hint: ask Slurm for node features" in refused.stderr
-
-
-@pytest.mark.parametrize(
-    ("extra", "key", "message", "hint"),
-    [
-        ("restarts: 2\n", "restarts", "restarts: is not supported on a Slurm", "--requeue"),
-    ],
-)
-def test_what_slurm_cannot_do_yet_is_one_error_at_the_job_files_key(
-    write: WriteFile, workdir: Path, extra: str, key: str, message: str, hint: str
-) -> None:
-    inventory = load_inventory(write("hpc.yaml", HPC))
-    job = load_job(write("job.yaml", job_text(extra)))
-    with pytest.raises(Unsupported) as caught:
-        slurm_job(job, inventory, "digits-1")
-    line = job.positions[key][0]
-    assert (
-        caught.value.message.startswith(f"{job.path}:{line}:") and message in caught.value.message
-    )
-    assert hint in caught.value.hint and caught.value.exit_code == 2
 
 
 def test_launcher_python_runs_the_entry_once_per_node_with_the_output_the_nodes(

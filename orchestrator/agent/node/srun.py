@@ -53,6 +53,7 @@ from ..kernel.protocol import (
     write_json,
 )
 from ..kernel.slurm import SPEC, expand_nodelist, fill_marks, node_dir_name, rendezvous_record
+from ..kernel.slurm_chain import ATTEMPT_ENV, attempt_dir
 
 PORT_WAIT_S = 120.0
 
@@ -142,7 +143,9 @@ def main(args: list[str]) -> int:
     port = spec["port"] or rendezvous_port(root, slurm_id, node_rank, master_addr)
     local_addr, iface = route_to(master_addr)
 
-    node_dir = os.path.join(root, node_dir_name(name))
+    # A restart's attempt (ORCH_ATTEMPT from the batch script) has its own directory.
+    attempt = int(os.environ.get(ATTEMPT_ENV) or 0)
+    node_dir = os.path.join(root, attempt_dir(node_dir_name(name), attempt))
     os.makedirs(os.path.join(node_dir, LOGS), exist_ok=True)
     os.chdir(node_dir)
     _link(os.path.join(os.pardir, CODE), CODE)
@@ -160,6 +163,7 @@ def main(args: list[str]) -> int:
         ORCH_SLURM_JOB_ID=slurm_id,
         ORCH_HOSTS=",".join(nodes),
         ORCH_OUTPUT_DIR=os.path.join(root, OUTPUTS),
+        ORCH_ATTEMPT=str(attempt),
     )
     os.makedirs(env["ORCH_OUTPUT_DIR"], exist_ok=True)
     # What ran here, for a person looking later.
