@@ -26,6 +26,7 @@ COMMANDS = {
     "gc": "store.gc",
     "lease": "leases.commands",
     "keeper": "keeper.commands",
+    "warm": "node.warm",
 }
 USAGE = """usage: orch agent COMMAND ARGS...
   probe [MASTER|OPTIONS]              this host's facts as JSON (no torch import)
@@ -48,6 +49,7 @@ USAGE = """usage: orch agent COMMAND ARGS...
   lease dir                           where the lease directory is, and who owns it
   top JOB_DIR                         (stdin: offsets) CPU, memory, GPUs, log growth of its ranks
   slurm-node JOB_ROOT                 under srun, on each node of a Slurm job: its torchrun
+  warm ensure|list|stop [KEY]         warm interpreters a job's ranks are forked from
 """
 
 
