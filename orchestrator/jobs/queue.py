@@ -148,9 +148,8 @@ def start_nodes(
         return ops.start(node, transport, request)
 
     replies = group.each(start)
-    for name, reply in replies.items():
-        if reply.pid is None:  # a node that started says so with its warnings, below
-            _warn(reporter, name, reply.warnings)
+    # A node that started says so with its warnings, below.
+    warn_once(reporter, {n: r.warnings for n, r in replies.items() if r.pid is None})
     busy = {name: r.busy for name, r in replies.items() if r.busy is not None}
     if busy:
         raise QueueBusy(waiting_text(busy, nodes))
@@ -241,8 +240,8 @@ def _started(
     reporter: Reporter,
     store: JobDB,
 ) -> None:
-    for name, reply in replies.items():
-        _warn(reporter, name, reply.warnings)
+    warn_once(reporter, {name: reply.warnings for name, reply in replies.items()})
+    for name in replies:
         store.update_node(plan.job_id, name, JobState.RUNNING)
 
 

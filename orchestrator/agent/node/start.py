@@ -70,15 +70,19 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
     env["ORCH_OUTPUT_DIR"] = outputs
     argv = list(spec["argv"])
     argv[0] = os.path.expanduser(argv[0])
-    turn = holder.wait_turn(spec, ready_fd)  # its GPUs or slots: waits in line if busy
+    launch = launch_request(spec, argv, env)
+    # Said in the first reply, which a node that waits in line sends before its turn.
+    said = warm.choose(spec, base_env, launch, check=True)[1] if launch is not None else None
+    turn = holder.wait_turn(spec, ready_fd, [said] if said else [])  # waits in line if busy
     if turn is None:
         return 1
     env.update(turn.env())
-    launch = launch_request(spec, argv, env)
+    if launch is not None:
+        launch["env"] = env
     node, cold = warm.request(spec, base_env, launch) if launch is not None else (None, None)
     if node is not None:
         return supervise_warm(spec, node, turn, ready_fd, base_env)
-    if cold:
+    if cold and cold not in turn.warnings:
         turn.warnings = [*turn.warnings, cold]
     try:
         with open(TORCHRUN_LOG, "ab") as out:

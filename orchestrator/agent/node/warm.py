@@ -278,22 +278,19 @@ class Warm:
             return -signal.SIGKILL
 
 
-def request(
-    spec: dict[str, Any], env: dict[str, str], launch: dict[str, Any]
-) -> tuple[Warm | None, str | None]:
-    """Ask this user's warm process for the job's environment to fork the node's
-    launcher.
-
-    Returns:
-        (the launched node, None), or (None, why it starts cold: a line for the
-        user, or None where there is nothing to say: warm never asked for, or this
-        user has no warm process on this host, as on a first submit).
-    """
+def choose(
+    spec: dict[str, Any], env: dict[str, str], launch: dict[str, Any], check: bool = False
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The warm process this node may ask, else why it starts cold: a line for the
+    user, or None where there is nothing to say (warm never asked for, or this user
+    has no warm process on this host, as on a first submit). `check`: ask it
+    whether it is still the same (before a node waits in line, so that the first
+    reply can say why not)."""
     options = spec.get("warm")
     gone: list[dict[str, Any]] = []
     found = records(gone)
     if not isinstance(options, dict) or not (found or gone):
-        return None, None  # nothing to say to who never had a warm process here
+        return None, None
     if options.get("off"):
         return None, f"cold start: {options['off']}"
     if launch.get("cold"):
@@ -315,11 +312,46 @@ def request(
         return None, f"cold start: {mine.get('why')}"
     if mine.get("state") != "ready":
         return None, "cold start: the warm interpreter is still importing"
+    if check:
+        why = ask(mine, {"check": True})[2]
+        if why:
+            return None, why
+    return mine, None
+
+
+def request(
+    spec: dict[str, Any], env: dict[str, str], launch: dict[str, Any]
+) -> tuple[Warm | None, str | None]:
+    """Ask this user's warm process for the job's environment to fork the node's
+    launcher.
+
+    Returns:
+        (the launched node, None), or (None, why it starts cold: see `choose`).
+    """
+    mine, why = choose(spec, env, launch)
+    if mine is None:
+        return None, why
+    conn, reply, why = ask(mine, launch)
+    if conn is None:
+        return None, why
+    return Warm(int(reply["pid"]), reply.get("start_time"), conn), None
+
+
+def ask(
+    mine: dict[str, Any], question: dict[str, Any]
+) -> tuple[socket.socket | None, dict[str, Any], str | None]:
+    """Send a warm process a launch (or `{"check": true}`: is it still the same?).
+
+    Returns:
+        (the connection the launcher answers on, its first reply, None), or (None,
+        the reply, why the node starts cold); a warm process that does not answer
+        within ANSWER_S is ended, never waited for.
+    """
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(ANSWER_S)
     try:
-        conn.connect(_path(key, ".sock"))
-        conn.sendall(json.dumps(launch).encode() + b"\n")
+        conn.connect(_path(str(mine["key"]), ".sock"))
+        conn.sendall(json.dumps(question).encode() + b"\n")
         answer = b""
         while b"\n" not in answer:
             chunk = conn.recv(4096)
@@ -330,15 +362,19 @@ def request(
         conn.close()
         end(mine)
         what = "did not answer" if isinstance(exc, socket.timeout) else f"failed ({exc})"
-        return None, f"cold start: the warm interpreter {what}; it is replaced when the job ends"
+        return (
+            None,
+            {},
+            f"cold start: the warm interpreter {what}; it is replaced when the job ends",
+        )
     reply = json.loads(answer.split(b"\n", 1)[0] or b"{}")
-    if "pid" not in reply:
+    if "pid" not in reply or question.get("check"):
         conn.close()
+        if reply.get("fresh"):
+            return None, reply, None
         forget(mine)
-        return None, f"cold start: {reply.get('stale') or 'the warm interpreter went away'}"
-    warm = Warm(int(reply["pid"]), reply.get("start_time"), conn)
-    warm.buffer = answer.split(b"\n", 1)[1]
-    return warm, None
+        return None, reply, f"cold start: {reply.get('stale') or 'the warm interpreter went away'}"
+    return conn, reply, None
 
 
 # ---------------------------------------------------------------- the warm process
@@ -408,11 +444,14 @@ def serve(args: list[str]) -> int | tuple[socket.socket, dict[str, Any]]:
             conn.close()
             continue
         changed = fingerprint.changed()
-        if changed:
+        if changed or launch.get("check"):
+            answer = {"stale": changed} if changed else {"fresh": True}
             with contextlib.suppress(OSError):
-                conn.sendall(json.dumps({"stale": changed}).encode() + b"\n")
+                conn.sendall(json.dumps(answer).encode() + b"\n")
             conn.close()
-            break
+            if changed:
+                break
+            continue
         if os.fork() == 0:
             listener.close()
             conn.settimeout(None)
