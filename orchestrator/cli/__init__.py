@@ -28,6 +28,7 @@ from orchestrator.cli import (  # noqa: F401
     cmd_exec,
     cmd_bench,
     cmd_gc,
+    cmd_warm,
     cmd_keys,
     cmd_init,
 )

@@ -272,3 +272,73 @@ def test_no_job_process_is_left_and_the_warm_one_stays_after_a_warm_job(
     result = orch("submit", job, "-i", two_and_one, timeout=180)
     assert result.returncode == 0
     assert all(not job_processes(cluster, i) for i in HOSTS)
+
+
+def test_an_idle_warm_interpreter_ends_after_warm_idle(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    job = probe_job(tmp_path, warm_idle=4)
+    submit_cold_then_ready(orch, cluster, job, two_and_one)
+    listed = orch("warm", "-i", two_and_one, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(r"node1: pid \d+ ready, preload torch, \d+ MB PSS", listed.stdout)
+    wait_for(lambda: not any(warm_processes(cluster, i) for i in HOSTS), 30, "the idle ones to end")
+    assert all(warm_records(cluster, i) == [] for i in HOSTS)
+
+
+def test_kill_all_leaves_no_warm_interpreter(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    submit_cold_then_ready(orch, cluster, probe_job(tmp_path), two_and_one)
+    result = orch("kill", "--all", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert all(warm_processes(cluster, i) == [] for i in HOSTS)
+
+
+_CONNECT = r"""
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(5)
+try:
+    s.connect(sys.argv[1])
+except OSError as exc:
+    print("refused", type(exc).__name__)
+    sys.exit(0)
+s.sendall(json.dumps({"check": True}).encode() + b"\n")
+try:
+    print("answer", repr(s.recv(100)))
+except OSError as exc:
+    print("answer", type(exc).__name__)
+"""
+
+
+def test_another_user_cannot_reach_a_warm_interpreter(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    from tests.cluster.controller_side import repo_python
+
+    submit_cold_then_ready(orch, cluster, probe_job(tmp_path), two_and_one)
+    (record,) = warm_records(cluster, 1)
+    folder = "/root/.orch/warm"
+    sock = f"{folder}/{record['key']}.sock"
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    argv = [*as_nobody, str(repo_python()), "-I", "-c", _CONNECT, sock]
+
+    behind_its_directory = cluster.exec_on(1, argv)
+    assert behind_its_directory.stdout.startswith("refused PermissionError"), (
+        behind_its_directory.stdout + behind_its_directory.stderr
+    )
+    # Even with the directory and socket opened to all, its peer check turns them away.
+    modes = cluster.exec_on(1, ["stat", "-c", "%a", "/root", "/root/.orch", folder]).stdout.split()
+    opened = cluster.exec_on(
+        1, ["sh", "-c", f"chmod 711 {folder} /root /root/.orch && chmod 777 {sock}"]
+    )
+    assert opened.returncode == 0, opened.stderr
+    try:
+        through = cluster.exec_on(1, argv)
+    finally:
+        for mode, path in zip(modes, ["/root", "/root/.orch", folder], strict=True):
+            cluster.exec_on(1, ["chmod", mode, path])
+        cluster.exec_on(1, ["chmod", "600", sock])
+    assert through.stdout.strip() == "answer b''", through.stdout + through.stderr
+    assert [pid for pid, _ in warm_processes(cluster, 1)] == [record["pid"]]
