@@ -277,7 +277,7 @@ def test_no_job_process_is_left_and_the_warm_one_stays_after_a_warm_job(
 def test_an_idle_warm_interpreter_ends_after_warm_idle(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
-    job = probe_job(tmp_path, warm_idle=4)
+    job = probe_job(tmp_path, warm_idle=15)
     submit_cold_then_ready(orch, cluster, job, two_and_one)
     listed = orch("warm", "-i", two_and_one, timeout=60)
     assert listed.returncode == 0, listed.stderr
@@ -304,10 +304,10 @@ try:
 except OSError as exc:
     print("refused", type(exc).__name__)
     sys.exit(0)
-s.sendall(json.dumps({"check": True}).encode() + b"\n")
 try:
+    s.sendall(json.dumps({"check": True}).encode() + b"\n")
     print("answer", repr(s.recv(100)))
-except OSError as exc:
+except OSError as exc:  # closed on it already
     print("answer", type(exc).__name__)
 """
 
@@ -340,5 +340,6 @@ def test_another_user_cannot_reach_a_warm_interpreter(
         for mode, path in zip(modes, ["/root", "/root/.orch", folder], strict=True):
             cluster.exec_on(1, ["chmod", mode, path])
         cluster.exec_on(1, ["chmod", "600", sock])
-    assert through.stdout.strip() == "answer b''", through.stdout + through.stderr
+    closed = ("answer b''", "answer BrokenPipeError", "answer ConnectionResetError")
+    assert through.stdout.strip() in closed, through.stdout + through.stderr
     assert [pid for pid, _ in warm_processes(cluster, 1)] == [record["pid"]]
