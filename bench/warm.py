@@ -46,7 +46,7 @@ def warm_ready(cluster: Cluster, n: int) -> bool:
     for host in cluster.hosts[:n]:
         folder = host.home / ".orch" / "warm"
         states = []
-        for path in folder.glob("*.json") if folder.exists() else []:
+        for path in folder.glob("*/*.json") if folder.exists() else []:
             with contextlib.suppress(ValueError):  # being written
                 states.append(json.loads(path.read_text()).get("state"))
         if "ready" not in states:
@@ -99,7 +99,7 @@ def warm_pss_kb(cluster: Cluster, host_index: int) -> int:
     folder = cluster.hosts[host_index].home / ".orch" / "warm"
     return sum(
         pss_kb(cluster, host_index, int(json.loads(p.read_text())["pid"]))
-        for p in folder.glob("*.json")
+        for p in folder.glob("*/*.json")
     )
 
 

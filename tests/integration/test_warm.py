@@ -53,7 +53,7 @@ def stop_warm(cluster: Cluster) -> None:
 def warm_records(cluster: Cluster, i: int) -> list[dict[str, Any]]:
     folder = cluster.home(i) / ".orch" / "warm"
     found = []
-    for path in sorted(folder.glob("*.json")) if folder.exists() else []:
+    for path in sorted(folder.glob("*/*.json")) if folder.exists() else []:
         try:
             found.append(json.loads(path.read_text()))
         except ValueError:  # being written
@@ -319,7 +319,8 @@ def test_another_user_cannot_reach_a_warm_interpreter(
 
     submit_cold_then_ready(orch, cluster, probe_job(tmp_path), two_and_one)
     (record,) = warm_records(cluster, 1)
-    folder = "/root/.orch/warm"
+    (where,) = (cluster.home(1) / ".orch" / "warm").iterdir()
+    folder = f"/root/.orch/warm/{where.name}"
     sock = f"{folder}/{record['key']}.sock"
     as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     argv = [*as_nobody, str(repo_python()), "-I", "-c", _CONNECT, sock]
@@ -329,15 +330,14 @@ def test_another_user_cannot_reach_a_warm_interpreter(
         behind_its_directory.stdout + behind_its_directory.stderr
     )
     # Even with the directory and socket opened to all, its peer check turns them away.
-    modes = cluster.exec_on(1, ["stat", "-c", "%a", "/root", "/root/.orch", folder]).stdout.split()
-    opened = cluster.exec_on(
-        1, ["sh", "-c", f"chmod 711 {folder} /root /root/.orch && chmod 777 {sock}"]
-    )
+    paths = ["/root", "/root/.orch", "/root/.orch/warm", folder]
+    modes = cluster.exec_on(1, ["stat", "-c", "%a", *paths]).stdout.split()
+    opened = cluster.exec_on(1, ["sh", "-c", f"chmod 711 {' '.join(paths)} && chmod 777 {sock}"])
     assert opened.returncode == 0, opened.stderr
     try:
         through = cluster.exec_on(1, argv)
     finally:
-        for mode, path in zip(modes, ["/root", "/root/.orch", folder], strict=True):
+        for mode, path in zip(modes, paths, strict=True):
             cluster.exec_on(1, ["chmod", mode, path])
         cluster.exec_on(1, ["chmod", "600", sock])
     closed = ("answer b''", "answer BrokenPipeError", "answer ConnectionResetError")

@@ -3,7 +3,7 @@ are forked from a process that imported torch already instead of each importing 
 
 One warm process per user, interpreter, environment and agent version (its *key*),
 at most `MOST` per user on a host, the least recently used first out. Each lives in
-`WORKDIR/warm/` (the user's owner-only orch directory): `KEY.json` (its record),
+`WORKDIR/warm/HOST/` (the user's owner-only orch directory): `KEY.json` (its record),
 `KEY.sock` (where it listens, to its owner only: SO_PEERCRED), `KEY.log`.
 
 - `ensure` (stdin: python, env, preload, idle) starts one for the key where none
@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -86,11 +87,14 @@ def version_dir() -> str:
 
 
 def warm_dir() -> str | None:
-    """`WORKDIR/warm`, or None where this agent runs from a temporary copy."""
+    """`WORKDIR/warm/<host>`, or None where this agent runs from a temporary copy.
+    One directory per host and boot: hosts that share the workdir (an NFS home) must
+    not take each other's pids for their own, and a socket serves its host only."""
     agents = os.path.dirname(version_dir())
     if os.path.basename(agents) != "agent":
         return None
-    return os.path.join(os.path.dirname(agents), WARM)
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", os.uname().nodename)[:64]
+    return os.path.join(os.path.dirname(agents), WARM, f"{name}-{proc.boot_id()[:8]}")
 
 
 def key_env(env: dict[str, str]) -> dict[str, str]:
@@ -167,6 +171,7 @@ def ensure(python: str, env: dict[str, str], preload: list[str], idle: float) ->
     where = warm_dir()
     if where is None:
         return {"error": "the agent runs from a temporary directory"}
+    os.makedirs(os.path.dirname(where), mode=0o700, exist_ok=True)
     os.makedirs(where, mode=0o700, exist_ok=True)
     key = key_of(python, env, preload)
     others = []
