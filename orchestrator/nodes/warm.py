@@ -37,14 +37,19 @@ class WarmProcess:
         )
 
 
+def warm_interpreters(host: Host, transport: Transport) -> list[dict[str, Any]]:
+    """One host's warm interpreters of this user, as its agent lists them."""
+    reply = agent.run(host, transport, ["warm", "list"], timeout=TIMEOUT_S)
+    return [dict(row) for row in reply.get("warm") or [] if isinstance(row, dict)]
+
+
 def listing(
     hosts: Sequence[Host], notice: Callable[[str], None]
 ) -> tuple[dict[str, list[WarmProcess]], list[OrchError]]:
     """Each reachable host's warm interpreters of this user, and the hosts' errors."""
 
     def one(host: Host, transport: Transport) -> list[WarmProcess]:
-        reply = agent.run(host, transport, ["warm", "list"], timeout=TIMEOUT_S)
-        return [WarmProcess.of(row) for row in reply.get("warm") or []]
+        return [WarmProcess.of(row) for row in warm_interpreters(host, transport)]
 
     return _each(hosts, notice, one)
 

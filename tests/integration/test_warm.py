@@ -282,6 +282,11 @@ def test_an_idle_warm_interpreter_ends_after_warm_idle(
     listed = orch("warm", "-i", two_and_one, timeout=60)
     assert listed.returncode == 0, listed.stderr
     assert re.search(r"node1: pid \d+ ready, preload torch, \d+ MB PSS", listed.stdout)
+    hosts = orch("status", "--hosts", "--json", "-i", two_and_one, timeout=60)
+    assert hosts.returncode == 0, hosts.stderr
+    shown = json.loads(hosts.stdout)["warm"]
+    assert sorted(row["host"] for row in shown) == ["node1", "node2"]
+    assert all(row["pss_kb"] > 10_000 and row["preload"] == ["torch"] for row in shown)
     wait_for(lambda: not any(warm_processes(cluster, i) for i in HOSTS), 30, "the idle ones to end")
     assert all(warm_records(cluster, i) == [] for i in HOSTS)
 
