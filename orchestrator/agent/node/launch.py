@@ -396,14 +396,18 @@ class RankRun:
 def run_script(path: str) -> int:
     """Run a script as `python path` would: a fresh `__main__`, its traceback without
     orch's frames, exit code 1 on an exception."""
+    import builtins
     import types
     from importlib.machinery import SourceFileLoader
 
-    main = types.ModuleType("__main__")
+    main = types.ModuleType("__main__")  # as `python path` makes it: the same attributes
     main.__file__ = path
     main.__loader__ = SourceFileLoader("__main__", path)
-    main.__builtins__ = __builtins__  # type: ignore[attr-defined]
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
     main.__spec__ = None
+    main.__package__ = None
+    main.__cached__ = None  # type: ignore[attr-defined]
+    main.__annotations__ = {}
     sys.modules["__main__"] = main
     with open(path, "rb") as f:
         source = f.read()
