@@ -277,7 +277,7 @@ def test_no_job_process_is_left_and_the_warm_one_stays_after_a_warm_job(
 def test_an_idle_warm_interpreter_ends_after_warm_idle(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
-    job = probe_job(tmp_path, warm_idle=15)
+    job = probe_job(tmp_path, warm_idle=40)
     submit_cold_then_ready(orch, cluster, job, two_and_one)
     listed = orch("warm", "-i", two_and_one, timeout=60)
     assert listed.returncode == 0, listed.stderr
