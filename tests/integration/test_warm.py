@@ -287,7 +287,7 @@ def test_an_idle_warm_interpreter_ends_after_warm_idle(
     shown = json.loads(hosts.stdout)["warm"]
     assert sorted(row["host"] for row in shown) == ["node1", "node2"]
     assert all(row["pss_kb"] > 10_000 and row["preload"] == ["torch"] for row in shown)
-    wait_for(lambda: not any(warm_processes(cluster, i) for i in HOSTS), 30, "the idle ones to end")
+    wait_for(lambda: not any(warm_processes(cluster, i) for i in HOSTS), 90, "the idle ones to end")
     assert all(warm_records(cluster, i) == [] for i in HOSTS)
 
 
