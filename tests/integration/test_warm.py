@@ -192,7 +192,7 @@ def attached_lines(process: subprocess.Popen[str]) -> list[str]:
     return lines
 
 
-def test_each_reason_to_start_cold_is_said_once(
+def test_cold_and_warm_false_start_cold_and_say_so_once(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
     job = probe_job(tmp_path)
@@ -207,6 +207,12 @@ def test_each_reason_to_start_cold_is_said_once(
     result = orch("submit", off, "-i", two_and_one, timeout=180)
     assert "cold start: warm: false in the job file (hosts node1, node2)" in result.stderr
 
+
+def test_restarts_by_torchrun_and_another_env_start_cold_and_say_why(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    job = probe_job(tmp_path)
+    submit_cold_then_ready(orch, cluster, job, two_and_one)
     restarts = probe_job(tmp_path, max_restarts=1)
     result = orch("submit", restarts, "-i", two_and_one, timeout=180)
     assert result.returncode == 0, result.stderr
@@ -220,7 +226,12 @@ def test_each_reason_to_start_cold_is_said_once(
     again = orch("submit", other_env, "-i", two_and_one, timeout=180)
     assert ran_warm(cluster, job_id_of(again.stdout)) == [True, True]
 
-    # A package installed since the warm interpreter started: it is not the same.
+
+def test_a_package_installed_since_the_warm_interpreter_started_gives_a_cold_start(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    job = probe_job(tmp_path)
+    submit_cold_then_ready(orch, cluster, job, two_and_one)
     site = Path(
         subprocess.run(
             [str(orch_python()), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
