@@ -286,7 +286,15 @@ def node_template(job: JobSpec, host: Host, facts: HostFacts, job_id: str) -> di
         "gpus": list(host.gpus),
         "iface": facts.iface,
         "addr": facts.local_addr or _static_addr(host),
+        "warm": warm_options(job),
     }
+
+
+def warm_options(job: JobSpec) -> dict[str, Any]:
+    """What a node's supervisor needs to start warm (agent/node/warm.py), or why not."""
+    if job.cold:
+        return {"off": job.cold}
+    return {"preload": list(job.preload), "idle": job.warm_idle}
 
 
 def describe(plan: LaunchPlan) -> list[str]:

@@ -99,13 +99,23 @@ class Lines:
         return "".join(self.lines)
 
 
+WARM_SERVE = " warm serve "  # a warm interpreter's command line (agent/node/warm.py)
+
+
 def job_processes(cluster: Cluster, host: int) -> list[tuple[int, str]]:
-    """Every process on a host but its sshd (PID 1) and transient sshd session children."""
+    """Every process on a host but its sshd (PID 1), transient sshd session children
+    and the warm interpreters orch leaves for the next submit (no job's: the ranks
+    forked from one show their own command line)."""
     return [
         (pid, cmd)
         for pid, cmd in cluster.host_pids(host)
-        if pid != 1 and not cmd.startswith("sshd")
+        if pid != 1 and not cmd.startswith("sshd") and WARM_SERVE not in f" {cmd} "
     ]
+
+
+def warm_processes(cluster: Cluster, host: int) -> list[tuple[int, str]]:
+    """The warm interpreters on a host."""
+    return [(pid, cmd) for pid, cmd in cluster.host_pids(host) if WARM_SERVE in f" {cmd} "]
 
 
 def assert_no_job_left(cluster: Cluster, hosts: range | list[int]) -> None:

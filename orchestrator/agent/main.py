@@ -28,6 +28,7 @@ COMMANDS = {
     "gc": "store.gc",
     "lease": "leases.commands",
     "keeper": "keeper.commands",
+    "warm": "node.warm",
 }
 USAGE = """usage: orch agent COMMAND ARGS...
   probe [MASTER|OPTIONS]              this host's facts as JSON (no torch import)
@@ -53,6 +54,7 @@ USAGE = """usage: orch agent COMMAND ARGS...
   slurm-top JOB_ROOT REQUEST          under srun --overlap: `top` of this node of a Slurm job
   slurm-attempt begin|end JOB_ROOT ATTEMPT [PREVIOUS|RC]
                                       a Slurm job's restarts: run or skip, queue the next
+  warm ensure|list|stop [KEY]         warm interpreters a job's ranks are forked from
 """
 
 

@@ -44,6 +44,7 @@ from orchestrator.api.types import (
 )
 from orchestrator.models.job import JobSpec, Overrides
 from orchestrator.models.states import JobState
+from orchestrator.nodes import warm
 from orchestrator.plan import LaunchPlan
 from orchestrator.records.db import JobDB, JobRecord
 from orchestrator.reporting.filters import LogFilter
@@ -231,8 +232,14 @@ def kill_all(reporter: Reporter | None = None) -> list[KillResult]:
     reporter = reporter or QuietReporter()
     with _owner_only():
         store = JobDB()
-        running = [r for r in store.jobs() if not r.state.is_terminal()]
-        return [KillResult.of(backends.for_record(r).kill(r, store, reporter)) for r in running]
+        records = store.jobs()
+        running = [r for r in records if not r.state.is_terminal()]
+        killed = [KillResult.of(backends.for_record(r).kill(r, store, reporter)) for r in running]
+        # And the warm interpreters the jobs left on their SSH hosts (nodes/warm.py).
+        hosts = [n.host for r in records if r.backend == "ssh" for n in r.nodes]
+        if hosts:
+            warm.stop(hosts, reporter.notice)
+        return killed
 
 
 def _relay_logs(job_id: str, want: LogFilter, follow: bool, reporter: Reporter) -> int:

@@ -59,6 +59,7 @@ class HostsView:
     units: list[dict[str, Any]] = field(default_factory=list)
     queue: list[dict[str, Any]] = field(default_factory=list)
     errors: list[OrchError] = field(default_factory=list)
+    warm: list[dict[str, Any]] = field(default_factory=list)  # this user's warm interpreters
 
 
 class Backend(Protocol):

@@ -16,6 +16,7 @@ from orchestrator.jobs.queue import host_views, positions, queue_rows, unit_rows
 from orchestrator.models.inventory import Inventory
 from orchestrator.models.job import JobSpec
 from orchestrator.nodes.group import HostGroup, connect_reachable
+from orchestrator.nodes.warm import warm_interpreters
 from orchestrator.plan import LaunchPlan, describe
 from orchestrator.records.db import JobDB, JobRecord
 from orchestrator.reporting.filters import LogFilter
@@ -123,7 +124,9 @@ class SshBackend:
         group, failures = connect_reachable(list(inventory.hosts), reporter.notice)
         with group:
             views, more = host_views(group)
+            warm, _ = group.try_each(warm_interpreters)  # an older agent: none shown
         found = HostsView(errors=[*failures, *more])
+        found.warm = [{"host": name, **row} for name, rows in warm.items() for row in rows]
         for host in inventory.hosts:
             if host.name in views:
                 found.units += unit_rows(host, views[host.name])

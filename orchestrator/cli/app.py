@@ -29,6 +29,7 @@ VERBS = {
     "exec": "cmd_exec",
     "bench": "cmd_bench",
     "gc": "cmd_gc",
+    "warm": "cmd_warm",
     "keys": "cmd_keys",
     "init": "cmd_init",
 }

@@ -63,6 +63,10 @@ def submit(
         bool,
         typer.Option("--no-wait", help="Exit 3 at once where the GPUs or slots are held."),
     ] = False,
+    cold: Annotated[
+        bool,
+        typer.Option("--cold", help="Start every rank cold, even where a warm interpreter waits."),
+    ] = False,
 ) -> None:
     """Run a job on its hosts and stream every rank's output.
 
@@ -77,6 +81,7 @@ def submit(
         args=tuple(script_args or ()),
         replace_args=replace_args,
         no_wait=no_wait,
+        cold=cold,
     )
     if dry_run:  # each host's command (a Slurm cluster: the batch script and sbatch)
         chosen = backends.load(job, inventory, overrides)

@@ -30,9 +30,12 @@ def show_hosts(inventory_path: Path | None, as_json: bool) -> None:
     inventory = resolve_inventory(inventory_path, None)
     found = backends.for_inventory(inventory).hosts(inventory, ConsoleReporter())
     if as_json:
-        typer.echo(json.dumps({"units": found.units, "queue": found.queue}, indent=2))
+        typer.echo(
+            json.dumps({"units": found.units, "queue": found.queue, "warm": found.warm}, indent=2)
+        )
     else:
         _print_tables(found.units, found.queue)
+        _print_warm(found.warm)
     errors = found.errors
     if errors:
         raise errors[0] if len(errors) == 1 else MultiHostError(errors)
@@ -68,6 +71,26 @@ def _print_tables(units: list[dict[str, Any]], line: list[dict[str, Any]]) -> No
                 _since(row.get("since")),
             )
         console.print(queue)
+
+
+def _print_warm(rows: list[dict[str, Any]]) -> None:
+    """Your warm interpreters (README: Warm starts), with their memory."""
+    if not rows:
+        return
+    table = Table("host", "pid", "state", "preload", "memory (PSS)", "idle", box=None)
+    table.title = "warm interpreters"
+    for row in rows:
+        kb = row.get("pss_kb")
+        idle = row.get("idle_s")
+        table.add_row(
+            row["host"],
+            str(row.get("pid")),
+            _text(row.get("state")),
+            _text(",".join(map(str, row.get("preload") or []))),
+            f"{kb / 1024:.0f} MB" if isinstance(kb, int) else "?",
+            f"{idle:.0f} s" if isinstance(idle, (int, float)) else "",
+        )
+    Console().print(table)
 
 
 def _text(value: object) -> str:

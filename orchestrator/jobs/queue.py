@@ -112,7 +112,7 @@ def start_nodes(
     group: HostGroup,
     reporter: Reporter,
     store: JobDB,
-    start_plain: Callable[[Host, Transport], None],
+    start_plain: Callable[[Host, Transport], object],
     no_wait: bool = False,
     detach: bool = False,
 ) -> bool:
@@ -128,7 +128,8 @@ def start_nodes(
         InfraError / HostError: a node could not start, or left the line.
     """
     if not any(n.host.leases for n in plan.nodes):
-        group.each(start_plain)
+        said = group.each(start_plain)
+        warn_once(reporter, {name: getattr(r, "warnings", ()) for name, r in said.items()})
         return False
     nodes = {n.host.name: n for n in plan.nodes}
     ticket = (time.time(), plan.job_id)
@@ -147,9 +148,8 @@ def start_nodes(
         return ops.start(node, transport, request)
 
     replies = group.each(start)
-    for name, reply in replies.items():
-        if reply.pid is None:  # a node that started says so with its warnings, below
-            _warn(reporter, name, reply.warnings)
+    # A node that started says so with its warnings, below.
+    warn_once(reporter, {n: r.warnings for n, r in replies.items() if r.pid is None})
     busy = {name: r.busy for name, r in replies.items() if r.busy is not None}
     if busy:
         raise QueueBusy(waiting_text(busy, nodes))
@@ -216,6 +216,18 @@ def _parsed(host: str, cls: type[R], reply: Reply) -> R:
         raise HostError(host, str(exc), "update orch, or remove the host's agent") from exc
 
 
+def warn_once(reporter: Reporter, warnings: dict[str, Sequence[str]]) -> None:
+    """Each warning once, naming the hosts that gave it (a cold start's reason is
+    often every host's)."""
+    hosts: dict[str, list[str]] = {}
+    for host, said in warnings.items():
+        for warning in said:
+            hosts.setdefault(warning, []).append(host)
+    for warning, names in hosts.items():
+        where = f"host {names[0]}" if len(names) == 1 else f"hosts {', '.join(sorted(names))}"
+        reporter.notice(f"warning: {printable(warning, 1000)} ({where})")
+
+
 def _warn(reporter: Reporter, host: str, warnings: Sequence[str]) -> None:
     for warning in warnings:
         reporter.notice(f"warning: {printable(warning, 1000)} (host {host})")
@@ -227,8 +239,8 @@ def _started(
     reporter: Reporter,
     store: JobDB,
 ) -> None:
-    for name, reply in replies.items():
-        _warn(reporter, name, reply.warnings)
+    warn_once(reporter, {name: reply.warnings for name, reply in replies.items()})
+    for name in replies:
         store.update_node(plan.job_id, name, JobState.RUNNING)
 
 

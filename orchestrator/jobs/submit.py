@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.agent.kernel import placement
+from orchestrator.agent.kernel.lease_wire import LeaseStart
 from orchestrator.agent.kernel.placement import restart_delay
 from orchestrator.check.run import preflight
 from orchestrator.jobs.keep import start_keeper
@@ -176,9 +177,10 @@ def _attempt(
             len(nodes),
         )
 
-        def start(host: Host, transport: Transport) -> None:
-            _start(nodes[host.name], transport)
+        def start(host: Host, transport: Transport) -> LeaseStart:
+            started = _start(nodes[host.name], transport)
             store.update_node(plan.job_id, host.name, JobState.RUNNING)
+            return started
 
         try:
             phase(reporter, f"pushing {tree.total_bytes / 1e6:.1f} MB of code")
@@ -322,11 +324,11 @@ def _plan_with_facts(
     return plan, clocks
 
 
-def _start(node: NodeLaunch, transport: Transport) -> None:
+def _start(node: NodeLaunch, transport: Transport) -> LeaseStart:
     """Start a node; where it was to share another's snapshot and that is not there,
     say that the inventory's `shared_fs:` is wrong."""
     try:
-        ops.start(node, transport)
+        return ops.start(node, transport)
     except RemoteCommandError as exc:
         if node.snapshot_host == node.host.name or node.host.shared_fs is None:
             raise

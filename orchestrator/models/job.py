@@ -49,6 +49,9 @@ _JOB_KEYS = {
     "outputs": None,
     "restarts": None,
     "gpus_per_node": None,
+    "preload": None,
+    "warm": None,
+    "warm_idle": None,
 }
 OUTPUTS_FROM = ("rank0", "all")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -81,6 +84,12 @@ class JobSpec:
     outputs_from: str = "rank0"  # "rank0": node rank 0's; "all": every node's, per host
     restarts: int = 0  # whole-job restarts after a node failed or was lost
     gpus_per_node: int | None = None  # GPUs each node leases (None: one per process)
+    # Warm starts (README: Warm starts): the modules a host's warm interpreter imports,
+    # how long it waits unused, and why the job starts cold instead (None: it may start
+    # warm; `warm: false` or `orch submit --cold` say why not).
+    preload: tuple[str, ...] = ("torch",)
+    warm_idle: int = 600
+    cold: str | None = None
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     def error(self, key: str, message: str, hint: str = "") -> SpecError:
@@ -201,8 +210,33 @@ def load_job(path: Path) -> JobSpec:
         outputs_from=outputs_from,
         restarts=get_int(where, "restarts", default=0, minimum=0) or 0,
         gpus_per_node=get_int(where, "gpus_per_node", minimum=0),
+        preload=_load_preload(where),
+        warm_idle=get_int(where, "warm_idle", default=600, minimum=1) or 600,
+        cold=_load_warm(where),
         positions=dict(where.mapping.positions),
     )
+
+
+_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def _load_preload(where: Where) -> tuple[str, ...]:
+    if "preload" not in where.mapping:
+        return ("torch",)
+    names = get_str_list(where, "preload")
+    for name in names:
+        if not _MODULE_RE.match(name):
+            raise where.error(
+                "preload", f"preload: {name!r} is not a module name", "write e.g. [torch, numpy]"
+            )
+    return names
+
+
+def _load_warm(where: Where) -> str | None:
+    value = where.mapping.get("warm", True)
+    if not isinstance(value, bool):
+        raise where.error("warm", f"warm: {value!r} is not true or false", "write warm: false")
+    return None if value else "warm: false in the job file"
 
 
 def pattern_error(pattern: str) -> str | None:
@@ -363,6 +397,7 @@ class Overrides:
     args: tuple[str, ...] = ()
     replace_args: bool = False
     no_wait: bool = False  # where the GPUs or slots are held, fail at once (exit 3)
+    cold: bool = False  # start cold even where a warm interpreter waits (--cold)
 
 
 def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
@@ -403,4 +438,5 @@ def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
         else job.nproc_per_node,
         env={**job.env, **over.env},
         args=over.args if over.replace_args else (*job.args, *over.args),
+        cold="--cold" if over.cold else job.cold,
     )

@@ -66,8 +66,14 @@ def start(node: NodeStart, transport: Transport, lease: dict[str, Any] | None = 
         HostError: the host's lease directory cannot be used.
         RemoteCommandError: the supervisor could not start torchrun.
     """
+    warm = getattr(node, "template", {}).get("warm")
     spec = json.dumps(
-        {"argv": list(node.argv), "env": node.env, **({"lease": lease} if lease else {})}
+        {
+            "argv": list(node.argv),
+            "env": node.env,
+            **({"lease": lease} if lease else {}),
+            **({"warm": warm} if warm else {}),
+        }
     )
     command = agent.job_command(node.host, node.job_dir, "start", ".")
     # On stdin: the env may hold secrets, and every user of a host can read an argv.

@@ -278,6 +278,8 @@ class Member:
             return f"the job's code is not whole in this host's store ({store.root})"
         self.node_dir, self.attempt, self.reported = job_dir, int(place["attempt"]), False
         spec: dict[str, Any] = {"argv": argv, "env": env}
+        if self.template.get("warm"):
+            spec["warm"] = self.template["warm"]
         units = self.config.get("lease")
         if units:  # a shared host: the node waits its turn (the keeper's line says go)
             alone = len(place["hosts"]) == 1

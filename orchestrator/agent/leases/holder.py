@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Sequence
 
 from ..host import proc
 from ..kernel.lease_wire import LeaseStart, lease_record
@@ -91,15 +92,17 @@ class Turn:
         remove(self.root, self.claim_name)
 
 
-def wait_turn(spec: Record, ready_fd: int) -> Turn | None:
+def wait_turn(spec: Record, ready_fd: int, warnings: Sequence[str] = ()) -> Turn | None:
     """The supervisor's wait in line, before torchrun starts: None when the node is
     not to start (busy with `wait` false, killed or given up while in line; its exit
-    record says why and the start reply went out).
+    record says why and the start reply went out). `warnings`: the supervisor's own,
+    for the first reply.
 
     A node that must wait says `queued` in the start reply at once (the controller
     may go away: a detached job's node takes its turn alone), then waits.
     """
     turn = Turn(spec.get("lease"))
+    turn.warnings.extend(warnings)
     if turn.request is None:
         return turn
     request = turn.request

@@ -31,6 +31,7 @@ from ..kernel.protocol import (
     write_json,
 )
 from ..leases import holder
+from . import launch, warm
 
 
 def main(args: list[str]) -> int:
@@ -62,16 +63,27 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
     raise_open_files()  # torchrun's rendezvous store serves every rank of the job
     env = dict(os.environ)
     env.update(spec["env"])
+    base_env = dict(env)  # what a warm process for this job is keyed by (warm.key_env)
     # Beside the node's directory (protocol.outputs_dir): it outlives the code.
     outputs = os.path.join(os.path.dirname(os.getcwd()), OUTPUTS)
     os.makedirs(outputs, exist_ok=True)
     env["ORCH_OUTPUT_DIR"] = outputs
     argv = list(spec["argv"])
     argv[0] = os.path.expanduser(argv[0])
-    turn = holder.wait_turn(spec, ready_fd)  # its GPUs or slots: waits in line if busy
+    launch = launch_request(spec, argv, env)
+    # Said in the first reply, which a node that waits in line sends before its turn.
+    said = warm.choose(spec, base_env, launch, check=True)[1] if launch is not None else None
+    turn = holder.wait_turn(spec, ready_fd, [said] if said else [])  # waits in line if busy
     if turn is None:
         return 1
     env.update(turn.env())
+    if launch is not None:
+        launch["env"] = env
+    node, cold = warm.request(spec, base_env, launch) if launch is not None else (None, None)
+    if node is not None:
+        return supervise_warm(spec, node, turn, ready_fd, base_env)
+    if cold and cold not in turn.warnings:
+        turn.warnings = [*turn.warnings, cold]
     try:
         with open(TORCHRUN_LOG, "ab") as out:
             proc = subprocess.Popen(  # in the node's directory: each rank moves into code/
@@ -116,4 +128,63 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
                 os.utime(PIDS)
     holder.release(turn)  # before the exit record: a job waiting for it may start at once
     write_json(EXIT, ExitRecord(returncode=returncode, ended=time.time()).as_dict())
+    if launch is not None and not launch.get("cold"):
+        leave_warm(spec, base_env)
     return 0
+
+
+def launch_request(
+    spec: dict[str, Any], argv: list[str], env: dict[str, str]
+) -> dict[str, Any] | None:
+    """What the warm launcher needs for this node; None where the job does not ask
+    for warm starts (`warm: false` and `--cold` ask for the line that says so)."""
+    options = spec.get("warm")
+    if not isinstance(options, dict):
+        return None
+    request = launch.node_request(argv)
+    request.update(env=env, cwd=os.getcwd())
+    return request
+
+
+def supervise_warm(
+    spec: dict[str, Any], node: warm.Warm, turn: Any, ready_fd: int, base_env: dict[str, str]
+) -> int:
+    """As `supervise` once torchrun runs, for a launcher forked from a warm process:
+    its pid is the node's process group; it says on its connection how it ended."""
+    started = Started(
+        pid=node.pid,
+        pgid=node.pid,
+        start_time=node.start_time,
+        supervisor=os.getpid(),
+        started=time.time(),
+        host=host_id(),
+    )
+    write_json(PIDS, {**started.as_dict(), "warm": True})
+    holder.attach(turn, node.pid)
+    signal.signal(signal.SIGTERM, lambda *_: signal_group(node.pid, signal.SIGTERM))
+    if not turn.reported:
+        started.warnings = turn.warnings
+        os.write(ready_fd, started.to_json().encode())
+        os.close(ready_fd)
+    while True:
+        returncode = node.wait(HEARTBEAT_S)
+        if returncode is not None:
+            break
+        with contextlib.suppress(OSError):
+            os.utime(PIDS)
+    node.conn.close()
+    holder.release(turn)
+    write_json(EXIT, ExitRecord(returncode=returncode, ended=time.time()).as_dict())
+    leave_warm(spec, base_env)
+    return 0
+
+
+def leave_warm(spec: dict[str, Any], env: dict[str, str]) -> None:
+    """Once the node ended: a warm process for the next submit of this job, where it
+    asks for one and none runs (started detached; the supervisor does not wait)."""
+    options = spec.get("warm")
+    if not isinstance(options, dict) or options.get("off"):
+        return
+    python = os.path.expanduser(str(spec["argv"][0]))
+    with contextlib.suppress(OSError, ValueError):
+        warm.ensure(python, env, list(options.get("preload") or []), float(options["idle"]))

@@ -1,0 +1,361 @@
+"""Warm starts: a resubmitted job's ranks forked from a host's warm interpreter see what
+torchrun gives them, tear down as torchrun's do, and whatever is not provably the same
+starts cold and says why."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import Cluster, OrchRunner
+from tests.support import (
+    assert_no_job_left,
+    job_id_of,
+    job_processes,
+    start_attached,
+    wait_for,
+    warm_processes,
+    write_job,
+)
+
+pytestmark = pytest.mark.cluster
+
+HOSTS = [1, 2]
+# What differs between two submits of one job whatever starts the ranks: the job's id
+# and port, the SSH session, torchrun's temporary error file.
+PER_SUBMIT = ("MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "SSH_CLIENT", "SSH_CONNECTION")
+
+
+@pytest.fixture
+def two_and_one(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
+    """node1 with 2 slots, node2 with 1; no warm interpreter before or after."""
+    stop_warm(cluster)
+    yield cluster.write_inventory(tmp_path / "two_and_one.yaml", HOSTS, node1={"slots": 2})
+    stop_warm(cluster)
+
+
+def stop_warm(cluster: Cluster) -> None:
+    """End the warm interpreters on the test's hosts, by pid, and forget them."""
+    for i in HOSTS:
+        for pid, _ in warm_processes(cluster, i):
+            cluster.exec_on(i, ["kill", "-KILL", str(pid)])
+        wait_for(lambda i=i: not warm_processes(cluster, i), 10, f"node{i}'s warm interpreters")
+        subprocess.run(["rm", "-rf", str(cluster.home(i) / ".orch" / "warm")], check=True)
+
+
+def warm_records(cluster: Cluster, i: int) -> list[dict[str, Any]]:
+    folder = cluster.home(i) / ".orch" / "warm"
+    found = []
+    for path in sorted(folder.glob("*/*.json")) if folder.exists() else []:
+        try:
+            found.append(json.loads(path.read_text()))
+        except ValueError:  # being written
+            continue
+    return found
+
+
+def wait_warm_ready(cluster: Cluster, count: int = 1) -> None:
+    def ready() -> bool:
+        return all(
+            sum(r.get("state") == "ready" for r in warm_records(cluster, i)) >= count for i in HOSTS
+        )
+
+    wait_for(ready, 90, "a ready warm interpreter on every host", poll=0.2)
+
+
+def node_record(cluster: Cluster, i: int, job_id: str) -> dict[str, Any]:
+    path = cluster.home(i) / ".orch" / "jobs" / job_id / f"node{i}" / "pid.json"
+    record: dict[str, Any] = json.loads(path.read_text())
+    return record
+
+
+def ran_warm(cluster: Cluster, job_id: str) -> list[bool]:
+    return [bool(node_record(cluster, i, job_id).get("warm")) for i in HOSTS]
+
+
+def reports(stdout: str, job_id: str) -> dict[int, dict[str, Any]]:
+    """Each rank's report, with what differs between any two submits made equal."""
+    found = {}
+    for line in stdout.splitlines():
+        _, sep, text = line.partition("] REPORT ")
+        if sep:
+            report = json.loads(text.replace(job_id, "<job>"))
+            for name in PER_SUBMIT:
+                report["env"].pop(name, None)
+            found[int(report["rank"])] = report
+    return found
+
+
+def probe_job(tmp_path: Path, *args: str, **keys: Any) -> Path:
+    return write_job(tmp_path, "warm", "probe.py", nodes=2, args=list(args), **keys)
+
+
+def submit_cold_then_ready(orch: OrchRunner, cluster: Cluster, job: Path, inventory: Path) -> str:
+    """The first submit: cold, leaving a warm interpreter on each host once it ended."""
+    first = orch("submit", job, "-i", inventory, timeout=180)
+    assert first.returncode == 0, first.stderr
+    job_id = job_id_of(first.stdout)
+    assert ran_warm(cluster, job_id) == [False, False]
+    wait_warm_ready(cluster)
+    return first.stdout
+
+
+def test_a_resubmit_runs_warm_and_each_rank_sees_what_torchrun_gives_it(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    job = probe_job(tmp_path, "a b", "--", "{node_rank}")
+    cold_out = submit_cold_then_ready(orch, cluster, job, two_and_one)
+    cold = reports(cold_out, job_id_of(cold_out))
+
+    second = orch("submit", job, "-i", two_and_one, timeout=180)
+    assert second.returncode == 0, second.stderr
+    warm_id = job_id_of(second.stdout)
+    assert ran_warm(cluster, warm_id) == [True, True]
+    assert "cold start" not in second.stderr
+    warm = reports(second.stdout, warm_id)
+
+    assert sorted(cold) == sorted(warm) == [0, 1, 2]
+    for rank in cold:
+        assert warm[rank]["sum"] == 6
+        assert warm[rank]["env"] == cold[rank]["env"], f"rank {rank}"
+        assert warm[rank] == cold[rank], f"rank {rank}"
+    assert warm[1]["argv"] == ["probe.py", "a b", "--", "1"] or warm[1]["argv"][0] == "probe.py"
+    assert warm[0]["launchers"]["torch"] is True
+    # The prefixes and the warm interpreter: as before, and still there for the next.
+    assert "[node1 r1] REPORT" in second.stdout
+    assert len(warm_processes(cluster, 1)) == 1
+    assert_no_job_left(cluster, HOSTS)
+
+
+def test_a_failing_rank_on_the_warm_path_ends_the_job_as_torchrun_does(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    submit_cold_then_ready(orch, cluster, probe_job(tmp_path), two_and_one)
+    warm_before = warm_processes(cluster, 1)
+
+    failing = probe_job(tmp_path, "--fail-rank", "1", "--sleep", "1")
+    result = orch("submit", failing, "-i", two_and_one, timeout=180)
+    assert result.returncode == 1, result.stderr
+    assert ran_warm(cluster, job_id_of(result.stdout)) == [True, True]
+    assert "failed: node node1 exited with code 1" in result.stderr, result.stderr
+    assert re.search(r"rank 1\b.*exit(ed with)? code 3|exit code 3", result.stderr), result.stderr
+    assert_no_job_left(cluster, HOSTS)
+    assert warm_processes(cluster, 1) == warm_before, "the warm interpreter is unharmed"
+
+
+def test_ctrl_c_on_the_warm_path_leaves_nothing_but_the_warm_interpreters(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    submit_cold_then_ready(orch, cluster, probe_job(tmp_path), two_and_one)
+    warm_before = [warm_processes(cluster, i) for i in HOSTS]
+
+    attached = start_attached(orch, probe_job(tmp_path, "--sleep", "120"), two_and_one)
+    try:
+        wait_for(
+            lambda: sum("sleeping" in line for line in attached_lines(attached)) >= 3,
+            120,
+            "every rank to sleep",
+        )
+        attached.send_signal(signal.SIGINT)
+        assert attached.wait(60) == 130
+    finally:
+        if attached.poll() is None:
+            attached.kill()
+    assert_no_job_left(cluster, HOSTS)
+    assert [warm_processes(cluster, i) for i in HOSTS] == warm_before
+
+
+_LINES: dict[int, list[str]] = {}
+
+
+def attached_lines(process: subprocess.Popen[str]) -> list[str]:
+    """What an attached submit printed so far (its stdout read without blocking)."""
+    import os
+    import select
+
+    lines = _LINES.setdefault(process.pid, [])
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    os.set_blocking(fd, False)
+    while select.select([fd], [], [], 0)[0]:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        lines.extend(chunk.decode(errors="replace").splitlines())
+    return lines
+
+
+def test_cold_and_warm_false_start_cold_and_say_so_once(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    job = probe_job(tmp_path)
+    submit_cold_then_ready(orch, cluster, job, two_and_one)
+
+    forced = orch("submit", job, "-i", two_and_one, "--cold", timeout=180)
+    assert forced.returncode == 0, forced.stderr
+    assert ran_warm(cluster, job_id_of(forced.stdout)) == [False, False]
+    assert forced.stderr.count("cold start: --cold (hosts node1, node2)") == 1, forced.stderr
+
+    off = probe_job(tmp_path, warm=False)
+    result = orch("submit", off, "-i", two_and_one, timeout=180)
+    assert "cold start: warm: false in the job file (hosts node1, node2)" in result.stderr
+
+
+def test_restarts_by_torchrun_and_another_env_start_cold_and_say_why(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    job = probe_job(tmp_path)
+    submit_cold_then_ready(orch, cluster, job, two_and_one)
+    restarts = probe_job(tmp_path, max_restarts=1)
+    result = orch("submit", restarts, "-i", two_and_one, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert "cold start: max_restarts: torchrun restarts its own workers" in result.stderr
+
+    other_env = probe_job(tmp_path, env={"WARM_TEST": "other"})
+    result = orch("submit", other_env, "-i", two_and_one, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert "cold start: no warm interpreter for this job's environment" in result.stderr
+    wait_warm_ready(cluster, count=2)  # one for each environment, both kept
+    again = orch("submit", other_env, "-i", two_and_one, timeout=180)
+    assert ran_warm(cluster, job_id_of(again.stdout)) == [True, True]
+
+
+def test_a_package_installed_since_the_warm_interpreter_started_gives_a_cold_start(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    job = probe_job(tmp_path)
+    submit_cold_then_ready(orch, cluster, job, two_and_one)
+    site = Path(
+        subprocess.run(
+            [str(orch_python()), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    marker = site / "orch_warm_test_marker-1.0.dist-info"
+    marker.mkdir()
+    try:
+        changed = orch("submit", job, "-i", two_and_one, timeout=180)
+    finally:
+        marker.rmdir()
+    assert changed.returncode == 0, changed.stderr
+    assert ran_warm(cluster, job_id_of(changed.stdout)) == [False, False]
+    assert "cold start: the installed packages changed (orch_warm_test_marker" in changed.stderr
+
+
+def orch_python() -> Path:
+    from tests.cluster.controller_side import repo_python
+
+    return Path(repo_python())
+
+
+def test_a_killed_warm_interpreter_gives_a_cold_start_that_says_so_and_succeeds(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    job = probe_job(tmp_path)
+    submit_cold_then_ready(orch, cluster, job, two_and_one)
+    for pid, _ in warm_processes(cluster, 2):
+        cluster.exec_on(2, ["kill", "-KILL", str(pid)])
+    wait_for(lambda: not warm_processes(cluster, 2), 10, "node2's warm interpreter to die")
+
+    result = orch("submit", job, "-i", two_and_one, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert ran_warm(cluster, job_id_of(result.stdout)) == [True, False]
+    assert "cold start: the warm interpreter (pid " in result.stderr, result.stderr
+    assert "is gone; a new one starts when the job ends (host node2)" in result.stderr
+    assert len(reports(result.stdout, job_id_of(result.stdout))) == 3
+    assert_no_job_left(cluster, HOSTS)
+
+
+def test_no_job_process_is_left_and_the_warm_one_stays_after_a_warm_job(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    job = probe_job(tmp_path)
+    submit_cold_then_ready(orch, cluster, job, two_and_one)
+    result = orch("submit", job, "-i", two_and_one, timeout=180)
+    assert result.returncode == 0
+    assert all(not job_processes(cluster, i) for i in HOSTS)
+
+
+def test_an_idle_warm_interpreter_ends_after_warm_idle(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    job = probe_job(tmp_path, warm_idle=40)
+    submit_cold_then_ready(orch, cluster, job, two_and_one)
+    listed = orch("warm", "-i", two_and_one, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(r"node1: pid \d+ ready, preload torch, \d+ MB PSS", listed.stdout)
+    hosts = orch("status", "--hosts", "--json", "-i", two_and_one, timeout=60)
+    assert hosts.returncode == 0, hosts.stderr
+    shown = json.loads(hosts.stdout)["warm"]
+    assert sorted(row["host"] for row in shown) == ["node1", "node2"]
+    assert all(row["pss_kb"] > 10_000 and row["preload"] == ["torch"] for row in shown)
+    wait_for(lambda: not any(warm_processes(cluster, i) for i in HOSTS), 90, "the idle ones to end")
+    assert all(warm_records(cluster, i) == [] for i in HOSTS)
+
+
+def test_kill_all_leaves_no_warm_interpreter(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    submit_cold_then_ready(orch, cluster, probe_job(tmp_path), two_and_one)
+    result = orch("kill", "--all", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert all(warm_processes(cluster, i) == [] for i in HOSTS)
+
+
+_CONNECT = r"""
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(5)
+try:
+    s.connect(sys.argv[1])
+except OSError as exc:
+    print("refused", type(exc).__name__)
+    sys.exit(0)
+try:
+    s.sendall(json.dumps({"check": True}).encode() + b"\n")
+    print("answer", repr(s.recv(100)))
+except OSError as exc:  # closed on it already
+    print("answer", type(exc).__name__)
+"""
+
+
+def test_another_user_cannot_reach_a_warm_interpreter(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    from tests.cluster.controller_side import repo_python
+
+    submit_cold_then_ready(orch, cluster, probe_job(tmp_path), two_and_one)
+    (record,) = warm_records(cluster, 1)
+    (where,) = (cluster.home(1) / ".orch" / "warm").iterdir()
+    folder = f"/root/.orch/warm/{where.name}"
+    sock = f"{folder}/{record['key']}.sock"
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    argv = [*as_nobody, str(repo_python()), "-I", "-c", _CONNECT, sock]
+
+    behind_its_directory = cluster.exec_on(1, argv)
+    assert behind_its_directory.stdout.startswith("refused PermissionError"), (
+        behind_its_directory.stdout + behind_its_directory.stderr
+    )
+    # Even with the directory and socket opened to all, its peer check turns them away.
+    paths = ["/root", "/root/.orch", "/root/.orch/warm", folder]
+    modes = cluster.exec_on(1, ["stat", "-c", "%a", *paths]).stdout.split()
+    opened = cluster.exec_on(1, ["sh", "-c", f"chmod 711 {' '.join(paths)} && chmod 777 {sock}"])
+    assert opened.returncode == 0, opened.stderr
+    try:
+        through = cluster.exec_on(1, argv)
+    finally:
+        for mode, path in zip(modes, paths, strict=True):
+            cluster.exec_on(1, ["chmod", mode, path])
+        cluster.exec_on(1, ["chmod", "600", sock])
+    closed = ("answer b''", "answer BrokenPipeError", "answer ConnectionResetError")
+    assert through.stdout.strip() in closed, through.stdout + through.stderr
+    assert [pid for pid, _ in warm_processes(cluster, 1)] == [record["pid"]]

@@ -1,0 +1,131 @@
+"""Warm starts, the pure parts: the job keys, the node's torchrun command read back,
+each rank's environment as torchrun builds it, the warm key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.agent.kernel import placement
+from orchestrator.agent.node import launch, warm
+from orchestrator.models.job import Overrides, load_job, with_overrides
+from tests.unit.conftest import WriteFile, expect_input_error
+
+
+@pytest.fixture
+def code(tmp_path: Path) -> Path:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('hello')\n")
+    return tmp_path / "code"
+
+
+def test_warm_keys_default_to_torch_ten_minutes_and_warm(write: WriteFile, code: Path) -> None:
+    job = load_job(write("job.yaml", "workdir: code\nscript: train.py\n"))
+    assert (job.preload, job.warm_idle, job.cold) == (("torch",), 600, None)
+    job = load_job(
+        write(
+            "job.yaml",
+            "workdir: code\nscript: train.py\npreload: [torch, numpy.linalg]\n"
+            "warm_idle: 30\nwarm: false\n",
+        )
+    )
+    assert (job.preload, job.warm_idle, job.cold) == (
+        ("torch", "numpy.linalg"),
+        30,
+        "warm: false in the job file",
+    )
+    assert with_overrides(job, Overrides(cold=True)).cold == "--cold"
+
+
+@pytest.mark.parametrize(
+    ("line", "where"),
+    [("warm: maybe", "warm: 'maybe' is not true or false"), ("preload: [torch, 'a b']", "preload")],
+)
+def test_bad_warm_keys_are_input_errors_at_their_line(
+    write: WriteFile, code: Path, line: str, where: str
+) -> None:
+    path = write("job.yaml", f"workdir: code\nscript: train.py\n{line}\n")
+    error = expect_input_error(lambda: load_job(path))
+    assert error.line == 3
+    assert where in error.message
+
+
+def node_argv(max_restarts: int = 0, launcher: str = "torchrun") -> list[str]:
+    template = {
+        "job_id": "j-1",
+        "launcher": launcher,
+        "entry": ["script", "train.py"],
+        "local_rank_arg": None,
+        "max_restarts": max_restarts,
+        "args": ["--lr", "{node_rank}"],
+        "env": {},
+        "host": "b",
+        "python": "/venv/bin/python",
+        "workdir": "~/.orch",
+        "host_env": {},
+        "gpus": [],
+        "iface": "eth0",
+        "addr": "10.0.0.2",
+    }
+    place = placement.placement(["a", "b"], [2, 3], "10.0.0.1", 29500)
+    return placement.render(template, place)[0]
+
+
+def test_the_node_command_reads_back_as_what_torchrun_was_told() -> None:
+    request = launch.node_request(node_argv())
+    assert request["nnodes"] == 2 and request["node_rank"] == 1 and request["nproc"] == 3
+    assert (request["master_addr"], request["master_port"]) == ("10.0.0.1", 29500)
+    assert request["rank_args"] == ["logs", "code", "script", "train.py"]
+    assert request["user_args"] == ["--lr", "1"]
+
+
+def test_what_warm_cannot_stand_in_for_starts_cold_with_its_reason() -> None:
+    assert launch.node_request(node_argv(max_restarts=2)) == {
+        "cold": "max_restarts: torchrun restarts its own workers"
+    }
+    assert launch.node_request(node_argv(launcher="python")) == {
+        "cold": "the job's launcher is not torchrun"
+    }
+
+
+def test_each_rank_gets_torchrun_s_variables() -> None:
+    request = launch.node_request(node_argv())
+    env = {"ORCH_NPROCS_LIST": "2,3", "PATH": "/bin"}
+    first, world = launch.ranks_of(env, request)
+    assert (first, world) == (2, 5)
+    node, said = launch.node_env(env, 3)
+    assert node["OMP_NUM_THREADS"] == "1" and "OMP_NUM_THREADS" in said
+    assert launch.node_env({**env, "OMP_NUM_THREADS": "4"}, 3) == (
+        {
+            **env,
+            "OMP_NUM_THREADS": "4",
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        },
+        "",
+    )
+    rank = launch.rank_env(node, request, 2, first, world)
+    assert {k: rank[k] for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")} == {
+        "RANK": "4",
+        "LOCAL_RANK": "2",
+        "GROUP_RANK": "1",
+        "WORLD_SIZE": "5",
+    }
+    assert rank["LOCAL_WORLD_SIZE"] == "3" and rank["GROUP_WORLD_SIZE"] == "2"
+    assert rank["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+    assert rank["TORCHELASTIC_RUN_ID"] == "none" and rank["ROLE_NAME"] == "default"
+    assert rank["MASTER_ADDR"] == "10.0.0.1" and rank["MASTER_PORT"] == "29500"
+
+
+def test_the_warm_key_ignores_the_session_and_the_job_but_not_the_env() -> None:
+    base = {"PATH": "/bin", "PYTHONPATH": "/lib"}
+    key = warm.key_of("/usr/bin/python3", base, ["torch"])
+    session = {**base, "SSH_CONNECTION": "1 2 3 4", "ORCH_JOB_ID": "j-2", "PWD": "/x"}
+    assert warm.key_of("/usr/bin/python3", session, ["torch"]) == key
+    assert warm.key_of("/usr/bin/python3", {**base, "OMP_NUM_THREADS": "2"}, ["torch"]) != key
+    assert warm.key_of("/usr/bin/python3", base, ["torch", "numpy"]) != key
+
+
+def test_a_wait_status_reads_as_torchrun_reports_it() -> None:
+    assert launch.exit_code(3 << 8) == 3
+    assert launch.exit_code(9) == -9
