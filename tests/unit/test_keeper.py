@@ -96,6 +96,35 @@ def kinds(sends: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str]]:
     return [(host, str(message["k"])) for host, message in sends]
 
 
+def test_a_failure_before_another_member_said_hello_waits_for_that_member() -> None:
+    """node2's rank fails at once and its member says so before node1's member has
+    connected (its SSH command still starting): node1 is not taken for lost; it gets
+    its stop when it says hello, and the job starts again on both hosts."""
+    kept = keeping(["node1", "node2"], ["node1", "node2"])
+    kept.gone("node1")
+    kept.keeping.greeted.discard("node1")  # as if node1's member never said hello
+    sends = kept.hear("node2", {"k": "end", "attempt": 0, "returncode": 3}, 0.5)
+    assert sends == [] and kept.nodes["node1"]["state"] == "running"
+    assert kinds(kept.tick(5.0)) == []  # past lost_after (3 s): a first hello may take longer
+    kept.hear("node2", {"k": "hb"}, 5.5)
+    sends = kept.hear("node1", {"k": "hello", "host": "node1"}, 6.0)
+    assert kinds(sends) == [("node1", "stop")]
+    sends = kept.hear("node1", {"k": "end", "attempt": 0, "returncode": 3}, 6.1)
+    assert kinds(sends) == [("node1", "port")]
+    assert kept.record()["state"] == "restarting"
+
+
+def test_a_member_that_never_says_hello_is_lost_once_a_hello_is_overdue() -> None:
+    kept = keeping(["node1", "node2"], ["node1", "node2"], restarts=0)
+    kept.gone("node1")
+    kept.keeping.greeted.discard("node1")
+    kept.hear("node2", {"k": "end", "attempt": 0, "returncode": 3}, 0.5)
+    kept.tick(10.0)
+    assert kept.nodes["node1"]["state"] == "running"  # still awaited
+    kept.tick(45.0)  # HELLO_WAIT_S (30 s) without a word
+    assert kept.nodes["node1"]["state"] == "lost" and kept.record()["state"] == "failed"
+
+
 def test_a_failed_node_stops_the_others_then_the_job_starts_again_as_the_next_attempt() -> None:
     kept = keeping(["node1", "node2"], ["node1", "node2"])
     sends = kept.hear("node2", {"k": "end", "attempt": 0, "returncode": 3}, 1.0)

@@ -156,6 +156,8 @@ class Keeping:
             self.connected.add(host)
             self.greeted.add(host)
             self.roster[host] = msg.port
+            if self.phase in (STOPPING, KILLING) and host in self.pending:
+                return [(host, wire.Stop(attempt=self.attempt))]  # it was awaited
         elif isinstance(msg, wire.NodeEnd):
             return self._ended(host, msg, now)
         elif isinstance(msg, wire.Stopped) and msg.attempt == self.attempt:
@@ -240,7 +242,7 @@ class Keeping:
         if self.phase in (DONE, KILLING):
             return []
         self.phase, self.deadline = KILLING, now + STOP_WAIT_S
-        return self._send_stops()
+        return self._send_stops(now)
 
     # ------------------------------------------------------------ transitions
 
@@ -292,19 +294,24 @@ class Keeping:
         what = "lost" if bad and bad <= lost else "failed"
         self.reason = f"attempt {self.attempt + 1} {what} on {', '.join(sorted(bad))}"
         self.phase, self.deadline = STOPPING, now + STOP_WAIT_S
-        sends = self._send_stops()
+        sends = self._send_stops(now)
         return sends + self._after_stop(now)
 
-    def _send_stops(self) -> Send:
+    def _send_stops(self, now: float) -> Send:
+        """Stop every node still active. A member that has yet to say hello (its SSH
+        command still starting) is waited for, as long as a hello may take: it gets
+        its stop when it connects (`hear`), and is lost only once silent."""
         self.pending = set()
+        silent = self._silent(now)
         for host, node in self.nodes.items():
             if node["state"] not in ACTIVE:
                 continue
-            if host in self.connected:
+            if host in self.connected or (host not in self.greeted and host not in silent):
                 self.pending.add(host)
             else:
                 node.update(state=states.LOST, error="member not connected")
-        return [(h, wire.Stop(attempt=self.attempt)) for h in sorted(self.pending)]
+        stop = wire.Stop(attempt=self.attempt)
+        return [(h, stop) for h in sorted(self.pending) if h in self.connected]
 
     def _after_stop(self, now: float) -> Send:
         if self.pending or self.phase not in (STOPPING, KILLING):
