@@ -102,9 +102,11 @@ def begin(root: str, attempt: int, previous: str) -> int:
         write_json(path, record)
         return 1
     if previous:
+        earlier = read_json(os.path.join(root, attempt_record(attempt - 1))) or {}
         state = job_state(previous)
-        if state is None:  # Slurm forgot it: its own record, where its batch script wrote one
-            earlier = read_json(os.path.join(root, attempt_record(attempt - 1))) or {}
+        if earlier.get("released"):  # its end step let this one go: failed, Slurm still busy
+            state = "FAILED"
+        elif state is None:  # Slurm forgot it: its own record, where its batch script wrote one
             state = "COMPLETED" if earlier.get("returncode") == 0 else "FAILED"
         record["previous_state"] = state
         if not restartable(state):
@@ -156,8 +158,23 @@ def end(root: str, attempt: int, returncode: int) -> int:
         done = _run(update)
         if done.returncode != 0:
             record["exclude_error"] = done.stderr.strip()[-500:]
+    if following:
+        release(record, path, str(following))
     write_json(path, record)
     return 0
+
+
+def release(record: dict[str, Any], path: str, following: str) -> None:
+    """Let the next attempt start now instead of when Slurm calls this one ended: a
+    lost node holds it COMPLETING until SlurmdTimeout declares the node down (5 min by
+    default), and only then does --dependency=afternotok let the next one go. The
+    record says so first, for the next attempt's `begin`."""
+    record["released"] = True
+    write_json(path, record)
+    done = _run(["scontrol", "update", f"JobId={following}", "Dependency="])
+    if done.returncode != 0:  # the dependency still holds: the next one starts later
+        record["released"] = False
+        record["release_error"] = done.stderr.strip()[-500:]
 
 
 def _running(pid: int) -> bool:
