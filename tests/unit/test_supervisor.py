@@ -288,6 +288,32 @@ def test_kill_signals_a_recorded_group_only_while_its_leader_is_the_same_process
         stranger.wait()
 
 
+@pytest.mark.parametrize("ended_first", [True, False])
+def test_kill_marks_a_node_killed_only_when_it_had_not_ended_by_itself(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    ended_first: bool,
+) -> None:
+    """A node whose rank failed before the teardown's kill reached it (behind a
+    partition) keeps its failure: its end is not reported as killed, and its time
+    still counts for the first failure."""
+    from orchestrator.agent.node import kill, state
+
+    job = tmp_path / "job"
+    job.mkdir()
+    if ended_first:
+        (job / "exit.json").write_text(json.dumps({"returncode": 1, "ended": 1700000000.0}))
+    monkeypatch.chdir(tmp_path)
+    kill.main([str(job), "0.1", "j-1"])
+    capsys.readouterr()
+    assert (job / protocol.KILLED).exists() is not ended_first
+    if ended_first:
+        monkeypatch.chdir(job)
+        ended = state.exit_record()
+        assert ended is not None and ended.returncode == 1 and not ended.killed
+
+
 def test_the_loader_refuses_to_run_code_from_a_directory_others_can_write(
     tmp_path: Path,
 ) -> None:

@@ -89,11 +89,13 @@ class Victims:
 
     def read_job_dir(self) -> None:
         """Learn the groups (and the job id, when not given) from the job directory,
-        and mark the node killed."""
+        and mark the node killed, unless it had ended by itself already: a failure
+        that came first must keep its time (the first failure is the cause)."""
         started = read_json(PIDS) or {}
         spec_env = (read_json(NODE_SPEC) or {}).get("env") or {}
         self.job_id = self.job_id or spec_env.get("ORCH_JOB_ID")
-        open(KILLED, "a").close()
+        if not os.path.exists(EXIT):
+            open(KILLED, "a").close()
         self.groups = process_groups()
         self.torchrun = {int(started["pid"])} if "pid" in started else set()
 
