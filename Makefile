@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 ORCH   := $(VENV)/bin/orch
 
-.PHONY: setup compile demo test unit integration lint test-deps bench bench-scale clean
+.PHONY: setup compile demo test unit integration lint test-deps bench bench-deps bench-scale clean
 
 ## setup: create .venv with orch, torch (CPU) and the test tools
 setup: $(VENV)/.installed
@@ -68,6 +68,13 @@ bench: compile test-deps
 	$(PY) bench/waiting_line.py
 	$(PY) bench/top.py
 	$(PY) bench/slurm.py
+	$(PY) bench/warm.py
+	$(MAKE) bench-deps
+	$(PY) bench/warm.py --hosts 8 --transformers
+
+## bench-deps: what only the benchmarks need (transformers, for bench/warm.py --transformers)
+bench-deps: setup
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
 
 ## bench-scale: the 16- and 32-host runs (tens of minutes on 2 cores)
 bench-scale: compile test-deps

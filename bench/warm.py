@@ -15,7 +15,11 @@ Runs alternate and the median of each is reported. Then the memory of two ranks 
 host (the sum of their PSS, read from /proc/PID/smaps_rollup while they hold), started
 warm and cold, and the warm interpreter's own. Needs root (the namespace test cluster).
 
-    .venv/bin/python bench/warm.py [--hosts 1 8] [--repeat 3]
+    .venv/bin/python bench/warm.py [--hosts 1 8] [--repeat 3] [--transformers]
+
+With --transformers the script also builds a small Hugging Face transformers model
+(`--hf`), the job preloads `[torch, transformers]`, and the figures go to their own
+section (transformers must be installed: `make bench-deps`).
 """
 
 from __future__ import annotations
@@ -62,7 +66,9 @@ def wait_warm(cluster: Cluster, n: int, timeout: float = 180) -> None:
         time.sleep(0.2)
 
 
-def baseline(cluster: Cluster, controller: Controller, n: int, port: int) -> list[list[str]]:
+def baseline(
+    cluster: Cluster, controller: Controller, n: int, port: int, extra: str = ""
+) -> list[list[str]]:
     python = shlex.quote(str(repo_python()))
     master = cluster.hosts[0].address
     commands = []
@@ -70,7 +76,7 @@ def baseline(cluster: Cluster, controller: Controller, n: int, port: int) -> lis
         remote = (
             f"cd {BASELINE_DIR} && GLOO_SOCKET_IFNAME=eth0 {python} -m torch.distributed.run "
             f"--nnodes {n} --node-rank {i} --nproc-per-node 1 --master-addr {master} "
-            f"--master-port {port} --local-addr {host.address} {SCRIPT}"
+            f"--master-port {port} --local-addr {host.address} {SCRIPT}{extra}"
         )
         commands.append(ssh_argv(cluster, controller, host.address, remote))
     return commands
@@ -138,7 +144,12 @@ def main() -> None:
     )
     parser.add_argument("--hosts", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--transformers", action="store_true", help="the script builds a transformers model"
+    )
     args = parser.parse_args()
+    hf = args.transformers
+    job_keys = "preload: [torch, transformers]\nargs: [--hf]\n" if hf else ""
 
     rows = []
     with Cluster(max(args.hosts)) as cluster:
@@ -154,14 +165,17 @@ def main() -> None:
             inventory = cluster.write_inventory(
                 controller.home / f"inv{n}.yaml", hosts=[h.name for h in cluster.hosts[:n]]
             )
-            job.write_text(f"name: warm\nworkdir: {workdir}\nscript: {SCRIPT}\nnodes: {n}\n")
+            job.write_text(
+                f"name: warm\nworkdir: {workdir}\nscript: {SCRIPT}\nnodes: {n}\n{job_keys}"
+            )
             submit = [*orch_command(), "submit", str(job), "-i", str(inventory)]
             time_to_all_ranks([submit], n, env=env)  # leaves the warm interpreters
             wait_warm(cluster, n)
             runs: dict[str, list[float]] = {"warm": [], "changed": [], "cold": [], "hand": []}
             for r in range(args.repeat):
                 port += 1
-                runs["hand"].append(time_to_all_ranks(baseline(cluster, controller, n, port), n)[0])
+                by_hand = baseline(cluster, controller, n, port, " --hf" if hf else "")
+                runs["hand"].append(time_to_all_ranks(by_hand, n)[0])
                 runs["cold"].append(time_to_all_ranks([[*submit, "--cold"]], n, env=env)[0])
                 wait_warm(cluster, n)
                 runs["warm"].append(time_to_all_ranks([submit], n, env=env)[0])
@@ -170,7 +184,7 @@ def main() -> None:
             row = {k: median(v) for k, v in runs.items()}
             rows.append((n, row, runs))
             print(n, {k: round(v, 2) for k, v in row.items()}, runs, flush=True)
-        mem = memory(cluster, controller, workdir)
+        mem = {} if hf else memory(cluster, controller, workdir)
         print("memory", mem, flush=True)
 
     table = [
@@ -184,6 +198,10 @@ def main() -> None:
             f"| {r['warm'] / r['hand']:.2f}x | {r['changed'] / r['warm']:.2f}x "
             f"| {r['cold'] / r['hand']:.2f}x |"
         )
+    if hf:
+        write_section("warm-transformers", transformers_body(args, table))
+        print("\n".join(table))
+        return
     body = "\n".join(
         [
             "## Warm starts: resubmitting a job",
@@ -210,6 +228,25 @@ def main() -> None:
     )
     write_section("warm", body)
     print("\n".join(table))
+
+
+def transformers_body(args: argparse.Namespace, table: list[str]) -> str:
+    return "\n".join(
+        [
+            "## Warm starts with transformers: resubmitting a job that imports it",
+            "",
+            "As the warm-start section, but the script also builds a one-layer BERT from",
+            "Hugging Face transformers 4.57 before joining the group (no download), and the",
+            "job preloads `[torch, transformers]`; by hand runs the same script. Median of",
+            f"{args.repeat} alternating runs; {machine()}. Target at 8 hosts: warm at most",
+            "0.3x by hand.",
+            "",
+            *table,
+            "",
+            f"Reproduce: `make bench-deps && sudo .venv/bin/python bench/warm.py --hosts "
+            f"{' '.join(map(str, args.hosts))} --repeat {args.repeat} --transformers`",
+        ]
+    )
 
 
 if __name__ == "__main__":
