@@ -62,6 +62,7 @@ def judge(
     contacts: Mapping[str, Contact],
     lost_after: Mapping[str, float],
     stalled_until: float = 0.0,
+    ended: Mapping[str, Contact] | None = None,
 ) -> Verdict:
     """Which silent hosts are lost now, and whether the controller is cut off.
 
@@ -70,7 +71,11 @@ def judge(
         contacts: the hosts still followed (nodes that ended are not in it).
         lost_after: per host, seconds of silence before it may be declared lost.
         stalled_until: when this process last came back from not running.
+        ended: hosts whose node ended (not lost): heard shortly before a silent
+            host's failed attempt, they too show that the network here works, as
+            when a teardown ended every node but the silent ones.
     """
+    witnesses = list((ended or {}).values())
     silent = [name for name, c in contacts.items() if not c.following]
     lost: dict[str, str] = {}
     for name in silent:
@@ -81,6 +86,8 @@ def judge(
         others = [o for other, o in contacts.items() if other != name]
         heard_others = any(o.following and o.heard > c.failed_at for o in others)
         heard_lately = any(o.following and o.heard > c.failed_at - RECENT_S for o in others)
+        if any(o.heard > c.failed_at - RECENT_S for o in witnesses):
+            heard_others = heard_lately = True
         waited = now - since >= lost_after.get(name, LOST_AFTER_S)
         if c.refused and (heard_lately or not others):
             lost[name] = c.error or "connection refused"
@@ -92,7 +99,8 @@ def judge(
         (f := contacts[n].failed_at) is not None and f >= max(contacts[n].heard, stalled_until)
         for n in silent
     )
-    outage = bool(silent) and len(silent) == len(contacts) and tried and not lost
+    heard_here = any(o.heard > now - RECENT_S for o in witnesses)
+    outage = bool(silent) and len(silent) == len(contacts) and tried and not lost and not heard_here
     return Verdict(lost, outage)
 
 

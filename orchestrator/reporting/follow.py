@@ -319,7 +319,12 @@ class Watcher:
             if not back and any(c.following for c in followed.values()):
                 back, outage_ended = True, time.monotonic()  # the network is back: count anew
             away_until = max(self._clock.stalled_until, outage_ended)
-            verdict = judge(time.monotonic(), followed, self._lost_after, away_until)
+            ended = {
+                n: c
+                for n, c in self.contacts.items()
+                if n not in remaining and n not in self._given_up
+            }
+            verdict = judge(time.monotonic(), followed, self._lost_after, away_until, ended)
             for name, why in verdict.lost.items():
                 self._given_up.add(name)
                 remaining.discard(name)

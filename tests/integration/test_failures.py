@@ -166,7 +166,10 @@ def test_three_lost_hosts_at_once_are_all_stopped_within_the_15_s(
         stderr = Lines(proc.stderr)
         for i in (2, 3, 4):
             cluster.partition(i)
-        trying = stderr.wait_for("not reachable; stopping the job there once it is", 60)
+        try:
+            trying = stderr.wait_for("not reachable; stopping the job there once it is", 60)
+        except AssertionError:
+            raise AssertionError(f"orch said: {stderr.text()}") from None
         assert "node2, node3, node4: not reachable" in stderr.lines[-1]
         time.sleep(max(0.0, trying + 12 - time.monotonic()))
         for i in (2, 3, 4):

@@ -49,6 +49,19 @@ def test_every_host_silent_is_the_controllers_outage_never_a_loss() -> None:
     assert verdict.outage and verdict.lost == {}
 
 
+def test_a_node_that_just_ended_vouches_for_the_network_here() -> None:
+    """A teardown ended node1 (its last word at 99); node2 and node3, cut off since 80,
+    are all that is followed: lost, not the controller's outage."""
+    silent = {name: Contact(heard=80.0, following=False) for name in ("node2", "node3")}
+    for contact in silent.values():
+        contact.attempt_failed(98.0, "timed out", False)
+    assert judge(100.0, silent, LIMITS).outage  # with nobody to vouch for the network
+    verdict = judge(100.0, silent, LIMITS, ended={"node1": Contact(heard=99.0, following=False)})
+    assert verdict.lost.keys() == {"node2", "node3"} and not verdict.outage
+    long_ago = {"node1": Contact(heard=60.0, following=False)}
+    assert judge(100.0, silent, LIMITS, ended=long_ago).outage  # it ended before the cut
+
+
 def test_a_refused_connection_while_the_others_answer_is_lost_at_once() -> None:
     contacts = cluster(100.0)
     contacts["node3"] = Contact(heard=99.9, following=False)
