@@ -143,7 +143,7 @@ def test_a_failing_rank_on_the_warm_path_ends_the_job_as_torchrun_does(
     failing = probe_job(tmp_path, "--fail-rank", "1", "--sleep", "1")
     result = orch("submit", failing, "-i", two_and_one, timeout=180)
     assert result.returncode == 1, result.stderr
-    assert ran_warm(cluster, job_id_of(result.stdout)) == [True, True]
+    assert ran_warm(cluster, job_id_of(result.stdout)) == [True, True], result.stderr
     assert "failed: node node1 exited with code 1" in result.stderr, result.stderr
     assert re.search(r"rank 1\b.*exit(ed with)? code 3|exit code 3", result.stderr), result.stderr
     assert_no_job_left(cluster, HOSTS)

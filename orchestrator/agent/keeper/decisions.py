@@ -298,15 +298,18 @@ class Keeping:
         return sends + self._after_stop(now)
 
     def _send_stops(self, now: float) -> Send:
-        """Stop every node still active. A member that has yet to say hello (its SSH
-        command still starting) is waited for, as long as a hello may take: it gets
-        its stop when it connects (`hear`), and is lost only once silent."""
+        """Stop every node still active. The first keeper waits for a member that has
+        yet to say hello (its SSH command still starting), as long as a hello may
+        take: it gets its stop when it connects (`hear`), and is lost only once
+        silent. A keeper that took over gave the members their time to gather."""
         self.pending = set()
         silent = self._silent(now)
+        starting = self.epoch == 0
         for host, node in self.nodes.items():
             if node["state"] not in ACTIVE:
                 continue
-            if host in self.connected or (host not in self.greeted and host not in silent):
+            awaited = starting and host not in self.greeted and host not in silent
+            if host in self.connected or awaited:
                 self.pending.add(host)
             else:
                 node.update(state=states.LOST, error="member not connected")

@@ -40,7 +40,10 @@ from ..kernel.protocol import RUN_SCRIPT, read_json, write_json
 
 WARM = "warm"  # beside agent/ and jobs/ in the user's orch directory
 MOST = 2  # warm processes per user and host: each holds an interpreter with torch
-ANSWER_S = 3.0  # a warm process answers in milliseconds; one that does not is replaced
+# A warm process answers in milliseconds on a quiet host (it stats every file it
+# imported first); one that does not within this is replaced. 3 s was too short for a
+# host whose cores are saturated, which then started cold.
+ANSWER_S = 10.0
 DEFAULT_IDLE_S = 600.0
 # Room in the warm process's argv and environment that each forked launcher and rank
 # overwrites with its own command line and environment, as an exec would have: ps,
