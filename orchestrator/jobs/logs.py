@@ -12,6 +12,7 @@ from orchestrator.models.states import JobState, job_state, node_state
 from orchestrator.nodes.group import HostGroup, connect_reachable
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror, rank_of
+from orchestrator.reporting.attempts import print_earlier_attempts
 from orchestrator.reporting.filters import FilteredReporter, LogFilter
 from orchestrator.reporting.follow import IDLE_TIMEOUT_S, NodeExit, Watcher
 from orchestrator.reporting.reporter import Reporter
@@ -34,7 +35,7 @@ def logs(store: JobDB, job_id: str, want: LogFilter, follow: bool, reporter: Rep
     """
     kept = keep.sync(store, store.get(job_id), reporter)  # attempts of a keeper's
     want.nodes(kept.record)  # an unknown node or rank is refused before anything shows
-    _print_earlier_attempts(kept.record, store, want, reporter)
+    print_earlier_attempts(kept.record, store, want, reporter)
     code = _attempt_logs(store, kept, want, follow, reporter)
     while follow and code != 0 and kept.acting:
         following = _next_attempt(store, kept.record, reporter)
@@ -120,28 +121,6 @@ def drain(
     finally:
         watcher.close()
     return failures
-
-
-def _print_earlier_attempts(
-    record: JobRecord, store: JobDB, want: LogFilter, reporter: Reporter
-) -> None:
-    """A restarted job's earlier attempts, each under a marker line, from the local
-    copy (their nodes ended; a lost host's lines stop where it went)."""
-    for earlier in record.view.attempts:
-        attempt = earlier.attempt
-        ended = ", ".join(f"{n['host']} {n['state']}" for n in earlier.nodes)
-        reporter.notice(f"--- attempt {attempt + 1} ({ended}) ---")
-        mirror = LogMirror(store.home / "logs", record.id, attempt)
-        try:
-            for node in earlier.nodes:
-                name = str(node["host"])
-                for stream in mirror.streams(name):
-                    if want.wants(name, rank_of(stream)):
-                        reporter.output(name, rank_of(stream), mirror.read(name, stream, want.tail))
-        finally:
-            mirror.close()
-    if record.view.attempts:
-        reporter.notice(f"--- attempt {record.view.attempt + 1} ---")
 
 
 def _print_mirror(

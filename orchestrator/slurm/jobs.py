@@ -20,6 +20,7 @@ from orchestrator.models.states import JobState
 from orchestrator.nodes.group import HostGroup
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror, rank_of
+from orchestrator.reporting.attempts import print_earlier_attempts
 from orchestrator.reporting.filters import FilteredReporter, LogFilter
 from orchestrator.reporting.follow import IDLE_TIMEOUT_S, NodeExit, Watcher
 from orchestrator.reporting.reporter import Reporter
@@ -27,7 +28,7 @@ from orchestrator.slurm.follow import cancel, nodes_of, slurm_id_of
 from orchestrator.slurm.login import LoginNode
 from orchestrator.slurm.outputs import bring_outputs
 from orchestrator.slurm.queue import QueuedJob
-from orchestrator.slurm.restarts import follow_attempts, print_earlier, sync_chain
+from orchestrator.slurm.restarts import follow_attempts, sync_chain
 from orchestrator.transport import ConnectOptions, Transport
 
 
@@ -175,7 +176,7 @@ def logs(
                     record.view.attempt,
                 )
             _drain(chosen, login.transport, mirror)
-            print_earlier(record, store, want, reporter)
+            print_earlier_attempts(record, store, want, reporter)
             for node in want.nodes(record):
                 for stream in mirror.streams(node.host.name):
                     if want.wants(node.host.name, rank_of(stream)):

@@ -31,8 +31,7 @@ from orchestrator.models.errors import Interrupted, JobFailed, OrchError
 from orchestrator.models.states import JobState
 from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobDB, JobRecord
-from orchestrator.records.logmirror import LogMirror, rank_of
-from orchestrator.reporting.filters import LogFilter
+from orchestrator.records.logmirror import LogMirror
 from orchestrator.reporting.follow import IDLE_TIMEOUT_S, Watcher
 from orchestrator.reporting.reporter import Reporter, phase
 from orchestrator.slurm.chain import job_root, read_attempt, stop_chain
@@ -273,22 +272,3 @@ def _keep_logs(record: JobRecord, login: LoginNode, store: JobDB, nodelist: str)
     finally:
         watcher.close()
         mirror.close()
-
-
-def print_earlier(record: JobRecord, store: JobDB, want: LogFilter, reporter: Reporter) -> None:
-    """A restarted job's earlier attempts, each under its marker line (as over SSH),
-    from the local copy; then the current attempt's marker."""
-    for earlier in record.view.attempts:
-        ended = ", ".join(f"{n['host']} {n['state']}" for n in earlier.nodes)
-        reporter.notice(f"--- attempt {earlier.attempt + 1} ({ended}) ---")
-        mirror = LogMirror(store.home / "logs", record.id, earlier.attempt)
-        try:
-            for node in earlier.nodes:
-                name = str(node["host"])
-                for stream in mirror.streams(name):
-                    if want.wants(name, rank_of(stream)):
-                        reporter.output(name, rank_of(stream), mirror.read(name, stream, want.tail))
-        finally:
-            mirror.close()
-    if record.view.attempts:
-        reporter.notice(f"--- attempt {record.view.attempt + 1} ---")
