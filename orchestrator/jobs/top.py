@@ -28,7 +28,7 @@ from orchestrator.nodes.group import HostGroup, connect_reachable
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.reporting.top import INTERVAL_S, SILENT_S, NodeView, TopView, ended_error
-from orchestrator.reporting.top_rates import judged, node_view
+from orchestrator.reporting.top_rates import node_view, top_view
 from orchestrator.transport import Transport
 
 SAMPLE_TIMEOUT_S = 20.0
@@ -73,15 +73,7 @@ class Sampler:
             else:
                 error = self.unreachable.get(name, "not sampled")
                 views.append(NodeView(name, node.node_rank, "unreachable", error=error))
-        state = "ended" if all(v.state in ("ended", "missing") for v in views) else "running"
-        return TopView(
-            self.record.id,
-            self.record.name,
-            state,
-            time.time(),
-            self.interval_s,
-            judged(views, self.silent_s),
-        )
+        return top_view(self.record, views, self.interval_s, self.silent_s)
 
     def _ask(self, node: NodeRecord, host: Host, transport: Transport) -> TopSample:
         before = self.last.get(host.name)

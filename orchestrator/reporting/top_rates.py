@@ -23,13 +23,14 @@ clock (the network's delay is no part of them).
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from orchestrator.agent.kernel.protocol import TopSample
-from orchestrator.records.db import NodeRecord
-from orchestrator.reporting.top import SILENT_S, GpuView, NodeView, RankView
+from orchestrator.records.db import JobRecord, NodeRecord
+from orchestrator.reporting.top import SILENT_S, GpuView, NodeView, RankView, TopView
 
 STARTUP_S = 30.0
 SILENT_RATIO = 3.0
@@ -154,3 +155,12 @@ def judged(nodes: Sequence[NodeView], silent_s: float = SILENT_S) -> tuple[NodeV
         replace(n, ranks=tuple(replace(r, behind=verdict.get((r.host, r.rank))) for r in n.ranks))
         for n in nodes
     )
+
+
+def top_view(
+    record: JobRecord, views: list[NodeView], interval_s: float, silent_s: float = SILENT_S
+) -> TopView:
+    """One look at a job (SSH or Slurm alike): running while any node is, each rank's
+    `behind` judged."""
+    state = "ended" if all(v.state in ("ended", "missing") for v in views) else "running"
+    return TopView(record.id, record.name, state, time.time(), interval_s, judged(views, silent_s))

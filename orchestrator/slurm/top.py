@@ -22,7 +22,7 @@ from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.reporting.top import INTERVAL_S, SILENT_S, NodeView, TopView, ended_error
-from orchestrator.reporting.top_rates import judged, node_view
+from orchestrator.reporting.top_rates import node_view, top_view
 from orchestrator.slurm.follow import nodes_of, slurm_id_of
 from orchestrator.slurm.jobs import connected, refresh
 from orchestrator.slurm.login import LoginNode
@@ -98,15 +98,7 @@ class SlurmSampler:
                 self.last[name] = samples[name]
             else:
                 views.append(NodeView(name, node.node_rank, "unreachable", error="no sample"))
-        state = "ended" if all(v.state in ("ended", "missing") for v in views) else "running"
-        return TopView(
-            self.record.id,
-            self.record.name,
-            state,
-            time.time(),
-            self.interval_s,
-            judged(views, self.silent_s),
-        )
+        return top_view(self.record, views, self.interval_s, self.silent_s)
 
 
 def watch(
