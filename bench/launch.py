@@ -84,16 +84,23 @@ def time_to_all_ranks(
 
 
 def baseline_commands(
-    cluster: Cluster, controller: Controller, n: int, port: int
+    cluster: Cluster,
+    controller: Controller,
+    n: int,
+    port: int,
+    directory: str = BASELINE_DIR,
+    script: str = SCRIPT,
 ) -> list[list[str]]:
+    """One `ssh host 'cd DIR && python -m torch.distributed.run ... SCRIPT'` per host:
+    launching by hand, the code already in place."""
     python = shlex.quote(str(repo_python()))
     master = cluster.hosts[0].address
     commands = []
     for i, host in enumerate(cluster.hosts[:n]):
         remote = (
-            f"cd {BASELINE_DIR} && GLOO_SOCKET_IFNAME=eth0 {python} -m torch.distributed.run "
+            f"cd {directory} && GLOO_SOCKET_IFNAME=eth0 {python} -m torch.distributed.run "
             f"--nnodes {n} --node-rank {i} --nproc-per-node 1 --master-addr {master} "
-            f"--master-port {port} --local-addr {host.address} {SCRIPT}"
+            f"--master-port {port} --local-addr {host.address} {script}"
         )
         commands.append(ssh_argv(cluster, controller, host.address, remote))
     return commands

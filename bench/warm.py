@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import shlex
 import shutil
 import subprocess
 import sys
@@ -36,10 +35,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import place_file, ssh_argv
-from bench.launch import time_to_all_ranks
+from bench.common import place_file
+from bench.launch import baseline_commands, time_to_all_ranks
 from bench.report import machine, median, write_section
-from tests.cluster import Cluster, Controller, orch_command, repo_python
+from tests.cluster import Cluster, Controller, orch_command
 
 JOB_DIR = Path(__file__).resolve().parent / "jobs" / "warm_line"
 SCRIPT = "warm_line.py"
@@ -64,22 +63,6 @@ def wait_warm(cluster: Cluster, n: int, timeout: float = 180) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError("no warm interpreter became ready")
         time.sleep(0.2)
-
-
-def baseline(
-    cluster: Cluster, controller: Controller, n: int, port: int, extra: str = ""
-) -> list[list[str]]:
-    python = shlex.quote(str(repo_python()))
-    master = cluster.hosts[0].address
-    commands = []
-    for i, host in enumerate(cluster.hosts[:n]):
-        remote = (
-            f"cd {BASELINE_DIR} && GLOO_SOCKET_IFNAME=eth0 {python} -m torch.distributed.run "
-            f"--nnodes {n} --node-rank {i} --nproc-per-node 1 --master-addr {master} "
-            f"--master-port {port} --local-addr {host.address} {SCRIPT}{extra}"
-        )
-        commands.append(ssh_argv(cluster, controller, host.address, remote))
-    return commands
 
 
 def ranks_pss_kb(cluster: Cluster, job_id: str, host_index: int, ranks: int) -> int:
@@ -174,7 +157,8 @@ def main() -> None:
             runs: dict[str, list[float]] = {"warm": [], "changed": [], "cold": [], "hand": []}
             for r in range(args.repeat):
                 port += 1
-                by_hand = baseline(cluster, controller, n, port, " --hf" if hf else "")
+                script = f"{SCRIPT} --hf" if hf else SCRIPT
+                by_hand = baseline_commands(cluster, controller, n, port, BASELINE_DIR, script)
                 runs["hand"].append(time_to_all_ranks(by_hand, n)[0])
                 runs["cold"].append(time_to_all_ranks([[*submit, "--cold"]], n, env=env)[0])
                 wait_warm(cluster, n)
