@@ -24,11 +24,12 @@ compile: setup
 demo: compile
 	$(ORCH) submit jobs/digits.yaml -i inventory/local.yaml
 
-## test-deps: what the cluster tests need (Debian's openssh-server; slurm and munge for the Slurm cluster), when root
+## test-deps: what the cluster tests need (Debian's openssh-server, iproute2 and iptables,
+## which blocks a port between two test hosts; slurm and munge for the Slurm cluster), when root
 test-deps:
-	@if [ "$$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null; }; then \
-		echo "installing openssh-server and iproute2"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2 >/dev/null; \
+	@if [ "$$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null || ! command -v iptables >/dev/null; }; then \
+		echo "installing openssh-server, iproute2 and iptables"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2 iptables >/dev/null; \
 	fi
 	@if [ "$$(id -u)" = 0 ] && ! command -v slurmctld >/dev/null; then sh tests/install_slurm.sh; fi
 

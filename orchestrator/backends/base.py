@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # names for the signatures only: `orch kill` need not import 
     from orchestrator.plan import LaunchPlan
     from orchestrator.records.db import JobDB, JobRecord
     from orchestrator.reporting.filters import LogFilter
-    from orchestrator.reporting.outcomes import KillOutcome
+    from orchestrator.reporting.outcomes import KillOutcome, WarmStart
     from orchestrator.reporting.reporter import Reporter
     from orchestrator.reporting.top import TopView
 
@@ -90,6 +90,8 @@ class Backend(Protocol):
        refreshes of a running job, until it ends.
     8. `check()` shows what would keep a job from running through `view`, and says
        whether any error was found. `hosts()` is what `orch status --hosts` shows.
+       `warm()` starts, before a job's first submit, the warm interpreters its ranks
+       would be forked from (`orch warm JOB`): each host's, and the hosts' errors.
     9. What a backend cannot do yet it refuses with one error, `Unsupported`
        (exit 2), raised from its one list of what it lacks; never an `if` above it.
     """
@@ -156,3 +158,7 @@ class Backend(Protocol):
     ) -> bool: ...
 
     def hosts(self, inventory: Inventory, reporter: Reporter) -> HostsView: ...
+
+    def warm(
+        self, job: JobSpec, inventory: Inventory, reporter: Reporter
+    ) -> tuple[dict[str, WarmStart], list[OrchError]]: ...

@@ -7,12 +7,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from orchestrator.backends.base import CheckView, HostsView, PullBars
+from orchestrator.models.errors import OrchError
 from orchestrator.models.inventory import Inventory
 from orchestrator.models.job import JobSpec
 from orchestrator.plan import LaunchPlan
 from orchestrator.records.db import JobDB, JobRecord, new_job_id
 from orchestrator.reporting.filters import LogFilter
-from orchestrator.reporting.outcomes import KillOutcome
+from orchestrator.reporting.outcomes import KillOutcome, WarmStart
 from orchestrator.reporting.pull import PullReport
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.reporting.top import TopView
@@ -105,3 +106,8 @@ class SlurmBackend:
     def hosts(self, inventory: Inventory, reporter: Reporter) -> HostsView:
         units, queue, errors = nodes.hosts(inventory, reporter.notice)
         return HostsView(units, queue, errors)
+
+    def warm(
+        self, job: JobSpec, inventory: Inventory, reporter: Reporter
+    ) -> tuple[dict[str, WarmStart], list[OrchError]]:
+        refuse("warm", str(inventory.path))

@@ -13,6 +13,7 @@ from orchestrator.jobs import keep, reconcile, teardown, top
 from orchestrator.jobs.logs import logs
 from orchestrator.jobs.pull import sources
 from orchestrator.jobs.queue import host_views, positions, queue_rows, unit_rows
+from orchestrator.models.errors import OrchError
 from orchestrator.models.inventory import Inventory
 from orchestrator.models.job import JobSpec
 from orchestrator.nodes.group import HostGroup, connect_reachable
@@ -20,7 +21,7 @@ from orchestrator.nodes.warm import warm_interpreters
 from orchestrator.plan import LaunchPlan, describe
 from orchestrator.records.db import JobDB, JobRecord
 from orchestrator.reporting.filters import LogFilter
-from orchestrator.reporting.outcomes import KillOutcome
+from orchestrator.reporting.outcomes import KillOutcome, WarmStart
 from orchestrator.reporting.pull import PullReport
 from orchestrator.reporting.receive import pull
 from orchestrator.reporting.reporter import Reporter
@@ -134,3 +135,10 @@ class SshBackend:
                 for warning in views[host.name].warnings:
                     reporter.notice(f"warning: {printable(warning, 1000)} (host {host.name})")
         return found
+
+    def warm(
+        self, job: JobSpec, inventory: Inventory, reporter: Reporter
+    ) -> tuple[dict[str, WarmStart], list[OrchError]]:
+        from orchestrator.jobs.warmup import warm_up  # with check/: for the probe
+
+        return warm_up(job, inventory, reporter)

@@ -131,6 +131,10 @@ def _node_rows(table: Table, node: NodeView) -> list[Text]:
     if node.launcher_rss_bytes:
         cpu = _num(node.launcher_cpu_percent, "{:.0f}")
         table.add_row("", "torchrun", cpu, _bytes(node.launcher_rss_bytes), style="dim")
+    for w in node.warm:  # idle: what they hold is memory (their share of it, PSS)
+        memory = _bytes(w.pss_kb << 10) if w.pss_kb is not None else "?"
+        idle = _seconds(w.idle_s) if w.state == "ready" else w.state
+        table.add_row("", "warm", "", memory, "", "", idle, f"pid {w.pid}", style="dim")
     return (
         [Text(f"{node.host}: nvidia-smi: {node.gpu_error}", style="dim")] if node.gpu_error else []
     )

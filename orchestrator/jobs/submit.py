@@ -159,7 +159,7 @@ def _attempt(
         group.connect()
         log.info("connected to %d hosts", len(hosts))
         phase(reporter, f"checking {_count(hosts, 'host')}")
-        plan, clocks = _plan_with_facts(sub, group, hosts, attempt)
+        plan, clocks = plan_with_facts(sub, group, hosts, attempt)
         log.info("probed %d hosts; master %s:%s", len(hosts), plan.master_addr, plan.master_port)
         # Recorded before anything starts, so that `orch kill` can always find the job.
         if attempt == 0:
@@ -295,7 +295,7 @@ def record_of(plan: LaunchPlan) -> JobRecord:
     )
 
 
-def _plan_with_facts(
+def plan_with_facts(
     sub: Submission, group: HostGroup, hosts: Sequence[Host], attempt: int
 ) -> tuple[LaunchPlan, dict[str, HostClock]]:
     """Probe the hosts and run check's blocking checks; refuse on any error found.

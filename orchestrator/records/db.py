@@ -16,7 +16,7 @@ import logging
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +53,10 @@ CREATE TABLE IF NOT EXISTS nodes (
     error TEXT,
     host_spec TEXT NOT NULL,
     PRIMARY KEY (job_id, host)
+);
+CREATE TABLE IF NOT EXISTS warm_hosts (
+    host TEXT PRIMARY KEY,
+    host_spec TEXT NOT NULL
 );
 """
 
@@ -344,6 +348,24 @@ class JobDB:
                     job_id,
                 ),
             )
+
+    def add_warm_hosts(self, hosts: Sequence[Host]) -> None:
+        """Hosts that `orch warm JOB` left a warm interpreter on, outside any job's
+        record: `orch kill --all` ends those too."""
+        with self._db() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO warm_hosts (host, host_spec) VALUES (?, ?)",
+                [(h.name, host_to_json(h)) for h in hosts],
+            )
+
+    def warm_hosts(self) -> list[Host]:
+        with self._db() as db:
+            rows = db.execute("SELECT host_spec FROM warm_hosts ORDER BY host").fetchall()
+        return [host_from_json(row["host_spec"]) for row in rows]
+
+    def forget_warm_hosts(self, names: Iterable[str]) -> None:
+        with self._db() as db:
+            db.executemany("DELETE FROM warm_hosts WHERE host = ?", [(n,) for n in names])
 
     def jobs(self) -> list[JobRecord]:
         """Every job, newest first."""

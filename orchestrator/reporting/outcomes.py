@@ -20,3 +20,12 @@ class KillOutcome:
     # What was done, in words, where the job is not orch's to stop process by process
     # (a Slurm job: scancel, then gone from squeue).
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """What `orch warm JOB` did on one host: the pid of the job's warm interpreter
+    there, and whether it started now (else one ran already)."""
+
+    pid: int
+    started: bool

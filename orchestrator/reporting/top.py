@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.agent.kernel.protocol import WarmRow
 from orchestrator.models.errors import InputError
 from orchestrator.records.db import JobDB, JobRecord
 
@@ -64,6 +65,7 @@ class NodeView:
     gpus: tuple[GpuView, ...] | None = None  # None: no nvidia-smi there
     gpu_error: str | None = None
     error: str | None = None
+    warm: tuple[WarmRow, ...] = ()  # the user's warm interpreters on the host
 
     @property
     def behind(self) -> str | None:
@@ -99,6 +101,7 @@ class TopView:
                         "utilization_percent", "memory_used_mib", "memory_total_mib",
                         "used", "ranks"}],
                     "gpu_error",
+                    "warm": [{"pid", "state", "preload", "pss_kb", "idle_s"}],
                     "ranks": [{"rank", "pids", "cpu_percent", "rss_bytes", "lines",
                                "lines_per_s", "idle_s", "age_s", "gpus",
                                "gpu_memory_mib", "talks", "behind": why | null}]}]}
@@ -124,6 +127,16 @@ class TopView:
                     },
                     "gpus": None if n.gpus is None else [_gpu_json(g) for g in n.gpus],
                     "gpu_error": n.gpu_error,
+                    "warm": [
+                        {
+                            "pid": w.pid,
+                            "state": w.state,
+                            "preload": list(w.preload),
+                            "pss_kb": w.pss_kb,
+                            "idle_s": w.idle_s,
+                        }
+                        for w in n.warm
+                    ],
                     "ranks": [_rank_json(r) for r in n.ranks],
                 }
                 for n in self.nodes

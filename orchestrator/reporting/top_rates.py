@@ -88,6 +88,7 @@ def node_view(
         launcher_rss_bytes=int(launcher.get("rss_bytes") or 0),
         gpus=None if now.gpus is None else tuple(gpu_view(g) for g in now.gpus),
         gpu_error=now.gpu_error,
+        warm=tuple(now.warm),
     )
 
 

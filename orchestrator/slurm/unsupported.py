@@ -14,6 +14,11 @@ NOT_YET: dict[str, tuple[str, str]] = {
         "a launch plan is not made for a Slurm cluster: Slurm picks the nodes at start",
         "orch submit --dry-run prints the batch script and the sbatch command",
     ),
+    "warm": (
+        "no warm interpreter waits on a Slurm cluster: each job gets an allocation of its "
+        "own, and nothing of a user runs on its nodes between jobs",
+        "a Slurm job's ranks start cold; warm starts are for the inventory's SSH hosts",
+    ),
 }
 
 

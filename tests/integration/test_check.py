@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster import SUBNET, Cluster, ClusterError, OrchRunner, repo_python
+from tests.cluster import SUBNET, Cluster, ClusterError, OrchRunner, repo_python, skip_or_fail
 from tests.support import assert_nothing_started, clear_jobs, job_processes, write_job
 
 pytestmark = pytest.mark.cluster
@@ -159,7 +159,7 @@ def test_port_blocked_between_nodes_is_caught(
     try:
         cluster.block_port(1, 29556, source=3)
     except ClusterError as exc:
-        pytest.skip(f"no firewall in the namespaces: {exc}")
+        skip_or_fail(f"no firewall in the namespaces (make test-deps installs iptables): {exc}")
     try:
         result = orch("check", "-i", inventory, job, timeout=60)
     finally:

@@ -32,7 +32,7 @@ from tests.cluster import (
 )
 from tests.support import Lines, job_id_of, wait_for, write_job, write_workdir_job
 
-pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("slurm")]
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("slurm-parity")]
 
 GPUS = 2  # count-only GRES per compute node
 SPAWN_ARGS = ["-n", "{num_nodes}", "-g", "{nprocs_list}", "-i", "{node_rank}"]

@@ -29,7 +29,7 @@ from tests.cluster import (
 )
 from tests.support import Lines, job_id_of, status_json, write_job, write_workdir_job
 
-pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("slurm")]
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("slurm-restarts")]
 
 
 @pytest.fixture(scope="module")

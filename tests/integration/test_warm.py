@@ -107,6 +107,14 @@ def submit_cold_then_ready(orch: OrchRunner, cluster: Cluster, job: Path, invent
     return first.stdout
 
 
+def warm_ahead(orch: OrchRunner, cluster: Cluster, job: Path, inventory: Path) -> None:
+    """`orch warm JOB`: the job's warm interpreters, ready before its first submit (what
+    a cold submit would leave, for five imports of torch fewer)."""
+    ahead = orch("warm", job, "-i", inventory, timeout=180)
+    assert ahead.returncode == 0, ahead.stderr
+    wait_warm_ready(cluster)
+
+
 def test_a_resubmit_runs_warm_and_each_rank_sees_what_torchrun_gives_it(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
@@ -137,7 +145,7 @@ def test_a_resubmit_runs_warm_and_each_rank_sees_what_torchrun_gives_it(
 def test_a_failing_rank_on_the_warm_path_ends_the_job_as_torchrun_does(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
-    submit_cold_then_ready(orch, cluster, probe_job(tmp_path), two_and_one)
+    warm_ahead(orch, cluster, probe_job(tmp_path), two_and_one)
     warm_before = warm_processes(cluster, 1)
 
     failing = probe_job(tmp_path, "--fail-rank", "1", "--sleep", "1")
@@ -150,10 +158,35 @@ def test_a_failing_rank_on_the_warm_path_ends_the_job_as_torchrun_does(
     assert warm_processes(cluster, 1) == warm_before, "the warm interpreter is unharmed"
 
 
+def test_orch_warm_with_a_job_file_makes_even_its_first_submit_warm(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    job = probe_job(tmp_path)
+    ahead = orch("warm", job, "-i", two_and_one, timeout=180)
+    assert ahead.returncode == 0, ahead.stderr
+    pids = [[pid for pid, _ in warm_processes(cluster, i)] for i in HOSTS]
+    assert all(len(p) == 1 for p in pids), pids
+    for i, (pid,) in zip(HOSTS, pids, strict=True):
+        assert f"node{i}: warm interpreter pid {pid} starting (it imports torch)" in ahead.stdout
+    wait_warm_ready(cluster)
+
+    first = orch("submit", job, "-i", two_and_one, timeout=180)
+    assert first.returncode == 0, first.stderr
+    assert ran_warm(cluster, job_id_of(first.stdout)) == [True, True], first.stderr
+    again = orch("warm", job, "-i", two_and_one, timeout=180)
+    assert again.returncode == 0, again.stderr
+    assert f"node1: warm interpreter pid {pids[0][0]} there already" in again.stdout
+
+    cold = orch("warm", probe_job(tmp_path, warm=False), "-i", two_and_one, timeout=60)
+    assert cold.returncode == 2, cold.stderr
+    assert "error: the job starts cold: warm: false in the job file" in cold.stderr
+    assert [[pid for pid, _ in warm_processes(cluster, i)] for i in HOSTS] == pids
+
+
 def test_ctrl_c_on_the_warm_path_leaves_nothing_but_the_warm_interpreters(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
-    submit_cold_then_ready(orch, cluster, probe_job(tmp_path), two_and_one)
+    warm_ahead(orch, cluster, probe_job(tmp_path), two_and_one)
     warm_before = [warm_processes(cluster, i) for i in HOSTS]
 
     attached = start_attached(orch, probe_job(tmp_path, "--sleep", "120"), two_and_one)
@@ -163,13 +196,21 @@ def test_ctrl_c_on_the_warm_path_leaves_nothing_but_the_warm_interpreters(
             120,
             "every rank to sleep",
         )
+        # orch top shows each host's warm interpreters beside the job's ranks.
+        top = orch("top", "--once", "--json", timeout=60)
+        assert top.returncode == 0, top.stderr
+        shown = {n["host"]: [w["pid"] for w in n["warm"]] for n in json.loads(top.stdout)["nodes"]}
+        assert shown == {f"node{i}": [p for p, _ in warm_before[k]] for k, i in enumerate(HOSTS)}
+        assert all(w["pss_kb"] > 0 for n in json.loads(top.stdout)["nodes"] for w in n["warm"])
         attached.send_signal(signal.SIGINT)
         assert attached.wait(60) == 130
     finally:
         if attached.poll() is None:
             attached.kill()
+    said = attached.stderr.read() if attached.stderr else ""
+    assert "cold start" not in said, said
     assert_no_job_left(cluster, HOSTS)
-    assert [warm_processes(cluster, i) for i in HOSTS] == warm_before
+    assert [warm_processes(cluster, i) for i in HOSTS] == warm_before, said
 
 
 _LINES: dict[int, list[str]] = {}
@@ -196,7 +237,7 @@ def test_cold_and_warm_false_start_cold_and_say_so_once(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
     job = probe_job(tmp_path)
-    submit_cold_then_ready(orch, cluster, job, two_and_one)
+    warm_ahead(orch, cluster, job, two_and_one)
 
     forced = orch("submit", job, "-i", two_and_one, "--cold", timeout=180)
     assert forced.returncode == 0, forced.stderr
@@ -212,7 +253,7 @@ def test_restarts_by_torchrun_and_another_env_start_cold_and_say_why(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
     job = probe_job(tmp_path)
-    submit_cold_then_ready(orch, cluster, job, two_and_one)
+    warm_ahead(orch, cluster, job, two_and_one)
     restarts = probe_job(tmp_path, max_restarts=1)
     result = orch("submit", restarts, "-i", two_and_one, timeout=180)
     assert result.returncode == 0, result.stderr
@@ -230,38 +271,25 @@ def test_restarts_by_torchrun_and_another_env_start_cold_and_say_why(
 def test_a_package_installed_since_the_warm_interpreter_started_gives_a_cold_start(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
-    job = probe_job(tmp_path)
-    submit_cold_then_ready(orch, cluster, job, two_and_one)
-    site = Path(
-        subprocess.run(
-            [str(orch_python()), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    )
-    marker = site / "orch_warm_test_marker-1.0.dist-info"
-    marker.mkdir()
-    try:
-        changed = orch("submit", job, "-i", two_and_one, timeout=180)
-    finally:
-        marker.rmdir()
+    # A folder of the job's own on its path (PYTHONPATH, as a user's site would be):
+    # the venv's site-packages is every test cluster's, and a distribution put there
+    # would make every other test's warm interpreters stale too.
+    site = tmp_path / "site"
+    site.mkdir()
+    job = probe_job(tmp_path, env={"PYTHONPATH": str(site)})
+    warm_ahead(orch, cluster, job, two_and_one)
+    (site / "orch_warm_test_marker-1.0.dist-info").mkdir()
+    changed = orch("submit", job, "-i", two_and_one, timeout=180)
     assert changed.returncode == 0, changed.stderr
     assert ran_warm(cluster, job_id_of(changed.stdout)) == [False, False]
     assert "cold start: the installed packages changed (orch_warm_test_marker" in changed.stderr
-
-
-def orch_python() -> Path:
-    from tests.cluster.controller_side import repo_python
-
-    return Path(repo_python())
 
 
 def test_a_killed_warm_interpreter_gives_a_cold_start_that_says_so_and_succeeds(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
     job = probe_job(tmp_path)
-    submit_cold_then_ready(orch, cluster, job, two_and_one)
+    warm_ahead(orch, cluster, job, two_and_one)
     for pid, _ in warm_processes(cluster, 2):
         cluster.exec_on(2, ["kill", "-KILL", str(pid)])
     wait_for(lambda: not warm_processes(cluster, 2), 10, "node2's warm interpreter to die")
@@ -279,7 +307,7 @@ def test_no_job_process_is_left_and_the_warm_one_stays_after_a_warm_job(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
     job = probe_job(tmp_path)
-    submit_cold_then_ready(orch, cluster, job, two_and_one)
+    warm_ahead(orch, cluster, job, two_and_one)
     result = orch("submit", job, "-i", two_and_one, timeout=180)
     assert result.returncode == 0
     assert all(not job_processes(cluster, i) for i in HOSTS)
@@ -289,7 +317,7 @@ def test_an_idle_warm_interpreter_ends_after_warm_idle(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
     job = probe_job(tmp_path, warm_idle=40)
-    submit_cold_then_ready(orch, cluster, job, two_and_one)
+    warm_ahead(orch, cluster, job, two_and_one)
     listed = orch("warm", "-i", two_and_one, timeout=60)
     assert listed.returncode == 0, listed.stderr
     assert re.search(r"node1: pid \d+ ready, preload torch, \d+ MB PSS", listed.stdout)
@@ -305,7 +333,7 @@ def test_an_idle_warm_interpreter_ends_after_warm_idle(
 def test_kill_all_leaves_no_warm_interpreter(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
-    submit_cold_then_ready(orch, cluster, probe_job(tmp_path), two_and_one)
+    warm_ahead(orch, cluster, probe_job(tmp_path), two_and_one)
     result = orch("kill", "--all", timeout=120)
     assert result.returncode == 0, result.stderr
     assert all(warm_processes(cluster, i) == [] for i in HOSTS)
@@ -333,7 +361,7 @@ def test_another_user_cannot_reach_a_warm_interpreter(
 ) -> None:
     from tests.cluster.controller_side import repo_python
 
-    submit_cold_then_ready(orch, cluster, probe_job(tmp_path), two_and_one)
+    warm_ahead(orch, cluster, probe_job(tmp_path), two_and_one)
     (record,) = warm_records(cluster, 1)
     (where,) = (cluster.home(1) / ".orch" / "warm").iterdir()
     folder = f"/root/.orch/warm/{where.name}"

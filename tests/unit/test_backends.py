@@ -53,3 +53,12 @@ def test_what_slurm_cannot_do_is_refused_with_slurms_own_reason(write: WriteFile
         backends.for_inventory(inventory).plan(job, inventory)
     assert "Slurm picks the nodes at start" in caught.value.message
     assert "--dry-run" in caught.value.hint and caught.value.exit_code == 2
+    with pytest.raises(Unsupported) as caught:
+        backends.for_inventory(inventory).warm(job, inventory, NoReporter())
+    assert "an allocation of its own" in caught.value.message
+    assert "start cold" in caught.value.hint and caught.value.exit_code == 2
+
+
+class NoReporter:
+    def notice(self, message: str) -> None:
+        raise AssertionError(f"nothing is said before the refusal: {message}")

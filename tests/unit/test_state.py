@@ -47,6 +47,18 @@ def test_a_record_round_trips_with_its_hosts(tmp_path: Path) -> None:
     assert got.state is P and got.master_port == 29500
 
 
+def test_hosts_warmed_ahead_are_kept_once_each_until_forgotten(tmp_path: Path) -> None:
+    store = JobDB(tmp_path)
+    one = Host(name="node1", address="10.0.0.1", gpus=(0, 1), labels=("a",))
+    store.add_warm_hosts([one, Host(name="node2", address="10.0.0.2")])
+    store.add_warm_hosts([one])
+    assert [h.name for h in store.warm_hosts()] == ["node1", "node2"]
+    assert store.warm_hosts()[0] == one
+    store.forget_warm_hosts(["node1"])
+    assert [h.name for h in JobDB(tmp_path).warm_hosts()] == ["node2"]
+    assert store.jobs() == []
+
+
 def test_states_stamp_start_and_end_once(tmp_path: Path) -> None:
     store = JobDB(tmp_path)
     store.add(record("j-1"))

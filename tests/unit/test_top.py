@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from orchestrator.agent.host import nvidia, proc
-from orchestrator.agent.kernel.protocol import TopSample, parse_message
+from orchestrator.agent.kernel.protocol import TopSample, WarmRow, parse_message
 from orchestrator.agent.node import top as agent_top
 from orchestrator.models.inventory import Host
 from orchestrator.records.db import NodeRecord
@@ -295,6 +295,35 @@ def test_a_missing_job_directory_answers_that_it_does_not_exist(tmp_path: Path) 
     assert reply.exists is False and reply.running is False
 
 
+def test_the_sample_lists_the_users_warm_interpreters_with_their_memory(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.agent.node import warm
+
+    folder = tmp_path / "warm"
+    folder.mkdir()
+    monkeypatch.setattr(warm, "warm_dir", lambda: str(folder))
+    me = os.getpid()
+    record = {
+        "key": "k1",
+        "pid": me,
+        "start_time": proc.start_time(me),
+        "state": "ready",
+        "preload": ["torch"],
+        "used": time.time() - 30,
+        "idle": 600,
+    }
+    (folder / "k1.json").write_text(json.dumps(record))
+    # Its pid reused by another process: not a warm interpreter any more.
+    (folder / "k2.json").write_text(json.dumps({**record, "key": "k2", "start_time": 1}))
+    sample = parse_message(TopSample, node.sample())
+    (shown,) = sample.warm
+    assert (shown.pid, shown.state, list(shown.preload)) == (me, "ready", ["torch"])
+    assert shown.pss_kb is not None and shown.pss_kb > 0
+    assert shown.idle_s is not None and 29 <= shown.idle_s < 120
+    assert not (folder / "k2.json").exists()
+
+
 # ---------------------------------------------------------------- rates
 
 
@@ -333,6 +362,15 @@ def test_rates_come_from_two_samples_on_the_hosts_clock() -> None:
     assert (r1.cpu_percent, r1.lines_per_s, r1.idle_s) == (0.0, 0.0, 12.0)
     assert talked == {("node1", "0")}, "printing in the window makes a talker"
     assert r0.talks and not r1.talks
+
+
+WARM_ROW = {"pid": 4242, "key": "k", "state": "ready", "preload": ["torch"], "pss_kb": 307200}
+
+
+def test_the_view_of_a_node_carries_the_hosts_warm_interpreters() -> None:
+    now = top_sample(5.0, [rank(0, 1.0, None)], warm=[{**WARM_ROW, "idle_s": 40.0}])
+    (shown,) = top_rates.node_view(NODE, now, None, set()).warm
+    assert (shown.pid, shown.pss_kb, shown.idle_s) == (4242, 307200, 40.0)
 
 
 def test_the_first_sample_has_no_rates_yet() -> None:
@@ -426,7 +464,16 @@ def test_the_json_shape_is_the_documented_one() -> None:
     gpu = GpuView(0, "GPU-1", 97, 100, 81559, True, (1,))
     nodes = (
         NodeView(
-            "node2", 1, "running", (view_of("node2", 1, 2.0, 0.1),), 2.0, 1.0, 5, (gpu,), None
+            "node2",
+            1,
+            "running",
+            (view_of("node2", 1, 2.0, 0.1),),
+            2.0,
+            1.0,
+            5,
+            (gpu,),
+            None,
+            warm=(parse_message(WarmRow, {**WARM_ROW, "idle_s": 3.5}),),
         ),
         NodeView("node3", 2, "unreachable", error="connection refused"),
     )
@@ -443,6 +490,7 @@ def test_the_json_shape_is_the_documented_one() -> None:
         "launcher",
         "gpus",
         "gpu_error",
+        "warm",
         "ranks",
     }
     assert set(first["ranks"][0]) == {
@@ -469,6 +517,9 @@ def test_the_json_shape_is_the_documented_one() -> None:
         "ranks",
     }
     assert first["launcher"] == {"cpu_percent": 1.0, "rss_bytes": 5}
+    assert first["warm"] == [
+        {"pid": 4242, "state": "ready", "preload": ["torch"], "pss_kb": 307200, "idle_s": 3.5}
+    ]
     assert second == {**second, "state": "unreachable", "error": "connection refused", "gpus": None}
 
 
@@ -483,7 +534,16 @@ def test_the_table_shows_every_rank_gpus_and_who_falls_behind_in_80_columns() ->
     gpu = GpuView(0, "GPU-1", 55, 20480, 81559, True, (1,))
     nodes = top_rates.judged(
         [
-            NodeView("node1", 0, "running", (view_of("node1", 0, 97.5, 0.0),), 2.0, 0.0, 1 << 28),
+            NodeView(
+                "node1",
+                0,
+                "running",
+                (view_of("node1", 0, 97.5, 0.0),),
+                2.0,
+                0.0,
+                1 << 28,
+                warm=(parse_message(WarmRow, {**WARM_ROW, "idle_s": 75.0}),),
+            ),
             NodeView(
                 "node2",
                 1,
@@ -505,4 +565,6 @@ def test_the_table_shows_every_rank_gpus_and_who_falls_behind_in_80_columns() ->
     row = next(line for line in lines if line.startswith(" node2"))
     assert "0:55% 0/80G" in row and "◀ behind" in row and "12.0s" in row
     assert "node3: connection refused" in [line.rstrip() for line in lines]
+    warm_row = next(line for line in lines if " warm " in line)
+    assert "300M" in warm_row and "1m15s" in warm_row and "pid 4242" in warm_row
     assert all(len(line) <= 80 for line in lines)

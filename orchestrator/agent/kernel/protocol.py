@@ -504,6 +504,20 @@ class GcReport(Reply):
     error: str | None = None
 
 
+class WarmRow(Message):
+    """One warm interpreter of this user on a host (agent/node/warm.py `listing`): its
+    memory is its proportional set size, `idle_s` the seconds since it last launched."""
+
+    pid: int
+    key: str | None = None
+    state: str = "?"
+    python: str | None = None
+    preload: Sequence[str] = ()
+    pss_kb: int | None = None
+    idle_s: float | None = None
+    expires_s: float | None = None
+
+
 class TopSample(Reply):
     """`top`: one sample of a node's ranks (agent/node/top.py says what each field holds).
     `ranks`, `launcher` and `gpus` stay plain JSON here; `jobs/top.py` reads them."""
@@ -517,3 +531,4 @@ class TopSample(Reply):
     launcher: dict[str, Any] | None = None
     gpus: Sequence[dict[str, Any]] | None = None  # None: no nvidia-smi on the host
     gpu_error: str | None = None
+    warm: Sequence[WarmRow] = ()  # this user's warm interpreters on the host

@@ -43,10 +43,11 @@ from ..kernel.protocol import (
     PIDS,
     TORCHRUN_LOG,
     TopSample,
+    WarmRow,
     read_json,
     send_record,
 )
-from . import state
+from . import state, warm
 
 MAX_COUNT = 32 << 20  # bytes of new log read per rank and sample; past that, estimated
 CHUNK = 1 << 20
@@ -138,7 +139,16 @@ def sample(job_id: str | None, offsets: dict[str, int]) -> TopSample:
         launcher={k: v for k, v in launcher.items() if k != "started_s"},
         gpus=gpus,
         gpu_error=gpu_error,
+        warm=warm_rows(),
     )
+
+
+def warm_rows() -> list[WarmRow]:
+    """This user's warm interpreters here, with their memory: they are the host's too."""
+    try:
+        return [WarmRow(**row) for row in warm.listing()]
+    except (OSError, ValueError, TypeError):
+        return []
 
 
 def node_output_only(spec: dict[str, Any]) -> bool:

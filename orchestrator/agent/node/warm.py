@@ -1,4 +1,4 @@
-"""`warm ensure|list|stop|serve`: warm interpreters, so that a resubmitted job's ranks
+"""`warm ahead|list|stop|serve`: warm interpreters, so that a resubmitted job's ranks
 are forked from a process that imported torch already instead of each importing it.
 
 One warm process per user, interpreter, environment and agent version (its *key*),
@@ -6,8 +6,9 @@ at most `MOST` per user on a host, the least recently used first out. Each lives
 `WORKDIR/warm/HOST/` (the user's owner-only orch directory): `KEY.json` (its record),
 `KEY.sock` (where it listens, to its owner only: SO_PEERCRED), `KEY.log`.
 
-- `ensure` (stdin: python, env, preload, idle) starts one for the key where none
-  runs; the supervisor calls it once a job's node ended, `orch warm` directly.
+- `ensure()` starts one for the key where none runs: the supervisor calls it once a
+  job's node ended; `ahead` (stdin: the node's argv, env and warm options) once
+  `orch warm JOB` asks, before the job's first submit.
 - `serve KEY IDLE PRELOAD ROOM`: the warm process itself. It imports the preload
   modules, refuses to serve where they left a thread a fork would break or
   initialised CUDA, takes the fingerprint of everything it imported and of the
@@ -66,9 +67,9 @@ def main(args: list[str]) -> int:
 
         # In the forked launcher: returns only in a forked rank, which runs the user's code.
         return launcher.run_node(*launch).run()
-    if verb == "ensure":
+    if verb == "ahead":
         given = json.loads(sys.stdin.read() or "{}")
-        print(json.dumps(ensure(given["python"], given["env"], given["preload"], given["idle"])))
+        print(json.dumps(ahead(given["argv"], given["env"], given["warm"])))
         return 0
     if verb == "list":
         print(json.dumps({"warm": listing()}))
@@ -76,7 +77,7 @@ def main(args: list[str]) -> int:
     if verb == "stop":
         print(json.dumps({"stopped": stop(rest[0] if rest else None)}))
         return 0
-    sys.stderr.write("usage: warm ensure|list|stop [KEY]|serve KEY IDLE PRELOAD ROOM\n")
+    sys.stderr.write("usage: warm ahead|list|stop [KEY]|serve KEY IDLE PRELOAD ROOM\n")
     return 2
 
 
@@ -211,6 +212,26 @@ def ensure(python: str, env: dict[str, str], preload: list[str], idle: float) ->
         },
     )
     return {"key": key, "pid": child.pid, "started": True}
+
+
+def ahead(argv: list[str], env: dict[str, str], options: dict[str, Any]) -> dict[str, Any]:
+    """`orch warm JOB`: start the warm process that this node of the job will be forked
+    from, before its first submit. `argv` and `env` are the node's (stdin: the env may
+    hold secrets); its supervisor's environment is this session's with the node's on
+    top, and so is the key here.
+
+    Returns:
+        As `ensure`; `{"error"}` where the node would start cold whatever runs.
+    """
+    if options.get("off"):
+        return {"error": f"the job starts cold: {options['off']}"}
+    from . import launch
+
+    request = launch.node_request([os.path.expanduser(argv[0]), *argv[1:]])
+    if request.get("cold"):
+        return {"error": f"the job starts cold: {request['cold']}"}
+    preload = [str(name) for name in options.get("preload") or []]
+    return ensure(request["python"], {**os.environ, **env}, preload, float(options["idle"]))
 
 
 def listing() -> list[dict[str, Any]]:

@@ -1,0 +1,72 @@
+"""`orch warm JOB`: the warm interpreters a job's ranks are forked from, started on its
+hosts before its first submit (agent/node/warm.py `ahead`), so that the first submit
+runs warm too.
+
+The hosts are probed as a submit probes them, since a node's environment (the
+interface that routes to the master, say) is part of a warm interpreter's key: the one
+started here is the one the submit asks for.
+"""
+
+from __future__ import annotations
+
+import json
+
+from orchestrator.models.errors import HostError, InputError, OrchError
+from orchestrator.models.inventory import Host, Inventory
+from orchestrator.models.job import JobSpec
+from orchestrator.nodes import agent
+from orchestrator.nodes.group import HostGroup
+from orchestrator.nodes.warm import TIMEOUT_S
+from orchestrator.records.db import JobDB
+from orchestrator.reporting.outcomes import WarmStart
+from orchestrator.reporting.reporter import Reporter, phase
+from orchestrator.transport import ConnectOptions, Transport
+
+
+def warm_up(
+    job: JobSpec, inventory: Inventory, reporter: Reporter
+) -> tuple[dict[str, WarmStart], list[OrchError]]:
+    """Start the job's warm interpreters on the hosts it would run on.
+
+    Returns:
+        Each host's warm interpreter, and the hosts' errors (one that would start the
+        job cold says why).
+
+    Raises:
+        InputError: the job asks for cold starts (`warm: false`, `--cold`).
+        InfraError / PreflightError: as a submit's connect and probe would.
+    """
+    from orchestrator.jobs import submit as submitting  # with check/: for the probe
+
+    if job.cold:
+        raise InputError(
+            f"the job starts cold: {job.cold}", "remove warm: false from the job to start warm"
+        )
+    sub = submitting.prepare(job, inventory)
+    with HostGroup(sub.hosts, ConnectOptions(notice=reporter.notice)) as group:
+        phase(reporter, f"connecting to {len(sub.hosts)} hosts")
+        group.connect()
+        phase(reporter, f"checking {len(sub.hosts)} hosts")
+        plan, _ = submitting.plan_with_facts(sub, group, sub.hosts, 0)
+        nodes = {n.host.name: n for n in plan.nodes}
+
+        def one(host: Host, transport: Transport) -> WarmStart:
+            node = nodes[host.name]
+            given = {"argv": list(node.argv), "env": node.env, "warm": node.template["warm"]}
+            # On stdin: the env may hold secrets.
+            reply = agent.run(
+                host, transport, ["warm", "ahead"], [json.dumps(given).encode()], TIMEOUT_S
+            )
+            if reply.get("error") or "pid" not in reply:
+                raise HostError(
+                    host.name,
+                    f"no warm interpreter: {reply.get('error') or 'no answer'}",
+                    "the job's ranks start cold there (README: Warm starts)",
+                )
+            return WarmStart(int(reply["pid"]), bool(reply.get("started")))
+
+        phase(reporter, f"starting warm interpreters on {len(nodes)} hosts")
+        started, failures = group.try_each(one)
+    # Outside any job's record: `orch kill --all` ends them too.
+    JobDB().add_warm_hosts([h for h in sub.hosts if h.name in started])
+    return started, failures
