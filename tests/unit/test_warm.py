@@ -126,6 +126,31 @@ def test_the_warm_key_ignores_the_session_and_the_job_but_not_the_env() -> None:
     assert warm.key_of("/usr/bin/python3", base, ["torch", "numpy"]) != key
 
 
+def test_a_warm_interpreter_carries_no_job_s_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started with the environment of the job whose node just ended, it must not
+    carry that job's tag: the job's teardown, `orch kill` and `orch top` find a job's
+    processes by it, and would take the warm interpreter for one of them."""
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(warm, "warm_dir", lambda: str(tmp_path / "warm" / "host"))
+    given: dict[str, str] = {}
+
+    class Started:
+        def __init__(self, argv: list[str], env: dict[str, str], **_: object) -> None:
+            given.update(env)
+            self.pid = os.getpid()
+
+    monkeypatch.setattr(subprocess, "Popen", Started)
+    env = {"ORCH_JOB_ID": "train-1", "ORCH_NODE_RANK": "0", "LR": "0.1", "PATH": "/bin"}
+    assert warm.ensure(sys.executable, env, ["torch"], 60.0)["started"] is True
+    assert not any(name.startswith("ORCH_") and name != warm.ROOM_VAR for name in given)
+    assert (given["LR"], given["PATH"]) == ("0.1", "/bin")
+
+
 def test_a_wait_status_reads_as_torchrun_reports_it() -> None:
     assert launch.exit_code(3 << 8) == 3
     assert launch.exit_code(9) == -9

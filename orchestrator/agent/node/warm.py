@@ -191,10 +191,13 @@ def ensure(python: str, env: dict[str, str], preload: list[str], idle: float) ->
     room = {ROOM_VAR: "." * ENV_ROOM}
     argv = [python, os.path.join(version_dir(), RUN_SCRIPT), "warm", "serve", key, str(idle)]
     argv += [json.dumps(preload), "." * ARGV_ROOM]
+    # Not the identity of the job whose end started it (ORCH_JOB_ID is the tag `kill`
+    # and `top` find a job's processes by): it outlives that job, and serves others.
+    mine = {k: v for k, v in env.items() if not k.startswith("ORCH_")}
     with open(_path(key, ".log"), "ab") as log:
         child = subprocess.Popen(
             argv,
-            env={**env, **room},
+            env={**mine, **room},
             cwd=where,
             stdin=subprocess.DEVNULL,
             stdout=log,
