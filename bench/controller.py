@@ -165,6 +165,10 @@ def launches(
         if old is not None:
             then.append(submit_usage(old, controller, job, inventory))
         now.append(submit_usage(orch_command(), controller, job, inventory))
+        wall, cpu = now[-1]
+        # The first launch starts cold; the ones after it fork from the warm
+        # interpreters the first left on the hosts, as a resubmit does.
+        print(f"launch at {n} hosts: {wall:.1f} s wall, {cpu / n * 1000:.0f} ms CPU per host")
     row = Launch(
         n,
         median([w for w, _ in now]),
