@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from orchestrator.agent.kernel.protocol import WarmAhead
 from orchestrator.models.errors import HostError, InputError, OrchError
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
@@ -57,13 +58,14 @@ def warm_up(
             reply = agent.run(
                 host, transport, ["warm", "ahead"], [json.dumps(given).encode()], TIMEOUT_S
             )
-            if reply.get("error") or "pid" not in reply:
+            found = agent.parse(host, WarmAhead, reply)
+            if found.error or found.pid is None:
                 raise HostError(
                     host.name,
-                    f"no warm interpreter: {reply.get('error') or 'no answer'}",
+                    f"no warm interpreter: {found.error or 'no answer'}",
                     "the job's ranks start cold there (README: Warm starts)",
                 )
-            return WarmStart(int(reply["pid"]), bool(reply.get("started")))
+            return WarmStart(found.pid, found.started)
 
         phase(reporter, f"starting warm interpreters on {len(nodes)} hosts")
         started, failures = group.try_each(one)

@@ -4,9 +4,9 @@ memory, or end them (`orch warm`, `orch kill --all`, `orch gc`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.agent.kernel.protocol import WarmList, WarmRow
 from orchestrator.models.errors import OrchError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
@@ -16,42 +16,26 @@ from orchestrator.transport import Transport
 TIMEOUT_S = 30.0
 
 
-@dataclass(frozen=True)
-class WarmProcess:
-    """One warm interpreter: its pid, state, what it preloaded, its memory (PSS)."""
+def warm_rows(host: Host, transport: Transport) -> list[WarmRow]:
+    """One host's warm interpreters of this user, as its agent lists them.
 
-    pid: int
-    state: str
-    preload: tuple[str, ...]
-    pss_kb: int | None
-    idle_s: float | None
-
-    @classmethod
-    def of(cls, row: dict[str, Any]) -> WarmProcess:
-        return cls(
-            pid=int(row["pid"]),
-            state=str(row.get("state") or "?"),
-            preload=tuple(str(p) for p in row.get("preload") or ()),
-            pss_kb=int(row["pss_kb"]) if row.get("pss_kb") is not None else None,
-            idle_s=float(row["idle_s"]) if row.get("idle_s") is not None else None,
-        )
+    Raises:
+        HostError: the agent's reply is not a list of them (names the host).
+    """
+    reply = agent.run(host, transport, ["warm", "list"], timeout=TIMEOUT_S)
+    return list(agent.parse(host, WarmList, reply).warm)
 
 
 def warm_interpreters(host: Host, transport: Transport) -> list[dict[str, Any]]:
-    """One host's warm interpreters of this user, as its agent lists them."""
-    reply = agent.run(host, transport, ["warm", "list"], timeout=TIMEOUT_S)
-    return [dict(row) for row in reply.get("warm") or [] if isinstance(row, dict)]
+    """The same as plain JSON, for `orch status --hosts`."""
+    return [row.as_dict() for row in warm_rows(host, transport)]
 
 
 def listing(
     hosts: Sequence[Host], notice: Callable[[str], None]
-) -> tuple[dict[str, list[WarmProcess]], list[OrchError]]:
+) -> tuple[dict[str, list[WarmRow]], list[OrchError]]:
     """Each reachable host's warm interpreters of this user, and the hosts' errors."""
-
-    def one(host: Host, transport: Transport) -> list[WarmProcess]:
-        return [WarmProcess.of(row) for row in warm_interpreters(host, transport)]
-
-    return _each(hosts, notice, one)
+    return _each(hosts, notice, warm_rows)
 
 
 def stop(

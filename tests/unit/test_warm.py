@@ -154,3 +154,25 @@ def test_a_warm_interpreter_carries_no_job_s_identity(
 def test_a_wait_status_reads_as_torchrun_reports_it() -> None:
     assert launch.exit_code(3 << 8) == 3
     assert launch.exit_code(9) == -9
+
+
+def test_the_warm_replies_are_typed_both_ways() -> None:
+    """What `warm list` and `warm ahead` answer is parsed with its types checked: a
+    wrong one names the host, a good one reads back as it was built."""
+    from orchestrator.agent.kernel.protocol import (
+        MessageError,
+        WarmAhead,
+        WarmList,
+        WarmRow,
+        parse_message,
+    )
+
+    row = WarmRow(pid=42, key="k", state="ready", preload=["torch"], pss_kb=1024, idle_s=3.5)
+    listed = parse_message(WarmList, WarmList(warm=[row]).as_dict())
+    assert [(r.pid, list(r.preload), r.pss_kb) for r in listed.warm] == [(42, ["torch"], 1024)]
+    with pytest.raises(MessageError, match="node1"):
+        parse_message(WarmList, {"warm": [{"pid": "42"}]}, "node1")
+    refused = parse_message(WarmAhead, {"error": "the job starts cold: --cold"})
+    assert (refused.pid, refused.error) == (None, "the job starts cold: --cold")
+    started = parse_message(WarmAhead, {"key": "k", "pid": 7, "started": True})
+    assert (started.pid, started.started) == (7, True)

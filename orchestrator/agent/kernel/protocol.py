@@ -518,6 +518,22 @@ class WarmRow(Message):
     expires_s: float | None = None
 
 
+class WarmList(Reply):
+    """`warm list`: this user's warm interpreters on the host."""
+
+    warm: Sequence[WarmRow] = ()
+
+
+class WarmAhead(Reply):
+    """`warm ahead`: the job's warm interpreter on the host (`started`: now, else one
+    ran already), or why the job's node would start cold there whatever runs."""
+
+    pid: int | None = None
+    key: str | None = None
+    started: bool = False
+    error: str | None = None
+
+
 class TopSample(Reply):
     """`top`: one sample of a node's ranks (agent/node/top.py says what each field holds).
     `ranks`, `launcher` and `gpus` stay plain JSON here; `jobs/top.py` reads them."""

@@ -247,7 +247,7 @@ def listing() -> list[dict[str, Any]]:
             {
                 "key": record.get("key"),
                 "pid": pid,
-                "state": record.get("state"),
+                "state": record.get("state") or "?",
                 "python": record.get("python"),
                 "preload": record.get("preload") or [],
                 "pss_kb": memory_kb(pid),
