@@ -37,13 +37,13 @@ BAR = re.compile(
 SCREEN_ROWS, SCREEN_COLS = 50, 200
 
 
-def bars_job(tmp_path: Path) -> Path:
+def bars_job(tmp_path: Path, seconds: float = SECONDS) -> Path:
     return write_job(
         tmp_path,
         "progress",
         "bars.py",
         nodes=2,
-        args=["--steps", str(STEPS), "--seconds", str(SECONDS)],
+        args=["--steps", str(STEPS), "--seconds", str(seconds)],
     )
 
 
@@ -192,7 +192,9 @@ def test_on_a_terminal_each_rank_bar_is_redrawn_in_place_within_a_second(
 def test_logs_follow_on_a_terminal_redraws_the_bars_too(
     orch: OrchRunner, inventory: Path, tmp_path: Path
 ) -> None:
-    submitted = orch("submit", "-d", bars_job(tmp_path), "-i", inventory, timeout=120)
+    # Twice as long a bar: a resubmit starts warm, its ranks draw the moment the submit
+    # returns, and `orch logs -f` (a new command) would see only the bar's last part.
+    submitted = orch("submit", "-d", bars_job(tmp_path, 2 * SECONDS), "-i", inventory, timeout=120)
     assert submitted.returncode == 0, submitted.stderr
     run = OnTerminal(orch, "logs", "-f", job_id_of(submitted.stdout))
     assert run.wait() == 0, run.err.text()
