@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import (
@@ -35,7 +36,9 @@ from orchestrator.reporting.progress import (
     choose,
     strip_ansi,
 )
-from orchestrator.sync.push import PushProgress
+
+if TYPE_CHECKING:  # a push's module is not for `orch kill` or `orch status` to import
+    from orchestrator.sync.push import PushProgress
 
 CLEAR_LINE = "\r\x1b[2K"  # back to the line's start, and erase it
 

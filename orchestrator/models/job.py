@@ -7,8 +7,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pathspec
-
 from orchestrator.models import placeholders
 from orchestrator.models.errors import SpecError, place
 from orchestrator.models.schema import (
@@ -242,6 +240,8 @@ def _load_warm(where: Where) -> str | None:
 def pattern_error(pattern: str) -> str | None:
     """Why no gitignore matcher can read `pattern` (`!` alone, a lone backslash,
     `[z-a]`), or None: the one rule for `exclude:` and the workdir's ignore files."""
+    import pathspec  # only where a pattern is read: not on `orch kill`'s path
+
     try:
         pathspec.GitIgnoreSpec.from_lines([pattern])
     except (ValueError, re.error) as exc:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from orchestrator.sync.push import PushProgress
+if TYPE_CHECKING:
+    from orchestrator.sync.push import PushProgress
 
 
 class Reporter(Protocol):

@@ -27,7 +27,7 @@ from ..kernel.protocol import (
     send_record,
 )
 
-POLL_S = 0.05
+POLL_S = (0.005, 0.05)  # a wait looks again after 5 ms, then twice as late, up to 50
 
 
 def main(args: list[str]) -> int:
@@ -59,8 +59,10 @@ def main(args: list[str]) -> int:
     rest_gone = time.monotonic()
     forced = job.remaining(spare=job.torchrun)
     force(job, rest_gone + 5)
+    all_gone = time.monotonic()
     # The supervisor records the exit status once torchrun is reaped.
     wait_until(lambda: not os.path.exists(PIDS) or os.path.exists(EXIT), rest_gone + 5)
+    recorded = time.monotonic()
     if port is not None:
         wait_until(lambda: not proc.port_listening(port), rest_gone + 5)
     report = KillReport(
@@ -70,7 +72,9 @@ def main(args: list[str]) -> int:
         seconds={  # where the time went, for `orch -vv kill`
             "scan": round(termed - began, 3),
             "grace": round(rest_gone - termed, 3),
-            "confirm": round(time.monotonic() - rest_gone, 3),
+            "force": round(all_gone - rest_gone, 3),
+            "exit": round(recorded - all_gone, 3),
+            "port": round(time.monotonic() - recorded, 3),
         },
     )
     if port is not None:
@@ -86,6 +90,9 @@ class Victims:
         self.job_id = job_id
         self.groups: set[int] = set()
         self.torchrun: set[int] = set()
+        # Processes (pid, start time) seen without the tag: an environment is the one
+        # a process started with, so a wait that looks every few ms reads each once.
+        self.untagged: set[tuple[int, str]] = set()
 
     def read_job_dir(self) -> None:
         """Learn the groups (and the job id, when not given) from the job directory,
@@ -101,26 +108,42 @@ class Victims:
 
     def remaining(self, spare: set[int] | frozenset[int] = frozenset()) -> set[int]:
         """The job's live processes but the `spare` pids."""
-        table = proc.processes()
-        tags = tagged(self.job_id, table)
-        return {
-            pid for pid, pgid in table if (pgid in self.groups or pid in tags) and pid not in spare
-        }
+        left = set()
+        for pid, fields in proc.stats():
+            if pid in spare:
+                continue
+            if int(fields[2]) in self.groups or self.tagged(pid, fields[19]):
+                left.add(pid)
+        return left
+
+    def tagged(self, pid: int, started: str) -> bool:
+        """Whether the process's environment carries this job's tag (those that moved
+        out of the job's groups: setsid, a double fork)."""
+        if not self.job_id or pid == os.getpid() or (pid, started) in self.untagged:
+            return False
+        if proc.has_env(pid, f"ORCH_JOB_ID={self.job_id}".encode()):
+            return True
+        self.untagged.add((pid, started))
+        return False
 
 
 def force(job: Victims, deadline: float) -> None:
     """KILL the job's groups, then whatever is left, until nothing is (or `deadline`)."""
     for pgid in job.groups:
         proc.signal_group(pgid, signal.SIGKILL)
+    pause = POLL_S[0]
     while time.monotonic() < deadline and (left := job.remaining()):
         for pid in left:  # tagged strays, and anything forked since the last pass
             proc.signal_pid(pid, signal.SIGKILL)
-        time.sleep(POLL_S)
+        time.sleep(pause)
+        pause = min(pause * 2, POLL_S[1])
 
 
 def wait_until(done: Callable[[], bool], deadline: float) -> None:
+    pause = POLL_S[0]
     while time.monotonic() < deadline and not done():
-        time.sleep(POLL_S)
+        time.sleep(pause)
+        pause = min(pause * 2, POLL_S[1])
 
 
 def process_groups() -> set[int]:
@@ -139,12 +162,3 @@ def process_groups() -> set[int]:
                 pid, _, when = f.read().partition(" ")
                 recorded.append((int(pid), int(when) if when.strip().isdigit() else None))
     return {pgid for pgid, when in recorded if when is not None and proc.start_time(pgid) == when}
-
-
-def tagged(job_id: str | None, table: list[tuple[int, int]]) -> set[int]:
-    """Processes whose environment carries this job's tag, wherever they moved to."""
-    if not job_id:
-        return set()
-    tag = f"ORCH_JOB_ID={job_id}".encode()
-    me = os.getpid()
-    return {pid for pid, _ in table if pid != me and proc.has_env(pid, tag)}

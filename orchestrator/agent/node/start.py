@@ -7,10 +7,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..host.daemonize import daemonize
 from ..host.proc import host_id, signal_group, start_time
@@ -32,6 +33,9 @@ from ..kernel.protocol import (
 )
 from ..leases import holder
 from . import launch, warm
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 def main(args: list[str]) -> int:
@@ -117,20 +121,35 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
         started.warnings = turn.warnings
         os.write(ready_fd, started.to_json().encode())
         os.close(ready_fd)
-    while True:
-        try:
-            returncode = proc.wait(HEARTBEAT_S)
-            break
-        except subprocess.TimeoutExpired:
-            # Hosts sharing this directory cannot see this process: the fresh time
-            # tells their gc that the node still runs (gc.snapshot_end).
-            with contextlib.suppress(OSError):
-                os.utime(PIDS)
+    while (returncode := wait_child(proc, HEARTBEAT_S)) is None:
+        # Hosts sharing this directory cannot see this process: the fresh time
+        # tells their gc that the node still runs (gc.snapshot_end).
+        with contextlib.suppress(OSError):
+            os.utime(PIDS)
     holder.release(turn)  # before the exit record: a job waiting for it may start at once
     write_json(EXIT, ExitRecord(returncode=returncode, ended=time.time()).as_dict())
     if launch is not None and not launch.get("cold"):
         leave_warm(spec, base_env)
     return 0
+
+
+def wait_child(child: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """The child's exit code once it ended, else None after `timeout`. Woken by the
+    kernel the moment it ends (a pidfd): Popen's own wait polls, up to 50 ms late,
+    and a kill waits for the exit record this supervisor writes then."""
+    import subprocess
+
+    with contextlib.suppress(AttributeError, OSError):  # Python 3.8, Linux before 5.3
+        fd = os.pidfd_open(child.pid)
+        try:
+            if not select.select([fd], [], [], timeout)[0]:
+                return None
+        finally:
+            os.close(fd)
+    try:
+        return child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def launch_request(
