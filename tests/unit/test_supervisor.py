@@ -339,3 +339,47 @@ def test_the_loader_refuses_to_run_code_from_a_directory_others_can_write(
     assert result.returncode == 3
     assert b"refusing to run code from " in result.stderr and b"mode 777" in result.stderr
     assert not any((shared / "agent").iterdir())  # nothing was unpacked there either
+
+
+def test_the_supervisor_hears_of_its_childs_exit_at_once_and_of_nothing_else() -> None:
+    """`wait_child` returns None when the timeout passes with the child alive, and its
+    exit code as soon as it ends: a kill waits for the exit record written then."""
+    import subprocess
+    import time
+
+    from orchestrator.agent.node.start import wait_child
+
+    child = subprocess.Popen(["sleep", "0.3"])
+    began = time.monotonic()
+    assert wait_child(child, 0.05) is None
+    assert wait_child(child, 30) == 0
+    assert time.monotonic() - began < 5
+    failing = subprocess.Popen(["sh", "-c", "exit 7"])
+    assert wait_child(failing, 30) == 7
+
+
+def test_kill_finds_a_tagged_stray_that_left_the_job_s_groups_and_nothing_untagged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A process that moved out of the job's groups (setsid) is found by its tag, even
+    when it appears after the kill began looking; an untagged one is never touched."""
+    import subprocess
+
+    from orchestrator.agent.node import kill
+
+    env = {**os.environ, "ORCH_JOB_ID": "j-stray"}
+    stray = subprocess.Popen(["sleep", "60"], start_new_session=True, env=env)
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        job = tmp_path / "job"
+        job.mkdir()
+        monkeypatch.chdir(tmp_path)
+        kill.main([str(job), "0.2", "j-stray"])
+        report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert [pid for pid, _ in report["killed"]] == [stray.pid]
+        assert stray.wait(timeout=10) != 0
+        assert stranger.poll() is None
+    finally:
+        for p in (stray, stranger):
+            p.kill()
+            p.wait()

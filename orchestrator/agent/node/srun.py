@@ -17,7 +17,8 @@ an argv: it holds the job's env):
    (`torchrun.log`), with MASTER_ADDR, MASTER_PORT and NODE_RANK as over SSH;
 5. `exit.json` records how it ended, and the launcher exits with torchrun's code, so
    that `srun --kill-on-bad-exit=1` brings the allocation down on a failure. SIGTERM
-   (scancel) goes on to torchrun, which stops its ranks.
+   (scancel) reaches torchrun from Slurm itself, which signals every process of the
+   step; torchrun stops its ranks.
 """
 
 from __future__ import annotations
@@ -171,12 +172,12 @@ def main(args: list[str]) -> int:
     with open(TORCHRUN_LOG, "ab") as out:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
 
-    def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(OSError):
-            proc.send_signal(signum)
-
+    # Slurm signals every process of the step (scancel, --kill-on-bad-exit, a time
+    # limit), torchrun included, whatever the proctrack plugin: a second SIGTERM sent
+    # on from here would cut short torchrun's own shutdown of its ranks. This launcher
+    # outlives the signal only to record how torchrun ended.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, forward)
+        signal.signal(sig, lambda *_: None)
     returncode = proc.wait()
     write_json(EXIT, ExitRecord(returncode=returncode, ended=time.time()).as_dict())
     return returncode if returncode >= 0 else 128 - returncode
