@@ -26,6 +26,31 @@ def pytest_configure(config: pytest.Config) -> None:
     _children_get_default_signals()
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup` (make test), a module marked `xdist_group` runs on one
+    worker, which boots its Slurm cluster once. pytest-xdist marks the group in each
+    test's id; where a pytest release no longer lets it, the groups would be spread
+    over every worker in silence, each booting its own Slurm cluster: those fail."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+            item.stash[UNGROUPED] = True
+
+
+UNGROUPED = pytest.StashKey[bool]()
+
+
+@pytest.fixture(autouse=True)
+def _grouped(request: pytest.FixtureRequest) -> None:
+    if request.node.stash.get(UNGROUPED, False):
+        pytest.fail(
+            "pytest-xdist could not put this test in its xdist_group under --dist "
+            "loadgroup with this pytest: install the versions pyproject.toml names"
+        )
+
+
 def _children_get_default_signals() -> None:
     """Run in the background (`cmd &`) or under `nohup`, pytest inherits SIGINT or SIGHUP
     ignored, and so would every `orch` it starts: the Ctrl-C and closed-terminal tests
