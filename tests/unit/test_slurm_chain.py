@@ -137,29 +137,3 @@ def test_a_job_slurm_ended_is_one_error_naming_slurms_word_with_a_hint_for_that_
     assert message.startswith("job j1 failed: Slurm job 42 ") and said in message
     assert hint in advice and advice.endswith("~/x/batch-42.out on the login node")
     assert ended_by_slurm(state) is (state in ("TIMEOUT", "NODE_FAIL", "PREEMPTED"))
-
-
-@pytest.mark.parametrize("slurm_ends_it", [True, False])
-def test_a_stuck_attempt_s_step_is_cancelled_through_slurm_and_srun_killed_only_if_it_stays(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slurm_ends_it: bool
-) -> None:
-    """The watch ends an attempt held by a lost node with `scancel JOB.0`, so that srun
-    ends as Slurm ends it (a SIGKILLed srun keeps the nodes left COMPLETING); where
-    srun outlives that, it is killed."""
-    srun = subprocess.Popen(["sleep", "60"])
-    called = tmp_path / "scancel.args"
-    ends = f"kill {srun.pid}" if slurm_ends_it else "true"
-    fake = tmp_path / "bin" / "scancel"
-    fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\necho "$@" > {called}\n{ends}\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
-    monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    monkeypatch.setattr(chain, "STEP_END_S", 0.5)
-    try:
-        chain.cancel_step(srun.pid)
-        assert called.read_text().split() == ["--quiet", "4242.0"]
-        assert srun.wait(timeout=10) == (-15 if slurm_ends_it else -9)
-    finally:
-        srun.kill()
-        srun.wait()

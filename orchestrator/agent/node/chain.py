@@ -43,7 +43,6 @@ POLL_S = 0.5
 # more news and the nodes still silent are lost (their launchers write within a second
 # of srun's kill-on-bad-exit TERM).
 QUIET_S = 3.0
-STEP_END_S = 5.0  # a cancelled step's srun ends within this, else it is killed
 BATCH = "slurm/batch.sh"
 
 
@@ -192,11 +191,8 @@ def watch(root: str, attempt: int, pid: int) -> int:
     can has said how it ended, srun waits for the lost node's slurmstepd until Slurm
     declares the node down (SlurmdTimeout: minutes on a real cluster, and only then
     does the job end NODE_FAIL). Past QUIET_S of no further news, the attempt is over:
-    its step is cancelled through slurmctld, so that srun ends as Slurm ends it and
-    the nodes left are released at once (a SIGKILLed srun leaves their slurmstepd
-    retrying to reach it, the node COMPLETING for MessageTimeout); srun is killed
-    only where that does not end it. The batch script then records the end and the
-    next attempt starts on the nodes that are left."""
+    srun is killed, so that the batch script records the end and the next attempt
+    starts on the nodes that are left."""
     nodes = expand_nodelist(os.environ.get("SLURM_JOB_NODELIST", ""))
     paths = [os.path.join(root, attempt_dir(node_dir_name(n), attempt), EXIT) for n in nodes]
     seen, news, failed = 0, time.monotonic(), False
@@ -207,24 +203,11 @@ def watch(root: str, attempt: int, pid: int) -> int:
             seen, news = count, time.monotonic()
         failed = failed or any(r is not None and r.get("returncode") != 0 for r in exits)
         if failed and seen < len(paths) and time.monotonic() - news > QUIET_S:
-            cancel_step(pid)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
             return 0
         time.sleep(POLL_S)
     return 0
-
-
-def cancel_step(pid: int) -> None:
-    """End srun (`pid`), the allocation's first step (the batch script's one srun):
-    cancelled through slurmctld; SIGKILLed where it still runs STEP_END_S later."""
-    slurm_id = os.environ.get("SLURM_JOB_ID")
-    if slurm_id:
-        _run(["scancel", "--quiet", f"{slurm_id}.0"])
-        deadline = time.monotonic() + STEP_END_S
-        while _running(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    if _running(pid):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def main(args: list[str]) -> int:
