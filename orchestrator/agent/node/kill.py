@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ..host import proc
 from ..kernel.protocol import (
@@ -131,18 +131,28 @@ def force(job: Victims, deadline: float) -> None:
     """KILL the job's groups, then whatever is left, until nothing is (or `deadline`)."""
     for pgid in job.groups:
         proc.signal_group(pgid, signal.SIGKILL)
-    pause = POLL_S[0]
-    while time.monotonic() < deadline and (left := job.remaining()):
+    for pause in pauses():
+        left = job.remaining()
+        if not left or time.monotonic() >= deadline:
+            return
         for pid in left:  # tagged strays, and anything forked since the last pass
             proc.signal_pid(pid, signal.SIGKILL)
         time.sleep(pause)
-        pause = min(pause * 2, POLL_S[1])
 
 
 def wait_until(done: Callable[[], bool], deadline: float) -> None:
-    pause = POLL_S[0]
-    while time.monotonic() < deadline and not done():
+    for pause in pauses():
+        if done() or time.monotonic() >= deadline:
+            return
         time.sleep(pause)
+
+
+def pauses() -> Iterator[float]:
+    """How long each wait sleeps before it looks again: POLL_S[0], then twice as
+    long each time, up to POLL_S[1]."""
+    pause = POLL_S[0]
+    while True:
+        yield pause
         pause = min(pause * 2, POLL_S[1])
 
 
