@@ -29,6 +29,7 @@ COMMANDS = {
     "lease": "leases.commands",
     "keeper": "keeper.commands",
     "warm": "node.warm",
+    "torchrun": "node.torchrun",
 }
 USAGE = """usage: orch agent COMMAND ARGS...
   probe [MASTER|OPTIONS]              this host's facts as JSON (no torch import)
@@ -55,6 +56,7 @@ USAGE = """usage: orch agent COMMAND ARGS...
   slurm-attempt begin|end JOB_ROOT ATTEMPT [PREVIOUS|RC]
                                       a Slurm job's restarts: run or skip, queue the next
   warm ensure|list|stop [KEY]         warm interpreters a job's ranks are forked from
+  torchrun ARGS                       a node's torchrun (torch.distributed.run), leaner
 """
 
 

@@ -55,6 +55,7 @@ from ..kernel.protocol import (
 )
 from ..kernel.slurm import SPEC, expand_nodelist, fill_marks, node_dir_name, rendezvous_record
 from ..kernel.slurm_chain import ATTEMPT_ENV, attempt_dir
+from . import torchrun
 
 PORT_WAIT_S = 120.0
 
@@ -170,7 +171,9 @@ def main(args: list[str]) -> int:
     # What ran here, for a person looking later.
     write_json(NODE_SPEC, {"argv": argv, "slurm_node": name, "node_rank": node_rank})
     with open(TORCHRUN_LOG, "ab") as out:
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        proc = subprocess.Popen(
+            torchrun.command(argv), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+        )
 
     # Slurm signals every process of the step (scancel, --kill-on-bad-exit, a time
     # limit), torchrun included, whatever the proctrack plugin: a second SIGTERM sent

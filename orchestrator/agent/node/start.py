@@ -32,7 +32,7 @@ from ..kernel.protocol import (
     write_json,
 )
 from ..leases import holder
-from . import launch, warm
+from . import launch, torchrun, warm
 
 if TYPE_CHECKING:
     import subprocess
@@ -91,7 +91,7 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
     try:
         with open(TORCHRUN_LOG, "ab") as out:
             proc = subprocess.Popen(  # in the node's directory: each rank moves into code/
-                argv,
+                torchrun.command(argv),
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,

@@ -511,9 +511,12 @@ def preload_refusal(preload: list[str]) -> str | None:
     its own fork handler stops it), CUDA was initialised."""
     import importlib
 
+    from .torchrun import collector_off
+
     for name in preload:
         try:
-            importlib.import_module(name)
+            with collector_off():
+                importlib.import_module(name)
         except BaseException as exc:
             return f"preload {name} failed: {type(exc).__name__}: {exc}"
     torch = sys.modules.get("torch")
