@@ -22,6 +22,8 @@ from orchestrator.transport import CommandResult, Transport
 log = logging.getLogger(__name__)
 TOOLS = ("sbatch", "srun", "squeue", "scancel", "sinfo")
 COMMAND_TIMEOUT_S = 60.0
+_SURVEY_MARK = "--- orch: sinfo ---"  # between the missing tools and sinfo's lines
+_WRITE_FAILED = 97  # the files were not written, and sbatch did not run
 GONE_TIMEOUT_S = 120.0  # scancel to the allocation gone: Slurm's KillWait is 30 s by default
 
 # Writes the files given as JSON on stdin ({path: [text, mode]}), making directories.
@@ -50,19 +52,24 @@ class LoginNode:
         alone."""
         return self.transport.run(f"umask 077; {command}", stdin=stdin, timeout=COMMAND_TIMEOUT_S)
 
-    def missing_tools(self) -> list[str]:
-        """Which of Slurm's commands orch needs are not on the login node's PATH."""
+    def _tool_checks(self) -> str:
+        """A shell list that prints the name of each of Slurm's commands orch needs
+        that is not on the login node's PATH."""
         # command -v alone names a file that is there but cannot run (bash does).
-        checks = " ; ".join(
+        return " ; ".join(
             f'{{ p=$(command -v {tool}) && [ -f "$p" ] && [ -x "$p" ]; }} || echo {tool}'
             for tool in TOOLS
         )
-        result = self.run(checks)
-        return result.stdout.split()
+
+    def missing_tools(self) -> list[str]:
+        """Which of Slurm's commands orch needs are not on the login node's PATH."""
+        return self.run(self._tool_checks()).stdout.split()
 
     def require_tools(self) -> None:
         """Raises: HostError (exit 3) naming the login node and what it lacks."""
-        missing = self.missing_tools()
+        self._require(self.missing_tools())
+
+    def _require(self, missing: list[str]) -> None:
         if missing:
             raise HostError(
                 self.host.name,
@@ -72,17 +79,45 @@ class LoginNode:
             )
 
     def partitions(self) -> dict[str, Partition]:
-        result = self.run(f"sinfo --noheader --format={shlex.quote(queue.SINFO_FORMAT)}")
+        result = self.run(self._sinfo())
         if not result.ok:
             raise RemoteCommandError(self.host.name, "sinfo", result.exit_code, result.stderr)
         return queue.parse_sinfo(result.stdout)
 
+    @staticmethod
+    def _sinfo() -> str:
+        return f"sinfo --noheader --format={shlex.quote(queue.SINFO_FORMAT)}"
+
+    def survey(self) -> dict[str, Partition]:
+        """`require_tools`, then `partitions`, in one round trip (a submit's first).
+
+        Raises:
+            HostError: the login node lacks one of Slurm's commands.
+            RemoteCommandError: sinfo failed.
+        """
+        result = self.run(f"{self._tool_checks()} ; echo {_SURVEY_MARK} ; {self._sinfo()}")
+        missing, _, listed = result.stdout.partition(f"{_SURVEY_MARK}\n")
+        self._require(missing.split())
+        if not result.ok:
+            raise RemoteCommandError(self.host.name, "sinfo", result.exit_code, result.stderr)
+        return queue.parse_sinfo(listed)
+
     def write_files(self, files: dict[str, tuple[str, int]]) -> None:
         """Write text files (path -> (text, mode)), paths may start with ~."""
+        self._write_then(files, None)
+
+    def write_and_sbatch(self, files: dict[str, tuple[str, int]], command: str) -> str:
+        """`write_files`, then `sbatch` with the command line, in one round trip; the
+        Slurm job id. Raises as those do; nothing is queued where the files failed."""
+        return self._sbatched(self._write_then(files, command))
+
+    def _write_then(self, files: dict[str, tuple[str, int]], command: str | None) -> CommandResult:
         payload = json.dumps({path: [text, mode] for path, (text, mode) in files.items()})
-        command = f"{sh_path(self.host.python)} -I -S -c {shlex.quote(_WRITE)}"
-        result = self.run(command, stdin=payload.encode())
-        if not result.ok:
+        write = f"{sh_path(self.host.python)} -I -S -c {shlex.quote(_WRITE)}"
+        if command is not None:
+            write += f" || exit {_WRITE_FAILED} ; {command}"
+        result = self.run(write, stdin=payload.encode())
+        if (command is None and not result.ok) or result.exit_code == _WRITE_FAILED:
             raise RemoteCommandError(
                 self.host.name,
                 "writing the batch script",
@@ -90,14 +125,9 @@ class LoginNode:
                 result.stderr,
                 f"check free space and permissions of {self.host.workdir} on the login node",
             )
+        return result
 
-    def sbatch(self, command: str) -> str:
-        """Run the sbatch command line; the Slurm job id.
-
-        Raises:
-            InputError: sbatch refused the job: Slurm's own message, and a hint.
-        """
-        result = self.run(command)
+    def _sbatched(self, result: CommandResult) -> str:
         slurm_id = result.stdout.strip().split(";", 1)[0]
         if not result.ok or not slurm_id.isdigit():
             said = (result.stderr.strip() or result.stdout.strip()).replace("sbatch: error: ", "")

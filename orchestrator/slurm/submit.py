@@ -135,8 +135,7 @@ def submit(
         group.connect()
         login_node = LoginNode(login, group.transports[login.name])
         phase(reporter, "asking Slurm")
-        login_node.require_tools()
-        partition = check_partition(sj, login_node.partitions())
+        partition = check_partition(sj, login_node.survey())
         if sj.gpus:
             check_gpus(sj, partition, partition_nodes(login_node, partition))
         store.add(record_of(sj, partition, login))
@@ -152,7 +151,8 @@ def submit(
             pushed = push(group, tree, {login.name: sj.job_root}, keys, progress)
             if sj.job.setup and not pushed[login.name].setup_done:
                 _setup(sj, login_node, keys[login.name], tree.digest, reporter)
-            login_node.write_files(
+            phase(reporter, "sbatch")
+            slurm_id = login_node.write_and_sbatch(
                 {
                     f"{sj.job_root}/{script.BATCH}": (script.batch_script(sj), 0o700),
                     f"{sj.job_root}/{SPEC}": (script.spec_json(sj), 0o600),
@@ -161,10 +161,9 @@ def submit(
                         if sj.job.restarts
                         else {}
                     ),
-                }
+                },
+                script.sbatch_command(sj, sh_path(sj.job_root)),
             )
-            phase(reporter, "sbatch")
-            slurm_id = login_node.sbatch(script.sbatch_command(sj, sh_path(sj.job_root)))
         except OrchError:
             store.update_job(sj.job_id, JobState.FAILED, 1)
             raise

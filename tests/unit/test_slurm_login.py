@@ -16,6 +16,7 @@ import pytest
 
 from orchestrator.agent.kernel.protocol import ExitRecord
 from orchestrator.agent.node import srun
+from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.reporting.follow import NodeExit
 from orchestrator.slurm.follow import _first_failure
@@ -100,3 +101,56 @@ def test_the_first_failure_is_a_nodes_own_exit_code_before_one_slurms_kill_gave(
     assert first is own
     assert _first_failure([killed_first]) is killed_first
     assert _first_failure([]) is None
+
+
+def _fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lacking: str = "") -> Path:
+    """Slurm's commands as scripts on PATH: sinfo lists one partition, sbatch queues
+    job 42 and leaves the batch script it was given where a test can see it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scripts = {
+        "sinfo": "echo 'debug*|3|up|idle'",
+        "sbatch": f'cp "$2" {tmp_path}/queued.sh && echo "42;orchtest"',
+        "srun": "true",
+        "squeue": "true",
+        "scancel": "true",
+    }
+    for name, body in scripts.items():
+        if name != lacking:
+            (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+            (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    return bin_dir
+
+
+def test_one_round_trip_checks_slurms_commands_and_lists_the_partitions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_slurm(tmp_path, monkeypatch)
+    parts = login_in(tmp_path).survey()
+    assert list(parts) == ["debug"] and parts["debug"].nodes == 3 and parts["debug"].default
+    lacking = tmp_path / "lacking"
+    lacking.mkdir()
+    bin_dir = _fake_slurm(lacking, monkeypatch, lacking="srun")
+    monkeypatch.setenv("PATH", str(bin_dir))  # this machine may have Slurm's own
+    with pytest.raises(HostError, match=r"no srun on the Slurm login node login"):
+        login_in(tmp_path).survey()
+
+
+def test_the_batch_files_are_written_then_sbatch_queues_them_in_one_round_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_slurm(tmp_path, monkeypatch)
+    root = tmp_path / "jobs" / "j1"
+    batch = {f"{root}/slurm/batch.sh": ("#!/bin/sh\necho hi\n", 0o700)}
+    slurm_id = login_in(tmp_path).write_and_sbatch(
+        batch, f"sbatch --parsable {root}/slurm/batch.sh"
+    )
+    assert slurm_id == "42"
+    assert (tmp_path / "queued.sh").read_text() == "#!/bin/sh\necho hi\n"  # written first
+    (tmp_path / "queued.sh").unlink()
+    (tmp_path / "afile").write_text("")  # a file where the batch script's directory goes
+    blocked = {f"{tmp_path}/afile/batch.sh": ("#!/bin/sh\n", 0o700)}
+    with pytest.raises(RemoteCommandError, match="writing the batch script"):
+        login_in(tmp_path).write_and_sbatch(blocked, f"sbatch --parsable {root}/slurm/batch.sh")
+    assert not (tmp_path / "queued.sh").exists()  # nothing was queued
