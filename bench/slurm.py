@@ -118,6 +118,9 @@ def allocation_gone(slurm: SlurmCluster, name: str, timeout: float = 120) -> flo
     raise RuntimeError(f"job {name} still in squeue after {timeout} s")
 
 
+SETTLE_S = 3.5  # before each first-line submit: longer than Slurm's batch_sched_delay
+
+
 class Bench:
     def __init__(self, slurm: SlurmCluster, tmp: Path) -> None:
         self.slurm = slurm
@@ -194,7 +197,17 @@ class Bench:
 
     # -- the three figures -----------------------------------------------------------
 
+    def settle(self) -> None:
+        """An idle partition, as a first submit of the day meets it: no job left, and
+        none for SETTLE_S. Slurm may hold a batch job submitted just after a scheduling
+        pass (a job's end runs one) for the next, up to batch_sched_delay (3 s by
+        default): measured, 0.25 to 0.6 s from sbatch to allocation, or 2.0 to 2.7 s,
+        whichever way submitted, as the other way's job had just ended or not."""
+        self.slurm.wait_for(lambda: not self.slurm.active_jobs(), "an idle partition", 120)
+        time.sleep(SETTLE_S)
+
     def first_line(self, way: str) -> float:
+        self.settle()
         start = self.orch if way == "orch" else self.by_hand
         proc, reader, started, ident = start({"SLEEP": "0"})
         when, line = reader.wait(r"ready r\d attempt \d [\d.]+")
@@ -358,7 +371,12 @@ its output. orch's submit includes connecting, pushing the code, writing the bat
 script and its launcher. Allocation gone: squeue on the login node no longer lists the
 job (polled every 50 ms); by hand, Ctrl-C on `tail` is followed at once by `ssh login
 scancel` (a lower bound for a person). By hand, the first line waits for `tail -F`, which
-looks at its file once a second; orch's follow looks every 50 ms. Both failure and
+looks at its file once a second; orch's follow looks every 50 ms. Each first-line
+submit, either way, meets an idle partition: no job for {SETTLE_S} s before it. Slurm
+may hold a batch job submitted just after a scheduling pass until the next one (its
+batch_sched_delay): measured, sbatch to allocation took 0.25 to 0.6 s, or 2.0 to 2.7 s
+where the other way's job had just ended, which decided the ratio more than either way
+did. Both failure and
 Ctrl-C are Slurm's own work once it knows (kill-on-bad-exit, scancel, KillWait): orch
 adds nothing there but its squeue polls.
 Restart: a 2-node job with `restarts: 1` on the 3-node partition; one compute node's
