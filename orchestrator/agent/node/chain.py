@@ -24,6 +24,7 @@ import subprocess
 import time
 from typing import Any
 
+from ..host import proc
 from ..kernel.protocol import EXIT, read_json, write_json
 from ..kernel.slurm import expand_nodelist, node_dir_name
 from ..kernel.slurm_chain import (
@@ -177,15 +178,6 @@ def release(record: dict[str, Any], path: str, following: str) -> None:
         record["release_error"] = done.stderr.strip()[-500:]
 
 
-def _running(pid: int) -> bool:
-    """Whether srun still runs (a zombie waiting for the batch script's `wait` does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def watch(root: str, attempt: int, pid: int) -> int:
     """Until srun (`pid`) ends; but once a node failed and every other node that still
     can has said how it ended, srun waits for the lost node's slurmstepd until Slurm
@@ -196,7 +188,7 @@ def watch(root: str, attempt: int, pid: int) -> int:
     nodes = expand_nodelist(os.environ.get("SLURM_JOB_NODELIST", ""))
     paths = [os.path.join(root, attempt_dir(node_dir_name(n), attempt), EXIT) for n in nodes]
     seen, news, failed = 0, time.monotonic(), False
-    while _running(pid):
+    while proc.alive(pid):  # srun; a zombie waiting for the batch script's `wait` is not
         exits = [read_json(path) for path in paths]
         count = sum(rec is not None for rec in exits)
         if count != seen:
