@@ -6,28 +6,26 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from orchestrator.agent.kernel.lease_wire import printable
 from orchestrator.backends.base import CheckView, HostsView, PullBars
-from orchestrator.jobs import keep, reconcile, teardown, top
-from orchestrator.jobs.logs import logs
-from orchestrator.jobs.pull import sources
-from orchestrator.jobs.queue import host_views, positions, queue_rows, unit_rows
-from orchestrator.models.errors import OrchError
-from orchestrator.models.inventory import Inventory
-from orchestrator.models.job import JobSpec
-from orchestrator.nodes.group import HostGroup, connect_reachable
-from orchestrator.nodes.warm import warm_interpreters
-from orchestrator.plan import LaunchPlan, describe
+from orchestrator.jobs import keep, reconcile
 from orchestrator.records.db import JobDB, JobRecord
-from orchestrator.reporting.filters import LogFilter
-from orchestrator.reporting.outcomes import KillOutcome, WarmStart
-from orchestrator.reporting.pull import PullReport
-from orchestrator.reporting.receive import pull
-from orchestrator.reporting.reporter import Reporter
-from orchestrator.reporting.top import TopView
-from orchestrator.sync.ignore import collect_files
 from orchestrator.transport import ConnectOptions
+
+if TYPE_CHECKING:
+    from orchestrator.models.errors import OrchError
+    from orchestrator.models.inventory import Inventory
+    from orchestrator.models.job import JobSpec
+    from orchestrator.plan import LaunchPlan
+    from orchestrator.reporting.filters import LogFilter
+    from orchestrator.reporting.outcomes import KillOutcome, WarmStart
+    from orchestrator.reporting.pull import PullReport
+    from orchestrator.reporting.reporter import Reporter
+    from orchestrator.reporting.top import TopView
+
+# Each command imports the modules of its own work, in its method: `orch kill` or
+# `orch status` pays for no log filter, pull, top, lease view or ignore-file parser.
 
 
 class SshBackend:
@@ -52,6 +50,9 @@ class SshBackend:
         return sub.job_id
 
     def dry_run(self, job: JobSpec, inventory: Inventory) -> list[str]:
+        from orchestrator.plan import describe
+        from orchestrator.sync.ignore import collect_files
+
         plan = self.plan(job, inventory)
         files = collect_files(plan.job.workdir, plan.job.exclude)  # and its ignore files read
         return [*describe(plan), "", f"pushes {len(files)} files from {plan.job.workdir}"]
@@ -70,14 +71,20 @@ class SshBackend:
         return keep.note(record)
 
     def places(self, records: Sequence[JobRecord], store: JobDB) -> dict[str, str]:
+        from orchestrator.jobs.queue import positions
+
         return positions([r.id for r in records], store)
 
     def logs(
         self, record: JobRecord, store: JobDB, want: LogFilter, follow: bool, reporter: Reporter
     ) -> int:
+        from orchestrator.jobs.logs import logs
+
         return logs(store, record.id, want, follow, reporter)
 
     def kill(self, record: JobRecord, store: JobDB, reporter: Reporter) -> KillOutcome:
+        from orchestrator.jobs import teardown
+
         return teardown.kill(store, record, reporter)
 
     def pull(
@@ -89,6 +96,10 @@ class SshBackend:
         reporter: Reporter,
         bars: PullBars,
     ) -> list[PullReport]:
+        from orchestrator.jobs.pull import sources
+        from orchestrator.nodes.group import HostGroup
+        from orchestrator.reporting.receive import pull
+
         nodes = sources(record, every_node)
         with HostGroup([n.host for n in nodes], ConnectOptions(notice=reporter.notice)) as group:
             group.connect()
@@ -102,6 +113,8 @@ class SshBackend:
         interval_s: float,
         silent_s: float,
     ) -> Iterator[TopView]:
+        from orchestrator.jobs import top
+
         return top.watch(store, record, reporter, interval_s, silent_s)
 
     def check(
@@ -122,6 +135,11 @@ class SshBackend:
         return bool(report.errors)
 
     def hosts(self, inventory: Inventory, reporter: Reporter) -> HostsView:
+        from orchestrator.agent.kernel.lease_wire import printable
+        from orchestrator.jobs.queue import host_views, queue_rows, unit_rows
+        from orchestrator.nodes.group import connect_reachable
+        from orchestrator.nodes.warm import warm_interpreters
+
         group, failures = connect_reachable(list(inventory.hosts), reporter.notice)
         with group:
             views, more = host_views(group)

@@ -98,10 +98,20 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@functools.cache
+_packing = threading.Lock()
+
+
 def archive() -> bytes:
     """The agent's modules, its subpackages' too, as canonical JSON: the same bytes for
-    the same code."""
+    the same code. Made once: the hosts' threads that ask at the same time (each
+    command line names the version) wait for the first, rather than each reading
+    every module again."""
+    with _packing:
+        return _archive()
+
+
+@functools.cache
+def _archive() -> bytes:
     files = dict(_sources(resources.files("orchestrator.agent"), PACKAGE))
     files[protocol.RUN_SCRIPT] = RUN_SCRIPT
     return json.dumps(files, sort_keys=True, ensure_ascii=True).encode()
@@ -124,7 +134,7 @@ def version() -> str:
     return hashlib.sha256(archive()).hexdigest()[:16]
 
 
-_packing = threading.Lock()
+_compressing = threading.Lock()
 
 
 @functools.cache
@@ -135,7 +145,7 @@ def _packed() -> bytes:
 def packed() -> bytes:
     """The archive as the loader wants it first on stdin. Made once: the hosts' threads
     that ask at the same time wait for the first (20 ms of CPU each, otherwise)."""
-    with _packing:
+    with _compressing:
         return _packed()
 
 
