@@ -5,7 +5,10 @@ or that this user may not look into is skipped, never an error."""
 from __future__ import annotations
 
 import os
-from typing import Any
+
+TYPE_CHECKING = False  # for the checker: importing typing costs every host command
+if TYPE_CHECKING:
+    from typing import Any
 
 TCP_STATES = {"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": "LISTEN"}
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")

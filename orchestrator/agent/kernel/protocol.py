@@ -42,8 +42,13 @@ import json
 import os
 import re
 import struct
-from collections.abc import Sequence
-from typing import Any, TypeVar
+
+TYPE_CHECKING = False  # for the checker: importing typing costs every host command
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, TypeVar
+
+    M = TypeVar("M", bound="Message")
 
 # ---------------------------------------------------------------- job directory
 
@@ -223,7 +228,6 @@ class MessageError(ValueError):
     newer or broken peer)."""
 
 
-M = TypeVar("M", bound="Message")
 _MESSAGES: dict[str, type[Message]] = {}  # every message class, by name
 _FIELDS: dict[type[Message], dict[str, str]] = {}
 _CHECKS: dict[type[Message], dict[str, Any]] = {}  # per class: field -> check(value)

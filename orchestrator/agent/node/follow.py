@@ -8,10 +8,13 @@ import os
 import sys
 import time
 import zlib
-from typing import Any
 
 from ..kernel.protocol import LOGS, TORCHRUN_LOG, send_record, widen_pipe
 from . import state
+
+TYPE_CHECKING = False  # for the checker: importing typing costs every host command
+if TYPE_CHECKING:
+    from typing import Any
 
 POLL_S = 0.05
 MAX_LINE = 8 << 20  # lines up to this long are kept whole; longer ones go in pieces

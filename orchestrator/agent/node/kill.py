@@ -8,12 +8,10 @@ Nothing else on the host is ever touched.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
 
 from ..host import proc
 from ..kernel.protocol import (
@@ -26,6 +24,10 @@ from ..kernel.protocol import (
     read_json,
     send_record,
 )
+
+TYPE_CHECKING = False  # for the checker: importing typing costs every host command
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
 
 POLL_S = (0.005, 0.05)  # a wait looks again after 5 ms, then twice as late, up to 50
 
@@ -168,7 +170,10 @@ def process_groups() -> set[int]:
         recorded.append((int(started["pgid"]), started.get("start_time")))
     for name in os.listdir(LOGS) if os.path.isdir(LOGS) else []:
         if name.endswith(".pid"):
-            with contextlib.suppress(OSError, ValueError), open(os.path.join(LOGS, name)) as f:
-                pid, _, when = f.read().partition(" ")
+            try:
+                with open(os.path.join(LOGS, name)) as f:
+                    pid, _, when = f.read().partition(" ")
                 recorded.append((int(pid), int(when) if when.strip().isdigit() else None))
+            except (OSError, ValueError):
+                continue
     return {pgid for pgid, when in recorded if when is not None and proc.start_time(pgid) == when}

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from ..host import proc
 from ..kernel.protocol import EXIT, KILLED, NODE_SPEC, PIDS, ExitRecord, StatusReply, read_json
+
+TYPE_CHECKING = False  # for the checker: importing typing costs every host command
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def exit_record() -> ExitRecord | None:
