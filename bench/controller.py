@@ -14,8 +14,9 @@ command takes, each timed by the CPU this process spent (all its threads):
 
 Per host: the step's CPU divided by the host count.
 
-And the whole launch as `orch submit` spends it (default at 8, 32 and 48 hosts: the
-test cluster holds at most 50; 64 needs tests/cluster's MAX_HOSTS raised): the
+And the whole launch as `orch submit` spends it (default at 8, 32 and 48 hosts; the
+test cluster holds 64, but 64 hosts' torchruns and ranks need more memory than this
+machine's 23 GB, so 64 hosts is for the steps): the
 `orch` process's CPU (user + system, every thread, from the kernel's accounting of
 the child) for a one-rank-per-host job that prints a line and ends, divided by the
 host count; with `--before DIR`, the `orch` of another checkout (its .venv) runs the

@@ -47,7 +47,7 @@ NETNS_PREFIX = f"orch{_TAG}-node"
 VETH_PREFIX = "orchv" if NET == 0 else f"orchv{NET}x"
 PEER_PREFIX = "orchi" if NET == 0 else f"orchi{NET}x"  # a veth's host end, before its rename
 TMP_PREFIX = f"orch-testcluster{_TAG}-"
-MAX_HOSTS = 50
+MAX_HOSTS = 64  # addresses .11 to .74 of the subnet
 # The kernel's one IPv4 neighbour (ARP) table, shared by every network namespace.
 NEIGH_SYSCTLS = Path("/proc/sys/net/ipv4/neigh/default")
 NEIGH_LIMITS = ("gc_thresh2", "gc_thresh3")
