@@ -16,17 +16,6 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TransferSpeedColumn,
-)
-
-from orchestrator.cli.live_bars import LiveBars, prefix
 from orchestrator.reporting.progress import (
     PROGRESS_EVERY_S,
     Condenser,
@@ -34,11 +23,18 @@ from orchestrator.reporting.progress import (
     Pacer,
     ProgressMode,
     choose,
+    prefix,
     strip_ansi,
 )
 
 if TYPE_CHECKING:  # a push's module is not for `orch kill` or `orch status` to import
+    from rich.progress import Progress, TaskID
+
+    from orchestrator.cli.live_bars import LiveBars
     from orchestrator.sync.push import PushProgress
+
+# rich (30 ms of every command's start) is imported where a terminal or a bar needs it:
+# `orch kill`, and a submit whose output goes to a file, never do.
 
 CLEAR_LINE = "\r\x1b[2K"  # back to the line's start, and erase it
 
@@ -65,7 +61,7 @@ class ConsoleReporter:
         self._out = sys.stdout.buffer
         self._terminal = sys.stdout.isatty()  # colour codes go only to a terminal
         if redraw is None:  # a terminal that can move the cursor (TERM=dumb cannot)
-            redraw = self._terminal and Console(file=sys.stdout).is_interactive
+            redraw = self._terminal and _interactive()
         self._redraw = redraw
         self._mode = progress
         self._clock = clock
@@ -203,6 +199,8 @@ class ConsoleReporter:
         wanted = any(k[1] == 0 for k in bars) if self._mode is ProgressMode.RANK0 else bool(bars)
         if wanted and self._live is None:
             self._out.flush()
+            from orchestrator.cli.live_bars import LiveBars
+
             self._live = LiveBars(self._snapshot, self._mode)
             self._live.start()
         elif not wanted and self._live is not None:
@@ -274,6 +272,15 @@ class ConsoleReporter:
                 return
             with self._lock:
                 self._end_phase()  # the bars say it now
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TransferSpeedColumn,
+            )
+
             self._push_bar = Progress(
                 TextColumn("pushing code to {task.description}"),
                 BarColumn(),
@@ -299,3 +306,10 @@ class ConsoleReporter:
             total=update.bytes_total or None,  # None until the host said what it lacks
             files=f"{update.files_done}/{update.files_total}" if update.bytes_total else "?",
         )
+
+
+def _interactive() -> bool:
+    """Whether stdout, a terminal, can move the cursor (TERM=dumb cannot), as rich sees it."""
+    from rich.console import Console
+
+    return Console(file=sys.stdout).is_interactive

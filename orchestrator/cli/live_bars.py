@@ -13,15 +13,9 @@ from rich.live import Live
 from rich.segment import Segment
 from rich.text import Text
 
-from orchestrator.reporting.progress import Key, ProgressMode, choose
+from orchestrator.reporting.progress import Key, ProgressMode, choose, prefix
 
 REDRAWS_PER_S = 4
-
-
-def prefix(key: Key) -> str:
-    """`[host rN] `, or `[host] ` for a node's own output."""
-    host, rank = key
-    return f"[{host} r{rank}] " if rank is not None else f"[{host}] "
 
 
 def rows(bars: Mapping[Key, bytes], mode: ProgressMode) -> list[Text]:

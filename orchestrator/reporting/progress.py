@@ -19,6 +19,13 @@ from enum import StrEnum
 
 Key = tuple[str, int | None]  # (host, global rank), rank None: the node's own output
 
+
+def prefix(key: Key) -> str:
+    """`[host rN] `, or `[host] ` for a node's own output."""
+    host, rank = key
+    return f"[{host} r{rank}] " if rank is not None else f"[{host}] "
+
+
 # CSI (colours, cursor moves, erase), OSC (titles, links: ended by BEL or ST), the
 # character-set designations, and the other two-byte escapes (save cursor, ...).
 _ANSI = re.compile(
