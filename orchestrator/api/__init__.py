@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator import backends
 from orchestrator.api.lines import LineQueue, LineReporter, QuietReporter
@@ -44,11 +45,12 @@ from orchestrator.api.types import (
 )
 from orchestrator.models.job import JobSpec, Overrides
 from orchestrator.models.states import JobState
-from orchestrator.nodes import warm
-from orchestrator.plan import LaunchPlan
 from orchestrator.records.db import JobDB, JobRecord
 from orchestrator.reporting.filters import LogFilter
 from orchestrator.reporting.reporter import Reporter
+
+if TYPE_CHECKING:  # a launch plan's module is for `plan` and `submit` to import
+    from orchestrator.plan import LaunchPlan
 
 __all__ = [
     "EarlierAttempt",
@@ -240,6 +242,8 @@ def kill_all(reporter: Reporter | None = None) -> list[KillResult]:
         ahead = store.warm_hosts()
         hosts = [n.host for r in records if r.backend == "ssh" for n in r.nodes] + ahead
         if hosts:
+            from orchestrator.nodes import warm
+
             stopped, _ = warm.stop(hosts, reporter.notice)
             store.forget_warm_hosts(h.name for h in ahead if h.name in stopped)
         return killed
