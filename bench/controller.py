@@ -280,7 +280,7 @@ def main() -> None:
             "One agent command: a channel and a JSON reply (the agent archive goes only to a host",
             "that lacks its version), as start and kill are. Idle: the connections held "
             f"{IDLE_S:.0f} s",
-            "with nothing to do (paramiko's thread wakes once a second, a keepalive every 15 s).",
+            "with nothing to do (paramiko's thread wakes every 5 s, a keepalive every 15 s).",
             "Job database: one node record written, as submit and",
             "kill do once per node (wall time, mostly the disk's). Median of "
             f"{args.repeat} runs; {machine()}.",
