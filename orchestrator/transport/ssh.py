@@ -69,6 +69,13 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
             raise HostError(self.host, exc.message, exc.hint) from None
 
 
+def idle_wake_s(keepalive_s: float) -> float:
+    """How long paramiko's thread may sleep on a silent socket: a third of the keepalive,
+    at most IDLE_WAKE_S; IDLE_WAKE_S without a keepalive (0 would make the socket
+    non-blocking, and the thread spin)."""
+    return min(IDLE_WAKE_S, keepalive_s / 3) if keepalive_s > 0 else IDLE_WAKE_S
+
+
 class _TimeoutReader:
     """A channel file whose reads raise TimeoutError (not socket.timeout's other
     spellings) when the channel stays silent, and return b"" when it breaks."""
@@ -230,7 +237,7 @@ class SshTransport:
             # ms per host per second, as much as the streams' heartbeats. A third of the
             # keepalive is enough for it. Data wakes it at once; closing it does not
             # wait for it (the socket is closed under it, and it sees that and ends).
-            transport.sock.settimeout(min(IDLE_WAKE_S, self.options.keepalive_s / 3))
+            transport.sock.settimeout(idle_wake_s(self.options.keepalive_s))
             if isinstance(transport.sock, socket.socket):
                 # Every orch step is a short request and answer: without this, Nagle's
                 # algorithm holds each small packet back (a round trip 48 ms -> 4 ms).

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.transport.base import coalesced, stdin_parts
+from orchestrator.transport.ssh import IDLE_WAKE_S, idle_wake_s
 
 
 @given(parts=st.lists(st.integers(0, 300).map(lambda n: bytes([n % 251]) * n), max_size=40))
@@ -27,3 +28,10 @@ def test_stdin_parts_takes_none_bytes_or_buffers() -> None:
     assert stdin_parts(None) == ()
     assert stdin_parts(b"ab") == (b"ab",)
     assert stdin_parts([b"a", b"b"]) == [b"a", b"b"]
+
+
+def test_paramikos_thread_sleeps_a_third_of_the_keepalive_at_most_and_never_zero() -> None:
+    assert idle_wake_s(15) == IDLE_WAKE_S == 5.0
+    assert idle_wake_s(6) == 2.0  # a short keepalive is still checked in time
+    assert idle_wake_s(600) == IDLE_WAKE_S
+    assert idle_wake_s(0) == IDLE_WAKE_S  # no keepalive: a timeout, not a spinning socket
