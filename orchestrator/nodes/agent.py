@@ -16,17 +16,16 @@ command's. A job's own commands run the version that built its snapshot
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
 import shlex
 import threading
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib import resources
 from importlib.resources.abc import Traversable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from orchestrator.agent.kernel import protocol
 from orchestrator.models.errors import HostError, RemoteCommandError
@@ -39,6 +38,7 @@ SHELL_NOT_FOUND = (126, 127)  # sh could not find or run the interpreter
 MISSING = 75  # the loader's exit code: no archive came, and this version is not here
 MISSING_NOTE = "orch agent: version not unpacked here"  # its line on stderr
 R = TypeVar("R", bound=protocol.Message)
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 # Runs an agent command. -I -S: the standard library is all the agent needs, and the
@@ -98,20 +98,32 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-_packing = threading.Lock()
+class _Once(Generic[T]):
+    """A value made once, on first use. The hosts' threads that ask at the same time
+    (every command line names the version) wait for the first, rather than each
+    reading every module again, or compressing them again (20 ms of CPU each)."""
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._make = make
+        self._lock = threading.Lock()
+        self._made: tuple[T] | None = None
+        self.__doc__ = make.__doc__
+
+    def __call__(self) -> T:
+        with self._lock:
+            if self._made is None:
+                self._made = (self._make(),)
+            return self._made[0]
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            self._made = None
 
 
+@_Once
 def archive() -> bytes:
     """The agent's modules, its subpackages' too, as canonical JSON: the same bytes for
-    the same code. Made once: the hosts' threads that ask at the same time (each
-    command line names the version) wait for the first, rather than each reading
-    every module again."""
-    with _packing:
-        return _archive()
-
-
-@functools.cache
-def _archive() -> bytes:
+    the same code."""
     files = dict(_sources(resources.files("orchestrator.agent"), PACKAGE))
     files[protocol.RUN_SCRIPT] = RUN_SCRIPT
     return json.dumps(files, sort_keys=True, ensure_ascii=True).encode()
@@ -128,25 +140,16 @@ def _sources(folder: Traversable, prefix: str) -> Iterator[tuple[str, str]]:
             yield f"{prefix}/{item.name}", item.read_text(encoding="utf-8")
 
 
-@functools.cache
+@_Once
 def version() -> str:
     """The agent's version: the hash of its archive."""
     return hashlib.sha256(archive()).hexdigest()[:16]
 
 
-_compressing = threading.Lock()
-
-
-@functools.cache
-def _packed() -> bytes:
-    return zlib.compress(archive(), 9)
-
-
+@_Once
 def packed() -> bytes:
-    """The archive as the loader wants it first on stdin. Made once: the hosts' threads
-    that ask at the same time wait for the first (20 ms of CPU each, otherwise)."""
-    with _compressing:
-        return _packed()
+    """The archive as the loader wants it first on stdin."""
+    return zlib.compress(archive(), 9)
 
 
 def command(host: Host, *args: str, isolated: bool = True, archive: bool = True) -> str:

@@ -231,7 +231,7 @@ def test_agent_archive_is_deterministic_and_its_hash_is_the_version() -> None:
     every = {f"orch_agent/{p.relative_to(package)}" for p in package.rglob("*.py")}
     assert set(files) - {"run.py"} == every  # subpackages too, and nothing else
     assert agent.version() == hashlib.sha256(agent.archive()).hexdigest()[:16]
-    agent._archive.cache_clear()
+    agent.archive.cache_clear()
     agent.version.cache_clear()
     assert json.loads(agent.archive()) == files  # the same bytes, read again
 

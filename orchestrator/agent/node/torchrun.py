@@ -4,10 +4,11 @@ started and ended for about a third less CPU.
 Importing torch allocates about a million objects, and the cycle collector walks
 every survivor again and again while it does, then once more per module as the
 interpreter clears them at exit: measured on 2 cores, a one-rank torchrun used 2.7 s
-of CPU that way and 1.9 s this way (2.8 s and 2.0 s wall). Here torch is imported with the collector off, and what
-was imported is frozen (`gc.freeze`): later collections skip it, the exit's too.
-Nothing else differs: the same parser and `main` (argument errors, exit codes, its
-own signal handling), the normal exit (atexit, threads, logging).
+of CPU that way and 1.9 s this way (2.8 s and 2.0 s wall). Here torch is imported
+with the collector off, and what was imported is frozen (`gc.freeze`): later
+collections skip it, the exit's too. Nothing else differs: the same parser and
+`main` (argument errors, exit codes, its own signal handling), the normal exit
+(atexit, threads, logging).
 
 The node's command keeps its `-m torch.distributed.run` form everywhere a person or
 the warm start reads it (node.json, the dry run); `command` turns it into this entry
