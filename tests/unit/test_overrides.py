@@ -139,7 +139,12 @@ def test_shell_completion_offers_job_ids_and_scripts_generate(tmp_path: Path) ->
     for shell in ("bash", "zsh", "fish"):
         script = subprocess.run(
             [*orch, "--show-completion", shell],
-            env={k: v for k, v in env.items() if k != "_ORCH_COMPLETE"},
+            # The shell as an argument, not found among the ancestors: a suite started
+            # in the background (`cmd &` from a shell that then exits) has none.
+            env={
+                **{k: v for k, v in env.items() if k != "_ORCH_COMPLETE"},
+                "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1",
+            },
             capture_output=True,
             text=True,
         )
