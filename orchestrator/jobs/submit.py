@@ -195,6 +195,8 @@ def _attempt(
             raise
         except KeyboardInterrupt:
             teardown(plan.job_id, plan.master_port, plan.nodes, group, reporter)
+            if group.settle():  # starts under way at Ctrl-C: one may have begun since
+                teardown(plan.job_id, plan.master_port, plan.nodes, group, reporter)
             store.update_job(plan.job_id, JobState.KILLED)
             raise Interrupted(
                 "interrupted while starting the job; stopped it on every host"

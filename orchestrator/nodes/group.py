@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from orchestrator.models.errors import HostError, MultiHostError, OrchError
 from orchestrator.models.inventory import Host
@@ -29,6 +29,7 @@ class HostGroup:
         self.hosts = list(hosts)
         self.options = options
         self.transports: dict[str, Transport] = {}
+        self._in_flight: list[Future[Any]] = []  # left running by a Ctrl-C (settle)
 
     def __enter__(self) -> HostGroup:
         return self
@@ -87,8 +88,9 @@ class HostGroup:
         failures: list[OrchError] = []
         if not targets:
             return results, failures
-        with ThreadPoolExecutor(max_workers=len(targets)) as pool:
-            futures = {h.name: pool.submit(operation, h, self.transports[h.name]) for h in targets}
+        pool = ThreadPoolExecutor(max_workers=len(targets))
+        futures = {h.name: pool.submit(operation, h, self.transports[h.name]) for h in targets}
+        try:
             for name, future in futures.items():
                 try:
                     results[name] = future.result()
@@ -97,7 +99,25 @@ class HostGroup:
                 except Exception as exc:  # keep every host's failure, never only the first
                     log.debug("unexpected failure on %s", name, exc_info=True)
                     failures.append(HostError(name, f"unexpected error: {exc!r}"))
+        except KeyboardInterrupt:
+            # Ctrl-C goes back to the caller at once, to stop the job beside the calls
+            # still under way (a node's start waits while its warm interpreter imports);
+            # `settle` waits for them. They end once stopped, or their connection closes.
+            self._in_flight = [f for f in futures.values() if not f.done()]
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
         return results, failures
+
+    def settle(self) -> bool:
+        """Wait for the calls that a Ctrl-C left under way in `each` or `try_each`.
+
+        Returns:
+            Whether there were any: what they started may need stopping again.
+        """
+        pending, self._in_flight = self._in_flight, []
+        wait(pending)
+        return bool(pending)
 
     def fresh(self, host: Host) -> Transport:
         """A new connection to `host`, tried once, quickly; it replaces the host's

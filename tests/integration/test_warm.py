@@ -8,6 +8,7 @@ import json
 import re
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,73 @@ def test_ctrl_c_on_the_warm_path_leaves_nothing_but_the_warm_interpreters(
             attached.kill()
     said = attached.stderr.read() if attached.stderr else ""
     assert "cold start" not in said, said
+    assert_no_job_left(cluster, HOSTS)
+    assert [warm_processes(cluster, i) for i in HOSTS] == warm_before, said
+
+
+def slow_import_job(tmp_path: Path, name: str, seconds: int, *args: str) -> Path:
+    """The probe job, preloading torch and a module of its own whose import takes
+    `seconds` (on its PYTHONPATH): its warm interpreters stay importing that long."""
+    site = tmp_path / "slow_site"
+    site.mkdir(exist_ok=True)
+    (site / "orch_slow_import.py").write_text(f"import time\ntime.sleep({seconds})\n")
+    return probe_job(
+        tmp_path,
+        *args,
+        name=name,
+        env={"PYTHONPATH": str(site)},
+        preload=["torch", "orch_slow_import"],
+    )
+
+
+def test_a_submit_while_the_warm_interpreter_still_imports_waits_for_it_and_runs_warm(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    job = slow_import_job(tmp_path, "slowimport", 8)
+    ahead = orch("warm", job, "-i", two_and_one, timeout=180)
+    assert ahead.returncode == 0, ahead.stderr
+    assert all(r["state"] == "starting" for i in HOSTS for r in warm_records(cluster, i))
+
+    result = orch("submit", job, "-i", two_and_one, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert "cold start" not in result.stderr, result.stderr
+    assert ran_warm(cluster, job_id_of(result.stdout)) == [True, True]
+    assert len(reports(result.stdout, job_id_of(result.stdout))) == 3
+    assert_no_job_left(cluster, HOSTS)
+
+
+def test_ctrl_c_while_a_node_waits_for_the_warm_import_starts_nothing_and_exits_130(
+    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+) -> None:
+    job = slow_import_job(tmp_path, "slowctrlc", 60, "--sleep", "120")
+    ahead = orch("warm", job, "-i", two_and_one, timeout=180)
+    assert ahead.returncode == 0, ahead.stderr
+    warm_before = [warm_processes(cluster, i) for i in HOSTS]
+
+    def waiting() -> list[Path]:  # each node's directory, once its supervisor runs
+        return [
+            d
+            for i in HOSTS
+            for d in (cluster.home(i) / ".orch" / "jobs").glob(f"slowctrlc-*/node{i}")
+            if (d / "supervisor.log").exists()
+        ]
+
+    attached = start_attached(orch, job, two_and_one)
+    try:
+        wait_for(lambda: len(waiting()) == 2, 60, "both nodes' supervisors")
+        time.sleep(1)
+        assert not any((d / "pid.json").exists() for d in waiting())  # still waiting
+        attached.send_signal(signal.SIGINT)
+        assert attached.wait(60) == 130
+    finally:
+        if attached.poll() is None:
+            attached.kill()
+    said = attached.stderr.read() if attached.stderr else ""
+    assert "Traceback" not in said, said
+    # Each supervisor saw the kill, ended, and never started the node.
+    wait_for(lambda: all((d / "exit.json").exists() for d in waiting()), 10, "exit records")
+    time.sleep(1)
+    assert not any((d / "pid.json").exists() for d in waiting())
     assert_no_job_left(cluster, HOSTS)
     assert [warm_processes(cluster, i) for i in HOSTS] == warm_before, said
 

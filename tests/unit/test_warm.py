@@ -151,6 +151,40 @@ def test_a_warm_interpreter_carries_no_job_s_identity(
     assert (given["LR"], given["PATH"]) == ("0.1", "/bin")
 
 
+def test_a_node_waits_for_a_warm_interpreter_still_importing_within_bounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ready in time: that record; gone: cold, saying so; the node killed: nothing to
+    start; still importing past IMPORT_WAIT_S: cold, saying so."""
+    import os
+    import threading
+
+    from orchestrator.agent.host import proc
+    from orchestrator.agent.kernel.protocol import KILLED, write_json
+
+    monkeypatch.setattr(warm, "warm_dir", lambda: str(tmp_path / "warm"))
+    monkeypatch.chdir(tmp_path)  # the node's directory
+    (tmp_path / "warm").mkdir()
+    me = {"key": "k", "pid": os.getpid(), "start_time": proc.start_time(os.getpid())}
+    starting = {**me, "state": "starting"}
+    write_json(warm._path("k", ".json"), starting)
+    later = threading.Timer(0.2, write_json, (warm._path("k", ".json"), {**me, "state": "ready"}))
+    later.start()
+    assert warm.until_imported(starting) == ({**me, "state": "ready"}, None)
+
+    write_json(warm._path("k", ".json"), {**starting, "pid": 1 << 22})  # another, dead
+    assert "ended while it imported" in str(warm.until_imported(starting)[1])
+
+    monkeypatch.setattr(warm, "IMPORT_WAIT_S", 0.3)
+    write_json(warm._path("k", ".json"), starting)
+    assert warm.until_imported(starting) == (
+        None,
+        "cold start: the warm interpreter was still importing after 0 s",
+    )
+    open(KILLED, "w").close()
+    assert warm.until_imported(starting) == (None, None)
+
+
 def test_a_wait_status_reads_as_torchrun_reports_it() -> None:
     assert launch.exit_code(3 << 8) == 3
     assert launch.exit_code(9) == -9

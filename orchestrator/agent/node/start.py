@@ -20,6 +20,7 @@ from ..kernel.protocol import (
     CODE,
     EXIT,
     HEARTBEAT_S,
+    KILLED,
     LOGS,
     NODE_SPEC,
     OUTPUTS,
@@ -86,6 +87,13 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
     node, cold = warm.request(spec, base_env, launch) if launch is not None else (None, None)
     if node is not None:
         return supervise_warm(spec, node, turn, ready_fd, base_env)
+    if os.path.exists(KILLED):  # while it waited for the warm interpreter's import
+        holder.release(turn)
+        if turn.reported:
+            holder.end_in_line("killed before it started")
+        else:
+            holder.refuse(turn, ready_fd, "killed before it started")
+        return 1
     if cold and cold not in turn.warnings:
         turn.warnings = [*turn.warnings, cold]
     try:

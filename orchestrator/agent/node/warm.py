@@ -17,9 +17,10 @@ at most `MOST` per user on a host, the least recently used first out. Each lives
   launcher (launch.py), which does torchrun's job. It ends after IDLE seconds unused.
 - `list`: every live one, with its memory; `stop [KEY]`: end them (all without KEY).
 
-The node's supervisor asks through `request()`; whatever is not provably the same as
-a fresh interpreter (another key, a changed file, no answer in `ANSWER_S`) starts
-cold, and the reason is said once.
+The node's supervisor asks through `request()`, and waits for one still importing
+(the last job ended moments ago: up to `IMPORT_WAIT_S`); whatever is not provably the
+same as a fresh interpreter (another key, a changed file, no answer in `ANSWER_S`)
+starts cold, and the reason is said once.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import time
 from typing import Any
 
 from ..host import proc
-from ..kernel.protocol import RUN_SCRIPT, read_json, write_json
+from ..kernel.protocol import KILLED, RUN_SCRIPT, read_json, write_json
 
 WARM = "warm"  # beside agent/ and jobs/ in the user's orch directory
 MOST = 2  # warm processes per user and host: each holds an interpreter with torch
@@ -46,6 +47,10 @@ MOST = 2  # warm processes per user and host: each holds an interpreter with tor
 # host whose cores are saturated, which then started cold.
 ANSWER_S = 10.0
 DEFAULT_IDLE_S = 600.0
+# A node whose warm process is still importing (the last job ended moments ago) waits
+# for it, up to this: a cold start would import the same again beside it, and end
+# later. Past it, the import is taken for stuck and the node starts cold.
+IMPORT_WAIT_S = 60.0
 # Room in the warm process's argv and environment that each forked launcher and rank
 # overwrites with its own command line and environment, as an exec would have: ps,
 # orch top and the job's tag (kill.py finds strays by it) see what they would cold.
@@ -340,15 +345,49 @@ def choose(
             "cold start: no warm interpreter for this job's environment, interpreter or "
             "preload here yet (one starts when the job ends)"
         )
+    if mine.get("state") == "starting":
+        if check:  # said before the node waits in line: it waits for the import later
+            return mine, None
+        mine, why = until_imported(mine)
+        if mine is None:
+            return None, why
     if mine.get("state") == "refused":
         return None, f"cold start: {mine.get('why')}"
     if mine.get("state") != "ready":
-        return None, "cold start: the warm interpreter is still importing"
+        return None, f"cold start: the warm interpreter is {mine.get('state')}"
     if check:
         why = ask(mine, {"check": True})[2]
         if why:
             return None, why
     return mine, None
+
+
+def until_imported(mine: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """Wait for a warm process that is still importing its preload (up to
+    IMPORT_WAIT_S; not once the node was killed).
+
+    Returns:
+        (its record once it is ready or refused, None), or (None, why the node starts
+        cold; None when it was killed: nothing is to start).
+    """
+    deadline = time.monotonic() + IMPORT_WAIT_S
+    pause = 0.01
+    while time.monotonic() < deadline:
+        if os.path.exists(KILLED):
+            return None, None
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+        record = read_json(_path(str(mine["key"]), ".json"))
+        if record is None or record.get("pid") != mine.get("pid") or not live(record):
+            return None, (
+                f"cold start: the warm interpreter (pid {mine.get('pid')}) ended while "
+                "it imported; a new one starts when the job ends"
+            )
+        if record.get("state") != "starting":
+            return record, None
+    return None, (
+        f"cold start: the warm interpreter was still importing after {IMPORT_WAIT_S:.0f} s"
+    )
 
 
 def request(
