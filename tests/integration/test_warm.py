@@ -4,6 +4,7 @@ starts cold and says why."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -190,8 +191,7 @@ def test_ctrl_c_on_the_warm_path_leaves_nothing_but_the_warm_interpreters(
     warm_ahead(orch, cluster, probe_job(tmp_path), two_and_one)
     warm_before = [warm_processes(cluster, i) for i in HOSTS]
 
-    attached = start_attached(orch, probe_job(tmp_path, "--sleep", "120"), two_and_one)
-    try:
+    with attached_submit(orch, probe_job(tmp_path, "--sleep", "120"), two_and_one) as attached:
         wait_for(
             lambda: sum("sleeping" in line for line in attached_lines(attached)) >= 3,
             120,
@@ -203,12 +203,7 @@ def test_ctrl_c_on_the_warm_path_leaves_nothing_but_the_warm_interpreters(
         shown = {n["host"]: [w["pid"] for w in n["warm"]] for n in json.loads(top.stdout)["nodes"]}
         assert shown == {f"node{i}": [p for p, _ in warm_before[k]] for k, i in enumerate(HOSTS)}
         assert all(w["pss_kb"] > 0 for n in json.loads(top.stdout)["nodes"] for w in n["warm"])
-        attached.send_signal(signal.SIGINT)
-        assert attached.wait(60) == 130
-    finally:
-        if attached.poll() is None:
-            attached.kill()
-    said = attached.stderr.read() if attached.stderr else ""
+        said = interrupt(attached)
     assert "cold start" not in said, said
     assert_no_job_left(cluster, HOSTS)
     assert [warm_processes(cluster, i) for i in HOSTS] == warm_before, said
@@ -261,17 +256,11 @@ def test_ctrl_c_while_a_node_waits_for_the_warm_import_starts_nothing_and_exits_
             if (d / "supervisor.log").exists()
         ]
 
-    attached = start_attached(orch, job, two_and_one)
-    try:
+    with attached_submit(orch, job, two_and_one) as attached:
         wait_for(lambda: len(waiting()) == 2, 60, "both nodes' supervisors")
         time.sleep(1)
         assert not any((d / "pid.json").exists() for d in waiting())  # still waiting
-        attached.send_signal(signal.SIGINT)
-        assert attached.wait(60) == 130
-    finally:
-        if attached.poll() is None:
-            attached.kill()
-    said = attached.stderr.read() if attached.stderr else ""
+        said = interrupt(attached)
     assert "Traceback" not in said, said
     # Each supervisor saw the kill, ended, and never started the node.
     wait_for(lambda: all((d / "exit.json").exists() for d in waiting()), 10, "exit records")
@@ -279,6 +268,27 @@ def test_ctrl_c_while_a_node_waits_for_the_warm_import_starts_nothing_and_exits_
     assert not any((d / "pid.json").exists() for d in waiting())
     assert_no_job_left(cluster, HOSTS)
     assert [warm_processes(cluster, i) for i in HOSTS] == warm_before, said
+
+
+@contextlib.contextmanager
+def attached_submit(
+    orch: OrchRunner, job: Path, inventory: Path
+) -> Iterator[subprocess.Popen[str]]:
+    """An attached `orch submit`, killed on the way out if the test left it running."""
+    attached = start_attached(orch, job, inventory)
+    try:
+        yield attached
+    finally:
+        if attached.poll() is None:
+            attached.kill()
+            attached.wait()
+
+
+def interrupt(attached: subprocess.Popen[str]) -> str:
+    """Ctrl-C an attached submit; it exits 130. Returns what it said on stderr."""
+    attached.send_signal(signal.SIGINT)
+    assert attached.wait(60) == 130
+    return attached.stderr.read() if attached.stderr else ""
 
 
 _LINES: dict[int, list[str]] = {}
