@@ -75,16 +75,16 @@ def kill(store: JobDB, record: JobRecord, reporter: Reporter) -> KillOutcome:
         bring_outputs(record, group, None, reporter.notice)
     log.info("[job=%s] stopped on %d hosts", record.id, len(reports))
     outcome.unreachable = failures
+    changes: dict[str, tuple[JobState, int | None, str | None]] = {}
     for name, report in reports.items():
         outcome.killed[name] = [(int(pid), str(cmd)) for pid, cmd in report.killed]
         if report.port_free is not None:
             outcome.port_free = report.port_free
-        store.update_node(record.id, name, JobState.KILLED)
+        changes[name] = (JobState.KILLED, None, None)
     for failure in failures:
         if isinstance(failure, HostError):
-            store.update_node(
-                record.id, failure.host, JobState.LOST, error="host not answering at kill"
-            )
+            changes[failure.host] = (JobState.LOST, None, "host not answering at kill")
+    store.update_nodes(record.id, changes)
     if not record.state.is_terminal():
         store.update_job(record.id, JobState.KILLED, 1)
     return outcome

@@ -16,7 +16,7 @@ import logging
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -317,11 +317,22 @@ class JobDB:
         exit_code: int | None = None,
         error: str | None = None,
     ) -> None:
+        self.update_nodes(job_id, {host: (state, exit_code, error)})
+
+    def update_nodes(
+        self, job_id: str, changes: Mapping[str, tuple[JobState, int | None, str | None]]
+    ) -> None:
+        """Several nodes' state, exit code and error at once (by host), in one write."""
         with self._db() as db:
-            db.execute(
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany(
                 "UPDATE nodes SET state=?, exit_code=?, error=? WHERE job_id=? AND host=?",
-                (state.value, exit_code, error, job_id, host),
+                [
+                    (s.value, code, error, job_id, host)
+                    for host, (s, code, error) in changes.items()
+                ],
             )
+            db.execute("COMMIT")
 
     def update_job(
         self, job_id: str, state: JobState, exit_code: int | None = None, ended: float | None = None

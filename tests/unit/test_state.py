@@ -71,6 +71,14 @@ def test_states_stamp_start_and_end_once(tmp_path: Path) -> None:
     assert job.exit_code == 0
 
 
+def test_several_nodes_change_in_one_write_and_the_others_stay(tmp_path: Path) -> None:
+    store = JobDB(tmp_path)
+    store.add(record("train-1", hosts=3))
+    store.update_nodes("train-1", {"node1": (K, None, None), "node3": (L, 1, "gone")})
+    nodes = {n.host.name: (n.state, n.exit_code, n.error) for n in store.get("train-1").nodes}
+    assert nodes == {"node1": (K, None, None), "node2": (P, None, None), "node3": (L, 1, "gone")}
+
+
 def test_unknown_id_suggests_the_nearest_and_prefixes_work(tmp_path: Path) -> None:
     store = JobDB(tmp_path)
     for job_id in ("digits-3fa9c2", "digits-3fa9d7", "other-000001"):
