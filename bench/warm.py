@@ -124,6 +124,34 @@ def memory(cluster: Cluster, controller: Controller, workdir: Path) -> dict[str,
     return found
 
 
+def at_once_only(hosts: int, repeat: int) -> None:
+    """`--at-once-only`: `orch warm --stop`, a submit (cold, leaving warm interpreters
+    that are still importing), then the same submit at once; each timed to its exit,
+    with the cold-start lines it printed. Prints; writes no section."""
+    with Cluster(hosts) as cluster:
+        controller = cluster.new_controller()
+        env = controller.env()
+        workdir = controller.home / "warm_line"
+        shutil.copytree(JOB_DIR, workdir)
+        job = controller.home / "job.yaml"
+        job.write_text(f"name: warm\nworkdir: {workdir}\nscript: {SCRIPT}\nnodes: {hosts}\n")
+        inventory = cluster.write_inventory(
+            controller.home / "inv.yaml", hosts=[h.name for h in cluster.hosts[:hosts]]
+        )
+        submit = [*orch_command(), "submit", str(job), "-i", str(inventory)]
+        stop = [*orch_command(), "warm", "--stop", "-i", str(inventory)]
+        for _ in range(repeat):
+            subprocess.run(stop, env=env, check=True, capture_output=True)
+            timed = []
+            for _run in ("first", "at once"):
+                started = time.monotonic()
+                done = subprocess.run(submit, env=env, capture_output=True, text=True, check=True)
+                timed.append(time.monotonic() - started)
+            cold = [line for line in done.stderr.splitlines() if "cold start" in line]
+            print(f"first {timed[0]:.1f} s, at once {timed[1]:.1f} s; {cold or 'warm'}", flush=True)
+            wait_warm(cluster, hosts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -133,7 +161,15 @@ def main() -> None:
     parser.add_argument(
         "--transformers", action="store_true", help="the script builds a transformers model"
     )
+    parser.add_argument(
+        "--at-once-only",
+        action="store_true",
+        help="only the resubmit at once, each command timed to its exit, at the largest --hosts",
+    )
     args = parser.parse_args()
+    if args.at_once_only:
+        at_once_only(max(args.hosts), args.repeat)
+        return
     hf = args.transformers
     # transformers imports its model classes lazily: the model's module is what to preload.
     preload = "[torch, transformers.models.bert.modeling_bert]"
