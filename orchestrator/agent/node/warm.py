@@ -38,13 +38,10 @@ from typing import Any
 
 from ..host import proc
 from ..kernel.protocol import KILLED, RUN_SCRIPT, read_json, write_json
+from .warm_serve import ANSWER_S, serve
 
 WARM = "warm"  # beside agent/ and jobs/ in the user's orch directory
 MOST = 2  # warm processes per user and host: each holds an interpreter with torch
-# A warm process answers in milliseconds on a quiet host (it stats every file it
-# imported first); one that does not within this is replaced. 3 s was too short for a
-# host whose cores are saturated, which then started cold.
-ANSWER_S = 10.0
 DEFAULT_IDLE_S = 600.0
 # A node whose warm process is still importing (the last job ended moments ago) waits
 # for it, up to this: a cold start would import the same again beside it, and end
@@ -64,9 +61,7 @@ SESSION_NAMES = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "TERM", "LC_CTYPE", RO
 def main(args: list[str]) -> int:
     verb, rest = (args[0], args[1:]) if args else ("", [])
     if verb == "serve":
-        from .warm_serve import serve  # the warm process itself
-
-        launch = serve(rest)
+        launch = serve(rest, _path, version_dir())
         if isinstance(launch, int):
             return launch
         from . import launch as launcher

@@ -21,12 +21,27 @@ from typing import Any
 
 from ..host import proc
 from ..kernel.protocol import read_json, write_json
-from .warm import ANSWER_S, _path, forget, version_dir
+
+TYPE_CHECKING = False  # for the checker: importing typing costs every host command
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+# A warm process answers in milliseconds on a quiet host (it stats every file it
+# imported first); one that does not within this is replaced. 3 s was too short for a
+# host whose cores are saturated, which then started cold.
+ANSWER_S = 10.0
 
 
-def serve(args: list[str]) -> int | tuple[socket.socket, dict[str, Any]]:
+def serve(
+    args: list[str], path: Callable[[str, str], str], agent_dir: str
+) -> int | tuple[socket.socket, dict[str, Any]]:
     """The warm process. Returns its exit code; in a launcher it forked, the request
-    and the connection to answer on."""
+    and the connection to answer on.
+
+    Args:
+        path: where a key's file with this suffix is (warm.py says where they live).
+        agent_dir: the agent version's directory (not a place of installed packages).
+    """
     key, idle, preload = args[0], float(args[1]), json.loads(args[2])
     record: dict[str, Any] = {
         "key": key,
@@ -39,21 +54,21 @@ def serve(args: list[str]) -> int | tuple[socket.socket, dict[str, Any]]:
         "used": time.time(),
         "state": "starting",
     }
-    write_json(_path(key, ".json"), record)
+    write_json(path(key, ".json"), record)
     why = preload_refusal(preload)
     if why:  # stays, refused, so that each submit says why (until it expires)
         record.update(state="refused", why=why)
-        write_json(_path(key, ".json"), record)
+        write_json(path(key, ".json"), record)
         print(why, flush=True)
         # The same process (pid, start time) holds the record till it expires, without
         # the memory of what it imported.
         os.execv("/bin/sleep", ["orch-agent warm serve (refused)", str(int(idle))])
-    fingerprint = Fingerprint()
+    fingerprint = Fingerprint(agent_dir)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.suppress(OSError):
-        os.unlink(_path(key, ".sock"))
-    listener.bind(_path(key, ".sock"))
-    os.chmod(_path(key, ".sock"), 0o600)
+        os.unlink(path(key, ".sock"))
+    listener.bind(path(key, ".sock"))
+    os.chmod(path(key, ".sock"), 0o600)
     listener.listen(16)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # launchers are reaped by the kernel
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -62,12 +77,12 @@ def serve(args: list[str]) -> int | tuple[socket.socket, dict[str, Any]]:
     gc.collect()
     gc.freeze()  # the forks' reference counts do not touch the objects imported here
     record["state"] = "ready"
-    write_json(_path(key, ".json"), record)
+    write_json(path(key, ".json"), record)
     import select
 
     while True:
         left = float(record["used"]) + idle - time.time()
-        if left <= 0 or read_json(_path(key, ".json")) != record:
+        if left <= 0 or read_json(path(key, ".json")) != record:
             break  # expired, or stopped: another record took its place
         if not select.select([listener], [], [], min(left, 5.0))[0]:
             continue
@@ -102,9 +117,11 @@ def serve(args: list[str]) -> int | tuple[socket.socket, dict[str, Any]]:
             return conn, launch
         conn.close()
         record["used"] = time.time()
-        write_json(_path(key, ".json"), record)
-    if read_json(_path(key, ".json")) == record:
-        forget(record)
+        write_json(path(key, ".json"), record)
+    if read_json(path(key, ".json")) == record:
+        for suffix in (".json", ".sock"):
+            with contextlib.suppress(OSError):
+                os.unlink(path(key, suffix))
     return 0
 
 
@@ -150,7 +167,8 @@ class Fingerprint:
     distributions are installed where it looks for modules: a change to either means
     a fresh interpreter would not be the same."""
 
-    def __init__(self) -> None:
+    def __init__(self, agent_dir: str) -> None:
+        self.agent_dir = agent_dir
         self.files = dict(self._files())
         self.dists = self._dists()
 
@@ -166,11 +184,10 @@ class Fingerprint:
             found.append((path, _stat(path)))
         return found
 
-    @staticmethod
-    def _dists() -> dict[str, tuple[int, int] | None]:
+    def _dists(self) -> dict[str, tuple[int, int] | None]:
         listed = {}
         for folder in sys.path:
-            if not folder or not os.path.isdir(folder) or folder == version_dir():
+            if not folder or not os.path.isdir(folder) or folder == self.agent_dir:
                 continue
             with contextlib.suppress(OSError):
                 for name in os.listdir(folder):
