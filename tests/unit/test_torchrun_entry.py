@@ -43,7 +43,10 @@ def _torchrun(tmp_path: Path, script: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_entry_runs_every_rank_and_exits_as_torchrun_does(tmp_path: Path) -> None:
-    ran = _torchrun(tmp_path, "import os\nprint('rank', os.environ['RANK'], flush=True)\n")
+    # One write per rank: the two ranks share one pipe, and print's parts can interleave.
+    ran = _torchrun(
+        tmp_path, "import os\nos.write(1, b'rank %s\\n' % os.environ['RANK'].encode())\n"
+    )
     assert ran.returncode == 0, ran.stderr
     assert sorted(ran.stdout.split("\n")[:2]) == ["rank 0", "rank 1"]
     failed = _torchrun(
