@@ -104,12 +104,13 @@ WARM_SERVE = " warm serve "  # a warm interpreter's command line (agent/node/war
 
 def job_processes(cluster: Cluster, host: int) -> list[tuple[int, str]]:
     """Every process on a host but its sshd (PID 1), transient sshd session children
-    and the warm interpreters orch leaves for the next submit (no job's: the ranks
-    forked from one show their own command line)."""
+    (`[sshd]` while one ends, its command line gone) and the warm interpreters orch
+    leaves for the next submit (no job's: the ranks forked from one show their own
+    command line)."""
     return [
         (pid, cmd)
         for pid, cmd in cluster.host_pids(host)
-        if pid != 1 and not cmd.startswith("sshd") and WARM_SERVE not in f" {cmd} "
+        if pid != 1 and not cmd.lstrip("[").startswith("sshd") and WARM_SERVE not in f" {cmd} "
     ]
 
 

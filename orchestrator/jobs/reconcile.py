@@ -73,8 +73,10 @@ def reconcile(store: JobDB, record: JobRecord, reporter: Reporter) -> JobRecord:
                 node.state = JobState.KILLED
                 store.update_node(record.id, node.host.name, JobState.KILLED)
     state = job_state([n.state for n in record.nodes])
-    if kept.acting and state.is_terminal():
-        state = JobState.RUNNING  # between two attempts: the keeper decides what follows
+    if kept.acting and state.is_terminal() and state is not JobState.SUCCEEDED:
+        # Between two attempts: the keeper decides what follows. A success is final
+        # (nothing restarts it), though its keeper may not have recorded it yet.
+        state = JobState.RUNNING
     # A host that does not answer keeps its node LOST in this answer only; the job
     # becomes lost only once every other node has ended.
     if state.is_terminal():
