@@ -25,29 +25,30 @@ import logging
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.agent.kernel import placement, protocol, states
-from orchestrator.jobs.queue import NO_UNITS, lease_units, slot_offsets
 from orchestrator.models.errors import OrchError, RemoteCommandError
-from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
 from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup, connect_reachable
-from orchestrator.nodes.probe import probe
-from orchestrator.plan import LaunchPlan, build_plan, fs_groups, node_count, node_template
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord, host_from_json, host_to_json
 from orchestrator.records.logmirror import LogMirror
 from orchestrator.reporting.contact import LOST_AFTER_S
-from orchestrator.reporting.follow import Watcher
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.transport import Transport
 
+# `orch status`, `logs` and `kill` import this module for `sync`; what only starting a
+# keeper uses (the plan, the lease policy, the probe, the log follower: 10 ms) is
+# imported where it is used, off their start.
+if TYPE_CHECKING:
+    from orchestrator.plan import LaunchPlan
+
+    Push = Callable[[LaunchPlan, HostGroup], None]
+
 log = logging.getLogger(__name__)
 KEEPER_TIMEOUT_S = 90.0  # `keeper stop` waits for the nodes' kill, and more
-
-Push = Callable[[LaunchPlan, HostGroup], None]
 
 
 def start_keeper(
@@ -75,6 +76,8 @@ def start_keeper(
         OrchError: the keeper, or the member of one of the job's hosts, could not
             start; the keeper was stopped again (the caller tears the job down).
     """
+    from orchestrator.plan import node_count  # (see the imports above)
+
     job, master = plan.job, plan.master
     templates = {n.host.name: dict(n.template) for n in plan.nodes}
     templates[master.host.name]["addr"] = plan.master_addr
@@ -176,6 +179,9 @@ def _prepare_spares(
 ) -> None:
     """Probe the spares, push the code to those that can run the job, and note their
     templates and directories (where their members live)."""
+    from orchestrator.nodes.probe import probe
+    from orchestrator.plan import build_plan, fs_groups, node_template
+
     for failure in group.connect(tolerate=True):
         reporter.notice(f"warning: spare left out of restarts: {failure.message}")
     reached = [h for h in spares if h.name in group.transports]
@@ -187,7 +193,7 @@ def _prepare_spares(
     usable = [h for h in reached if h.name in probes]
     if not usable:
         return
-    facts: dict[str, HostFacts] = {name: p.facts for name, p in probes.items()}
+    facts = {name: p.facts for name, p in probes.items()}
     first = facts[usable[0].name].local_addr or usable[0].address
     standby = build_plan(
         plan.job, usable, plan.job_id, first, None, facts, fs_groups(usable, facts)
@@ -203,6 +209,9 @@ def _prepare_spares(
 def _lease_units(plan: LaunchPlan, hosts: Sequence[Host]) -> dict[str, dict[str, Any] | None]:
     """What a later attempt's node leases on each host (queue.lease_units): where any
     host is shared, the others lease nothing but still wait for their turn together."""
+    from orchestrator.jobs.queue import NO_UNITS, lease_units, slot_offsets
+    from orchestrator.plan import node_count
+
     offsets = slot_offsets(hosts)
     units = {
         h.name: lease_units(plan.job, h, node_count(plan.job, h), offsets[h.name]) for h in hosts
@@ -414,6 +423,8 @@ def _apply(
 def _copy_logs(store: JobDB, job_id: str, attempt: int, nodes: list[NodeRecord]) -> None:
     """Copy what an ended attempt's nodes logged into its local mirror (what `orch
     logs` shows under the attempt's marker); hosts that do not answer are skipped."""
+    from orchestrator.reporting.follow import Watcher
+
     group, _ = connect_reachable([n.host for n in nodes], lambda _: None)
     mirror = LogMirror(store.home / "logs", job_id, attempt)
     try:

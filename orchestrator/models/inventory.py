@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.models.errors import SpecError
+from orchestrator.models.positions import PosDict
 from orchestrator.models.schema import (
-    PosDict,
     Where,
     check_keys,
     get_env,

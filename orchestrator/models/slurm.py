@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.models.schema import PosDict, Where, check_keys, get_int, get_str, get_str_list
+from orchestrator.models.positions import PosDict
+from orchestrator.models.schema import Where, check_keys, get_int, get_str, get_str_list
 
 SLURM_KEYS = {
     "login": "address or ~/.ssh/config alias of a login node",
