@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import socket
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.transport.base import coalesced, stdin_parts
-from orchestrator.transport.ssh import IDLE_WAKE_S, idle_wake_s
+from orchestrator.transport.ssh import IDLE_WAKE_S, _new_transport, idle_wake_s
 
 
 @given(parts=st.lists(st.integers(0, 300).map(lambda n: bytes([n % 251]) * n), max_size=40))
@@ -35,3 +37,17 @@ def test_paramikos_thread_sleeps_a_third_of_the_keepalive_at_most_and_never_zero
     assert idle_wake_s(6) == 2.0  # a short keepalive is still checked in time
     assert idle_wake_s(600) == IDLE_WAKE_S
     assert idle_wake_s(0) == IDLE_WAKE_S  # no keepalive: a timeout, not a spinning socket
+
+
+def test_the_connection_sends_without_nagle_from_its_first_packet() -> None:
+    """The handshake itself is small packets back to back: with Nagle's algorithm on
+    until after the login, every login waited 40 ms for the host's delayed ACK."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        sock = socket.create_connection(server.getsockname())
+        try:
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+            transport = _new_transport(sock, key_types=list)
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+            assert transport.get_security_options().ciphers[0].endswith("-gcm@openssh.com")
+        finally:
+            sock.close()
