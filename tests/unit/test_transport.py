@@ -39,15 +39,28 @@ def test_paramikos_thread_sleeps_a_third_of_the_keepalive_at_most_and_never_zero
     assert idle_wake_s(0) == IDLE_WAKE_S  # no keepalive: a timeout, not a spinning socket
 
 
-def test_the_connection_sends_without_nagle_from_its_first_packet() -> None:
+def test_the_connection_sends_without_nagle_and_acks_at_once_from_its_first_packet() -> None:
     """The handshake itself is small packets back to back: with Nagle's algorithm on
-    until after the login, every login waited 40 ms for the host's delayed ACK."""
+    until after the login, every login waited 40 ms for the host's delayed ACK; and
+    without prompt ACKs here, the host's answer to the first channel waited 40 ms."""
     with socket.create_server(("127.0.0.1", 0)) as server:
         sock = socket.create_connection(server.getsockname())
+        peer, _ = server.accept()
         try:
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
             transport = _new_transport(sock, key_types=list)
-            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+            used = transport.sock
+            assert isinstance(used, socket.socket)  # paramiko reads `_closed` of it
+            assert used.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+            assert used.getpeername() == server.getsockname()
             assert transport.get_security_options().ciphers[0].endswith("-gcm@openssh.com")
+            peer.sendall(b"SSH-2.0-x\r\n")
+            assert used.recv(64) == b"SSH-2.0-x\r\n"
+            assert used.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 1
+            used.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 0)
+            peer.sendall(b"more")
+            assert used.recv(64) == b"more"
+            assert used.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 1  # again
         finally:
+            peer.close()
             sock.close()
