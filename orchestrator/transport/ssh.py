@@ -9,6 +9,7 @@ patterns, hashed names, `@cert-authority` and `@revoked`, and StrictHostKeyCheck
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import socket
@@ -447,7 +448,8 @@ class _PromptAckSocket(socket.socket):
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         data = super().recv(bufsize, flags)
-        self.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        with contextlib.suppress(OSError):  # closed under the read: the data still counts
+            self.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
         return data
 
 
