@@ -8,7 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.transport.base import coalesced, stdin_parts
-from orchestrator.transport.ssh import IDLE_WAKE_S, _new_transport, idle_wake_s
+from orchestrator.transport.ssh import (
+    IDLE_WAKE_S,
+    _new_transport,
+    _PromptAckSocket,
+    idle_wake_s,
+)
 
 
 @given(parts=st.lists(st.integers(0, 300).map(lambda n: bytes([n % 251]) * n), max_size=40))
@@ -42,7 +47,8 @@ def test_paramikos_thread_sleeps_a_third_of_the_keepalive_at_most_and_never_zero
 def test_the_connection_sends_without_nagle_and_acks_at_once_from_its_first_packet() -> None:
     """The handshake itself is small packets back to back: with Nagle's algorithm on
     until after the login, every login waited 40 ms for the host's delayed ACK; and
-    without prompt ACKs here, the host's answer to the first channel waited 40 ms."""
+    without prompt ACKs here, the host's answer to the first channel waited 40 ms.
+    Past the first reads, ACKs are delayed again (a stream costs less CPU so)."""
     with socket.create_server(("127.0.0.1", 0)) as server:
         sock = socket.create_connection(server.getsockname())
         peer, _ = server.accept()
@@ -50,7 +56,7 @@ def test_the_connection_sends_without_nagle_and_acks_at_once_from_its_first_pack
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
             transport = _new_transport(sock, key_types=list)
             used = transport.sock
-            assert isinstance(used, socket.socket)  # paramiko reads `_closed` of it
+            assert isinstance(used, _PromptAckSocket)  # a socket: paramiko reads its `_closed`
             assert used.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
             assert used.getpeername() == server.getsockname()
             assert transport.get_security_options().ciphers[0].endswith("-gcm@openssh.com")
@@ -61,6 +67,11 @@ def test_the_connection_sends_without_nagle_and_acks_at_once_from_its_first_pack
             peer.sendall(b"more")
             assert used.recv(64) == b"more"
             assert used.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 1  # again
+            used.prompt_reads = 0  # past the login and first channel: ACKs as usual
+            used.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 0)
+            peer.sendall(b"bulk")
+            assert used.recv(64) == b"bulk"
+            assert used.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 0
         finally:
             peer.close()
             sock.close()
