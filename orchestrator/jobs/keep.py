@@ -40,7 +40,7 @@ from orchestrator.reporting.reporter import Reporter
 from orchestrator.transport import Transport
 
 # `orch status`, `logs` and `kill` import this module for `sync`; what only starting a
-# keeper uses (the plan, the lease policy, the probe, the log follower: 10 ms) is
+# keeper uses (the plan, the lease policy, the probe, the log follower: 7 ms) is
 # imported where it is used, off their start.
 if TYPE_CHECKING:
     from orchestrator.plan import LaunchPlan
