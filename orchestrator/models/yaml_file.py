@@ -123,18 +123,8 @@ def _read_limited(path: Path, kind: str) -> str:
 
 
 def load(path: Path, kind: str) -> PosDict:
-    """Read a YAML file whose top level must be a mapping.
-
-    Args:
-        path: the file.
-        kind: "job" or "inventory", for the messages.
-
-    Returns:
-        The top-level mapping, with positions.
-
-    Raises:
-        SpecError: missing file, syntax error (with line:column) or not a mapping.
-    """
+    """`schema.load_yaml`: the file's top-level mapping, bounded in size, nesting and
+    aliases, with positions; every failure a SpecError."""
     shown = str(path)
     text = _read_limited(path, kind)
     if _flow_depth(text) > MAX_FLOW_DEPTH:
