@@ -23,8 +23,9 @@ code); every numbered line `r<RANK> <i>` once and in order, in what the user saw
 attached submit's output, or `orch logs -f`) and in `orch logs`; no process of the job
 left on any host (its `ORCH_JOB_ID` tag); its rendezvous port not listening on the
 master; no lease or ticket file of it left in its hosts' lease directory. At the end,
-with every job ended: nothing but sshd runs on any host and every lease directory is
-empty.
+with every job ended: nothing but sshd and orch's warm interpreters (no job's: each
+waits for the next submit, and ends after its idle time) runs on any host, and every
+lease directory is empty.
 
 Jobs start at a steady pace (`--jobs` over `--minutes`) whenever enough hosts are
 free and fewer than `--parallel` run. Needs root. Usage:
@@ -91,6 +92,7 @@ EXPECTED = {
 }
 
 # Run inside a host: is the port listening, and which lease or ticket files name the job.
+WARM_SERVE = " warm serve "  # a warm interpreter's command line (agent/node/warm.py)
 PROBE = r"""
 import json, os, sys
 job, port = sys.argv[1], int(sys.argv[2])
@@ -521,9 +523,11 @@ class Soak:
 
     # -- the run -------------------------------------------------------------------------
 
-    def sweep(self) -> list[str]:
-        """With every job ended: anything but sshd running on a host, any lease file."""
+    def sweep(self) -> tuple[list[str], dict[str, int]]:
+        """With every job ended: anything but sshd and warm interpreters running on a
+        host, any lease file; and how many warm interpreters each host keeps."""
         found = []
+        warm: dict[str, int] = {}
         for host in self.cluster.hosts:
             probe = self.cluster.exec_on(
                 host.index, [sys.executable, "-I", "-S", "-c", PROBE, "-", "0", LEASE_DIR]
@@ -534,11 +538,24 @@ class Soak:
             processes = [
                 cmd
                 for pid, cmd in self.cluster.host_pids(host.index)
-                if pid != 1 and not cmd.startswith("sshd")
+                if pid != 1 and not cmd.lstrip("[").startswith("sshd")
             ]
-            if processes:
-                found.append(f"{host.name}: processes {processes}")
-        return found
+            warm[host.name] = sum(WARM_SERVE in f" {cmd} " for cmd in processes)
+            others = [cmd[:200] for cmd in processes if WARM_SERVE not in f" {cmd} "]
+            if others:
+                found.append(f"{host.name}: processes {others}")
+        return found, warm
+
+
+def kept(warm: dict[str, int]) -> str:
+    """What the hosts keep for the next submit: the warm interpreters (no job's)."""
+    hosts = [name for name, count in warm.items() if count]
+    if not hosts:
+        return "No warm interpreter left."
+    return (
+        f"orch's warm interpreters, {sum(warm.values())} on {len(hosts)} of {len(warm)} hosts "
+        "(no job's processes: each waits for the next submit and ends after 600 s unused)."
+    )
 
 
 def table(results: list[Result]) -> list[str]:
@@ -658,7 +675,7 @@ def main() -> None:
         wall = time.monotonic() - began
         with soak.faults:
             cluster.ensure_healthy()
-        leftovers = soak.sweep()
+        leftovers, warm = soak.sweep()
         results = sorted(soak.results, key=lambda r: (r.index, r.fault == HOLDER))
 
     rows = table(results)
@@ -667,7 +684,7 @@ def main() -> None:
     print(f"{len(results)} jobs in {wall / 60:.1f} min; {len(bad)} ended wrong")
     for r in bad:
         print(f"  #{r.index} {r.fault} {r.job_id} on {','.join(r.hosts)}: {r.got}; {r.notes}")
-    print("after the soak:", "; ".join(leftovers) or "nothing left on any host")
+    print("after the soak:", ("; ".join(leftovers) or "nothing left on any host") + ";", kept(warm))
     if args.no_write:
         return
     faults = Counter(fault for fault, _ in plans)
@@ -705,7 +722,9 @@ def main() -> None:
             *bad_lines,
             "",
             "After the last job, on every host: "
-            + ("; ".join(leftovers) if leftovers else "nothing but sshd running, no lease file."),
+            + ("; ".join(leftovers) if leftovers else "nothing but sshd running, no lease file.")
+            + " "
+            + kept(warm),
             "",
             f"Reproduce: `sudo .venv/bin/python bench/soak.py --jobs {args.jobs} "
             f"--minutes {args.minutes:g} --seed {args.seed} --parallel {args.parallel}`",
