@@ -553,7 +553,7 @@ def kept(warm: dict[str, int]) -> str:
     if not hosts:
         return "No warm interpreter left."
     return (
-        f"orch's warm interpreters, {sum(warm.values())} on {len(hosts)} of {len(warm)} hosts "
+        f"Kept for the next submit: orch's warm interpreters, {sum(warm.values())} on {len(hosts)} of {len(warm)} hosts "
         "(no job's processes: each waits for the next submit and ends after 600 s unused)."
     )
 
@@ -722,7 +722,7 @@ def main() -> None:
             *bad_lines,
             "",
             "After the last job, on every host: "
-            + ("; ".join(leftovers) if leftovers else "nothing but sshd running, no lease file.")
+            + ("; ".join(leftovers) if leftovers else "no job's process, no lease file.")
             + " "
             + kept(warm),
             "",
