@@ -19,7 +19,7 @@ from orchestrator.check.run import preflight
 from orchestrator.jobs.keep import start_keeper
 from orchestrator.jobs.pull import bring_outputs
 from orchestrator.jobs.queue import start_nodes
-from orchestrator.jobs.teardown import teardown
+from orchestrator.jobs.teardown import stop_interrupted, teardown
 from orchestrator.jobs.watch import watch_job
 from orchestrator.models.clocks import HostClock
 from orchestrator.models.errors import (
@@ -194,9 +194,9 @@ def _attempt(
             store.update_job(plan.job_id, JobState.FAILED)
             raise
         except KeyboardInterrupt:
-            teardown(plan.job_id, plan.master_port, plan.nodes, group, reporter)
-            if group.settle():  # starts under way at Ctrl-C: one may have begun since
-                teardown(plan.job_id, plan.master_port, plan.nodes, group, reporter)
+            stop_interrupted(
+                plan.job_id, plan.master_port, plan.nodes, group, reporter, group.settle
+            )
             store.update_job(plan.job_id, JobState.KILLED)
             raise Interrupted(
                 "interrupted while starting the job; stopped it on every host"

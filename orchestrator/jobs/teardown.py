@@ -7,12 +7,12 @@ reaches them in parallel and records what happened.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from orchestrator.agent.kernel.protocol import KillReport
 from orchestrator.jobs import keep
 from orchestrator.jobs.pull import bring_outputs
-from orchestrator.models.errors import HostError
+from orchestrator.models.errors import HostError, Interrupted
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
 from orchestrator.nodes import ops
@@ -54,6 +54,49 @@ def teardown(
     for failure in failures:
         reporter.notice(f"could not stop the job there: {failure.message}")
     return results
+
+
+def stop_interrupted(
+    job_id: str,
+    port: int | None,
+    nodes: Sequence[NodeRef],
+    group: HostGroup,
+    reporter: Reporter,
+    settle: Callable[[], bool] = lambda: False,
+) -> None:
+    """Ctrl-C on an attached submit: stop the job on every host. A second Ctrl-C skips
+    the ranks' grace period (KILL at once); a third leaves without waiting.
+
+    Args:
+        settle: waits for the starts under way at Ctrl-C; True when there were any,
+            and the job is stopped again (one may have begun since).
+
+    Raises:
+        Interrupted: a third Ctrl-C; the job may still run, and the record is left
+            as it was for `orch kill` to finish.
+    """
+    grace_s = ops.KILL_GRACE_S
+    try:
+        try:
+            reporter.notice(
+                "interrupted: stopping the job on every host "
+                "(Ctrl-C again to skip the grace period)"
+            )
+            teardown(job_id, port, nodes, group, reporter, grace_s)
+        except KeyboardInterrupt:
+            grace_s = 0.0
+            reporter.notice(
+                "interrupted again: killing the job's processes now "
+                "(Ctrl-C again to leave without waiting)"
+            )
+            teardown(job_id, port, nodes, group, reporter, grace_s)
+        if settle():
+            teardown(job_id, port, nodes, group, reporter, grace_s)
+    except KeyboardInterrupt:
+        raise Interrupted(
+            f"job {job_id} interrupted; left before it was stopped on every host",
+            f"stop it: orch kill {job_id}",
+        ) from None
 
 
 def kill(store: JobDB, record: JobRecord, reporter: Reporter) -> KillOutcome:

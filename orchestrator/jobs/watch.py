@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 
 from orchestrator.jobs.retry import retry_each
-from orchestrator.jobs.teardown import STOPPED_LATER, teardown
+from orchestrator.jobs.teardown import STOPPED_LATER, stop_interrupted, teardown
 from orchestrator.models.clocks import HostClock, clocks_from_json
 from orchestrator.models.errors import Interrupted, JobFailed
 from orchestrator.models.states import JobState, job_state, node_state
@@ -108,13 +108,7 @@ def watch_job(
     except KeyboardInterrupt:
         if not attached:
             raise
-        reporter.notice(
-            "interrupted: stopping the job on every host (Ctrl-C again to skip the grace period)"
-        )
-        try:
-            teardown(record.id, record.master_port, record.nodes, group, reporter)
-        except KeyboardInterrupt:
-            teardown(record.id, record.master_port, record.nodes, group, reporter, grace_s=0)
+        stop_interrupted(record.id, record.master_port, record.nodes, group, reporter)
         for node in record.nodes:
             store.update_node(record.id, node.host.name, JobState.KILLED)
         store.update_job(record.id, JobState.KILLED)

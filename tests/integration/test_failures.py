@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.nodes.ops import KILL_GRACE_S
 from tests.cluster import Cluster, OrchRunner
 from tests.support import (
     Lines,
@@ -325,6 +326,34 @@ def test_ctrl_c_stops_the_job_everywhere_and_exits_130(
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert_no_job_left(cluster, [1, 2, 3])
+    assert status_json(orch, job_id)["state"] == "killed"
+
+
+def test_a_second_ctrl_c_kills_at_once_without_the_grace_and_leaves_nothing(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    """Ranks that ignore TERM would get the whole grace before KILL; a second Ctrl-C
+    during the teardown skips it, and the submit still stops everything and records
+    the job killed."""
+    job = write_job(
+        tmp_path, "workload", "workload.py", nodes=2, args=["--on-term", "ignore", "--hang"]
+    )
+    proc = start_attached(orch, job, inventory)
+    job_id, _ = wait_ready(proc, 2)
+    assert proc.stderr is not None and proc.stdout is not None
+    err, out = Lines(proc.stderr), Lines(proc.stdout)
+    proc.send_signal(signal.SIGINT)
+    err.wait_for("Ctrl-C again", 30)
+    again = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    elapsed = time.monotonic() - again
+    text = err.text() + out.text()
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text
+    assert "killing the job's processes now" in text, text
+    assert elapsed < KILL_GRACE_S, f"{elapsed:.1f} s: the grace was not skipped"
+    assert_no_job_left(cluster, [1, 2])
     assert status_json(orch, job_id)["state"] == "killed"
 
 
