@@ -153,12 +153,13 @@ def build_snapshot(
     code = os.path.join(job_dir, CODE)
     donor = takeover.Donor.find(os.path.dirname(store.root), store) if owned else None
     try:
-        build_tree(store, entries, code, copy=owned, donor=donor)
+        moved = build_tree(store, entries, code, copy=owned, donor=donor)
     finally:
         if donor is not None:
             donor.dismantle()
     if owned:
-        takeover.record(job_dir, code, entries)
+        known = donor.seals_within(moved) if donor is not None else {}
+        takeover.record(job_dir, code, entries, known)
     meta = {"manifest": digest, "created": time.time(), "agent": pin_agent(job_dir)}
     write_json(os.path.join(job_dir, SNAPSHOT), meta)
 
@@ -211,7 +212,7 @@ def build_tree(
     code: str,
     copy: bool,
     donor: takeover.Donor | None = None,
-) -> None:
+) -> set[str]:
     """Create `code` from the entries, all at once: it appears complete or not at all.
 
     Symlinks come last, so that no path is ever created through one.
@@ -221,7 +222,11 @@ def build_tree(
         entries: a manifest's [path, kind, value, size] entries.
         code: the snapshot directory to create; it must not exist.
         copy: give each file a private copy of its object, rather than a hard link.
-        donor: an ended snapshot whose sealed files are taken over first.
+        donor: an ended snapshot whose sealed directories and files are taken over
+            first.
+
+    Returns:
+        The directories ("" for the root) that the donor's moved over whole.
 
     Raises:
         Missing: an object went from the store (a concurrent gc).
@@ -229,27 +234,53 @@ def build_tree(
     if os.path.lexists(code):
         raise ValueError(f"{code} exists already")
     tmp = f"{code}.part{os.getpid()}"
-    dirs = set()
-    for path, kind, _, _ in entries:
-        path = path if kind == "d" else path.rpartition("/")[0]
-        while path and path not in dirs:
-            dirs.add(path)
-            path = path.rpartition("/")[0]
-    os.makedirs(tmp)
+    whole = donor.whole(entries) if donor else set()
+    moved = set()
+    if "" in whole and donor and donor.take_dir("", tmp):
+        moved.add("")
+    else:
+        os.makedirs(tmp)
     try:
-        for path in sorted(dirs, key=lambda d: d.count("/")):  # parents first
-            os.mkdir(f"{tmp}/{path}")
-        for path, kind, value, _ in entries:
-            key = entry_key(kind, value)
-            if key is not None and not (donor and donor.take(path, key, f"{tmp}/{path}")):
-                place(store, key, f"{tmp}/{path}", copy)
-        for path, kind, value, _ in entries:
-            if kind == "l":
-                os.symlink(value, f"{tmp}/{path}")
+        if not moved:
+            _fill(store, entries, tmp, copy, donor, whole, moved)
         os.rename(tmp, code)
     except BaseException:
         remove_tree(tmp)
         raise
+    return moved
+
+
+def _fill(
+    store: ContentStore,
+    entries: list[list[Any]],
+    tmp: str,
+    copy: bool,
+    donor: takeover.Donor | None,
+    whole: set[str],
+    moved: set[str],
+) -> None:
+    """build_tree's directories, files and links in `tmp`, where no directory of the
+    donor's moved (adding to `moved` those that do)."""
+
+    def within_moved(path: str) -> bool:
+        return any(d in moved for d in takeover.above(path))
+
+    for path in sorted(takeover.tree_dirs(entries), key=lambda d: d.count("/")):  # parents first
+        if within_moved(path):
+            continue
+        if path in whole and donor and donor.take_dir(path, f"{tmp}/{path}"):
+            moved.add(path)
+        else:
+            os.mkdir(f"{tmp}/{path}")
+    for path, kind, value, _ in entries:
+        key = entry_key(kind, value)
+        if key is None or (moved and within_moved(path)):
+            continue
+        if not (donor and donor.take(path, key, f"{tmp}/{path}")):
+            place(store, key, f"{tmp}/{path}", copy)
+    for path, kind, value, _ in entries:
+        if kind == "l" and not (moved and within_moved(path)):
+            os.symlink(value, f"{tmp}/{path}")
 
 
 def place(store: ContentStore, key: str, target: str, copy: bool) -> None:
