@@ -62,11 +62,12 @@ class ContentStore:
             raise ValueError(f"bad object key {key!r}")
         return f"{self.objects}/{key}"
 
-    def has(self, key: str, size: int) -> bool:
+    def info(self, key: str) -> os.stat_result | None:
+        """The object's attributes; None when the store lacks it."""
         try:
-            return os.stat(f"{self.objects}/{key}").st_size == size
+            return os.stat(f"{self.objects}/{key}")
         except OSError:
-            return False
+            return None
 
     def pristine(self, key: str) -> bool:
         """Whether the object is as the push stored it: never lent, never written."""
@@ -75,13 +76,11 @@ class ContentStore:
         except OSError:
             return False
 
-    def unlent(self, key: str) -> bool:
-        """Whether the object was lent and nothing links it any more: no snapshot can
-        write into it now, and `vouch` makes it lendable again if it is intact."""
-        try:
-            info = os.stat(f"{self.objects}/{key}")
-        except OSError:
-            return False
+    @staticmethod
+    def unlent(info: os.stat_result) -> bool:
+        """Whether the object (its `info`) was lent and nothing links it any more: no
+        snapshot can write into it now, and `vouch` makes it lendable again if it is
+        intact."""
         return info.st_mtime_ns != PRISTINE_NS and info.st_nlink == 1
 
     def vouch(self, key: str) -> bool:

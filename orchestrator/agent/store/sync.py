@@ -118,10 +118,13 @@ def make_snapshot(store: ContentStore, request: dict[str, Any]) -> dict[str, Any
     if entries is None:
         return {"need_manifest": True}
     sizes = {key: s for _, k, v, s in entries if (key := entry_key(k, v)) is not None}
-    missing = sorted(key for key, size in sizes.items() if not store.has(key, size))
+    infos = {key: store.info(key) for key in sizes}
+    missing = sorted(k for k, info in infos.items() if info is None or info.st_size != sizes[k])
     owned = os.geteuid() == 0  # root writes through any mode: see place_owned
     if owned and not missing:  # objects once lent, now lent no more: lendable if intact
-        missing = sorted(k for k in sizes if store.unlent(k) and not store.vouch(k))
+        missing = sorted(
+            k for k, info in infos.items() if info and store.unlent(info) and not store.vouch(k)
+        )
     if missing:
         return {"missing": missing}
     job_dir = os.path.expanduser(str(request["job_dir"]))

@@ -203,6 +203,8 @@ class Donor:
     def seals_within(self, moved: set[str]) -> Seal:
         """The seals of what is inside the directories moved over whole: unchanged by
         the move (a directory's own changes: it was renamed)."""
+        if "" in moved:  # the whole tree: all but the root itself
+            return {path: value for path, value in self.seal.items() if path != "/"}
         return {
             path: value
             for path, value in self.seal.items()
