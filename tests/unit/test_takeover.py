@@ -41,21 +41,21 @@ def contents(code: Path) -> dict[str, bytes]:
     }
 
 
-def donor_and_next(store: ContentStore, tmp_path: Path, digest: str) -> Path:
-    """An ended job's snapshot whose files are all its own (copies, not lent objects)."""
+def ended_donor(store: ContentStore, tmp_path: Path) -> tuple[str, Path, dict[str, int]]:
+    """TREE's digest, an ended job's snapshot of it whose files are all its own
+    (copies, not lent objects), and its inodes."""
+    digest = store_tree(store, TREE)
     snapshot(store, digest, tmp_path / "jobs" / "a" / "here")  # holds the lent objects
     b = snapshot(store, digest, tmp_path / "jobs" / "b" / "here")
     ended(b)
-    return b
+    return digest, b, inodes(b)
 
 
 @as_root
 def test_an_unchanged_resubmit_moves_the_whole_tree_and_seals_it_for_the_next(
     store: ContentStore, tmp_path: Path
 ) -> None:
-    digest = store_tree(store, TREE)
-    b = donor_and_next(store, tmp_path, digest)
-    before = inodes(b)
+    digest, _, before = ended_donor(store, tmp_path)
     c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
     assert inodes(c) == before, "every directory and file moved over, none made anew"
     assert contents(c) == TREE
@@ -70,9 +70,7 @@ def test_an_unchanged_resubmit_moves_the_whole_tree_and_seals_it_for_the_next(
 def test_a_directory_the_job_wrote_into_is_taken_file_by_file_and_its_siblings_whole(
     store: ContentStore, tmp_path: Path
 ) -> None:
-    digest = store_tree(store, TREE)
-    b = donor_and_next(store, tmp_path, digest)
-    before = inodes(b)
+    digest, b, before = ended_donor(store, tmp_path)
     (b / "pkg/deep/__pycache__").mkdir()  # the job imported pkg.deep.util
     (b / "pkg/deep/__pycache__/util.cpython-311.pyc").write_bytes(b"\0")
     c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
@@ -86,8 +84,7 @@ def test_a_directory_the_job_wrote_into_is_taken_file_by_file_and_its_siblings_w
 
 @as_root
 def test_a_changed_file_spoils_its_directories_only(store: ContentStore, tmp_path: Path) -> None:
-    b = donor_and_next(store, tmp_path, store_tree(store, TREE))
-    before = inodes(b)
+    _, _, before = ended_donor(store, tmp_path)
     changed = {**TREE, "data/more/labels.txt": b"cat\ndog\nbird\n"}
     del changed["pkg/deep/util.py"]
     c = snapshot(store, store_tree(store, changed), tmp_path / "jobs" / "c" / "here")
@@ -101,9 +98,7 @@ def test_a_changed_file_spoils_its_directories_only(store: ContentStore, tmp_pat
 
 @as_root
 def test_a_directory_whose_mode_changed_is_not_moved(store: ContentStore, tmp_path: Path) -> None:
-    digest = store_tree(store, TREE)
-    b = donor_and_next(store, tmp_path, digest)
-    before = inodes(b)
+    digest, b, before = ended_donor(store, tmp_path)
     os.chmod(b / "data/more", 0o777)
     c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
     after = inodes(c)
@@ -118,9 +113,7 @@ def test_a_seal_without_directories_still_gives_its_files(
     store: ContentStore, tmp_path: Path
 ) -> None:
     """An older agent's seal: files only."""
-    digest = store_tree(store, TREE)
-    b = donor_and_next(store, tmp_path, digest)
-    before = inodes(b)
+    digest, b, before = ended_donor(store, tmp_path)
     seal_file = b.parent / "seal.json"
     seal = json.loads(seal_file.read_text())
     seal_file.write_text(json.dumps({p: v for p, v in seal.items() if not p.endswith("/")}))
