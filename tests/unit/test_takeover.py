@@ -4,6 +4,7 @@ something did, and nothing the ended job wrote."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -121,3 +122,35 @@ def test_a_seal_without_directories_still_gives_its_files(
     after = inodes(c)
     assert contents(c) == TREE
     assert all(after[p] == before[p] for p in TREE) and after["pkg"] != before["pkg"]
+
+
+def store_with_links(store: ContentStore) -> str:
+    """TREE, a symlink `data/latest` -> `config.txt` and an empty directory `logs`."""
+    store_tree(store, TREE)
+    entries = [
+        [path, "f", hashlib.sha256(data).hexdigest(), len(data)] for path, data in TREE.items()
+    ]
+    entries += [["data/latest", "l", "config.txt", 0], ["logs", "d", "", 0]]
+    return store.add_manifest(json.dumps({"v": 1, "entries": entries}).encode())
+
+
+@as_root
+def test_links_and_empty_directories_move_with_their_tree_and_a_replaced_link_spoils_it(
+    store: ContentStore, tmp_path: Path
+) -> None:
+    digest = store_with_links(store)
+    snapshot(store, digest, tmp_path / "jobs" / "a" / "here")
+    b = snapshot(store, digest, tmp_path / "jobs" / "b" / "here")
+    ended(b)
+    before = inodes(b)
+    c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
+    assert inodes(c) == before
+    assert os.readlink(c / "data/latest") == "config.txt" and (c / "logs").is_dir()
+    ended(c)
+    (c / "data/latest").unlink()  # the job pointed the link elsewhere
+    (c / "data/latest").symlink_to("more/labels.txt")
+    d = snapshot(store, digest, tmp_path / "jobs" / "d" / "here")
+    after = inodes(d)
+    assert os.readlink(d / "data/latest") == "config.txt", "the manifest's link, made anew"
+    assert after["data"] != before["data"] and after["pkg"] == before["pkg"]
+    assert after["logs"] == before["logs"]
