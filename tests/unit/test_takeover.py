@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent.store import takeover
 from orchestrator.agent.store.content import ContentStore
 from tests.unit.test_snapshot_privacy import as_root, ended, snapshot, store_tree
 
@@ -154,3 +155,95 @@ def test_links_and_empty_directories_move_with_their_tree_and_a_replaced_link_sp
     assert os.readlink(d / "data/latest") == "config.txt", "the manifest's link, made anew"
     assert after["data"] != before["data"] and after["pkg"] == before["pkg"]
     assert after["logs"] == before["logs"]
+
+
+def assert_sealed(code: Path) -> None:
+    """Every value of the snapshot's seal is what a fresh look at its path gives."""
+    seal = json.loads((code.parent / "seal.json").read_text())
+    for path, value in seal.items():
+        info = (code / path.rstrip("/")).lstat() if path != "/" else code.lstat()
+        assert [info.st_ino, info.st_ctime_ns] == value, path
+
+
+@as_root
+def test_a_file_the_job_left_at_the_root_stays_behind(store: ContentStore, tmp_path: Path) -> None:
+    digest, b, before = ended_donor(store, tmp_path)
+    (b / "output.log").write_text("written by the job\n")
+    c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
+    after = inodes(c)
+    assert contents(c) == TREE
+    assert after["."] != before["."] and after["pkg"] == before["pkg"]
+
+
+@as_root
+def test_a_file_that_became_executable_with_the_same_bytes_spoils_its_directory(
+    store: ContentStore, tmp_path: Path
+) -> None:
+    _, _, before = ended_donor(store, tmp_path)
+    digest = store_tree(store, TREE, executable=("pkg/deep/util.py",))
+    c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
+    assert os.access(c / "pkg/deep/util.py", os.X_OK)
+    assert not os.access(c / "pkg/model.py", os.X_OK)
+    assert inodes(c)["pkg/deep"] != before["pkg/deep"] and contents(c) == TREE
+
+
+@as_root
+def test_a_nested_move_seals_the_next_snapshot_and_a_later_write_is_still_seen(
+    store: ContentStore, tmp_path: Path
+) -> None:
+    digest, b, before = ended_donor(store, tmp_path)
+    (b / "pkg/__pycache__").mkdir()  # spoils pkg and the root: data moves as a subtree
+    c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
+    assert inodes(c)["data"] == before["data"] and inodes(c)["."] != before["."]
+    assert_sealed(c)
+    ended(c)
+    with open(c / "data/more/labels.txt", "r+b") as f:  # the next run wrote into it
+        f.write(b"cow")
+    d = snapshot(store, digest, tmp_path / "jobs" / "d" / "here")
+    assert contents(d) == TREE
+    assert inodes(d)["data/more/labels.txt"] != before["data/more/labels.txt"]
+    assert inodes(d)["data/config.txt"] == before["data/config.txt"]
+    assert_sealed(d)
+
+
+@as_root
+def test_a_file_the_job_put_in_an_empty_directory_stays_behind(
+    store: ContentStore, tmp_path: Path
+) -> None:
+    digest = store_with_links(store)
+    snapshot(store, digest, tmp_path / "jobs" / "a" / "here")
+    b = snapshot(store, digest, tmp_path / "jobs" / "b" / "here")
+    ended(b)
+    (b / "logs/run.log").write_text("written by the job\n")
+    c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
+    assert list((c / "logs").iterdir()) == []
+    assert contents(c) == {**TREE, "data/latest": TREE["data/config.txt"]}
+
+
+@as_root
+def test_nothing_is_taken_through_a_link_put_in_place_of_a_directory(
+    store: ContentStore, tmp_path: Path
+) -> None:
+    digest, b, before = ended_donor(store, tmp_path)
+    (b / "data").rename(b / "moved")  # the job moved it and linked the old name to it
+    (b / "data").symlink_to("moved")
+    c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
+    after = inodes(c)
+    assert (c / "data").is_dir() and not (c / "data").is_symlink()
+    assert contents(c) == TREE and not (c / "moved").exists()
+    assert after["data/more"] != before["data/more"]
+    assert after["data/config.txt"] != before["data/config.txt"]
+    assert after["pkg"] == before["pkg"]
+
+
+@as_root
+def test_a_directory_that_cannot_move_is_built_file_by_file(
+    store: ContentStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    digest, _, before = ended_donor(store, tmp_path)
+    monkeypatch.setattr(takeover.Donor, "take_dir", lambda self, path, target: False)
+    c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
+    after = inodes(c)
+    assert contents(c) == TREE and after["."] != before["."] and after["pkg"] != before["pkg"]
+    assert after["pkg/model.py"] == before["pkg/model.py"], "its files still taken over"
+    assert_sealed(c)

@@ -110,6 +110,7 @@ class Donor:
         self.keys = {p: entry_key(k, v) for p, k, v, _ in entries}
         self.entries = {p: (k, v) for p, k, v, _ in entries}
         self.dirs = tree_dirs(entries)
+        self._dir_stats: dict[str, os.stat_result | None] = {}
 
     @classmethod
     def find(cls, workdir: str, store: Any) -> Donor | None:
@@ -143,7 +144,7 @@ class Donor:
         """Move the donor's file at `path` to `target` when it holds `key` and its seal
         still holds; False (nothing moved) otherwise."""
         sealed = self.seal.get(path)
-        if sealed is None or self.keys.get(path) != key:
+        if sealed is None or self.keys.get(path) != key or not self.inside(path):
             return False
         source = f"{self.code}/{path}"
         info = fresh_stat(source)
@@ -173,8 +174,10 @@ class Donor:
         dirs = tree_dirs(entries)
         for path in dirs ^ self.dirs:  # one side has it, the other does not
             spoil(path)
-        for path in sorted(dirs | {""}, key=lambda d: d.count("/")):  # parents first
-            if path not in spoiled and not self.holds(path + "/", path, directory=True):
+        for path in ["", *sorted(dirs, key=lambda d: d.count("/"))]:  # parents first
+            if path not in spoiled and not (
+                self.inside(path) and self.holds(path + "/", path, directory=True)
+            ):
                 spoil(path)
         for path, key in self.keys.items():
             parent = path.rpartition("/")[0]
@@ -188,8 +191,25 @@ class Donor:
 
     def holds(self, sealed: str, path: str, directory: bool = False) -> bool:
         """Whether the donor's file (or directory) at `path` is as its seal says."""
-        info = fresh_stat(f"{self.code}/{path}".rstrip("/"), directory)
+        info = self.dir_stat(path) if directory else fresh_stat(f"{self.code}/{path}")
         return info is not None and [info.st_ino, info.st_ctime_ns] == self.seal.get(sealed)
+
+    def inside(self, path: str) -> bool:
+        """Whether every directory above `path` is the donor's own, not a link put in
+        its place: the path leads where it did (a seal without directories, from an
+        older agent, cannot tell: yes)."""
+        for parent in above(path):
+            sealed = self.seal.get(parent + "/")
+            info = self.dir_stat(parent) if sealed is not None else None
+            if sealed is not None and (info is None or info.st_ino != sealed[0]):
+                return False
+        return True
+
+    def dir_stat(self, path: str) -> os.stat_result | None:
+        """fresh_stat of the donor's directory at `path`, once per build."""
+        if path not in self._dir_stats:
+            self._dir_stats[path] = fresh_stat(f"{self.code}/{path}".rstrip("/"), True)
+        return self._dir_stats[path]
 
     def take_dir(self, path: str, target: str) -> bool:
         """Move the donor's directory at `path` ("" for the root) to `target`, which
