@@ -6,7 +6,6 @@ object by the manifests of the snapshots it keeps, not by its link count."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
@@ -19,36 +18,10 @@ from orchestrator.agent.host import proc
 from orchestrator.agent.store import gc as agent_gc
 from orchestrator.agent.store.content import ContentStore, remove_tree
 from orchestrator.agent.store.sync import build_tree, copy_private, make_snapshot
-
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the private copies are root's")
+from tests.unit.snapshot_support import as_root, ended, key, snapshot, store_tree
 
 CONFIG = b"lr = 0.1\n"
 RUN = b"#!/bin/sh\necho run\n"
-
-
-def key(data: bytes, executable: bool = False) -> str:
-    return hashlib.sha256(data).hexdigest() + (".x" if executable else "")
-
-
-def store_tree(
-    store: ContentStore, files: dict[str, bytes], executable: tuple[str, ...] = ()
-) -> str:
-    """Put `files` (path -> content) into the store, as a push does, with a manifest
-    that lists them; the paths in `executable` as such. Returns the manifest's digest."""
-    entries = []
-    for path, data in files.items():
-        x = path in executable
-        piece = {"k": key(data, x), "off": 0, "size": len(data), "z": 0}
-        store.put_piece(piece, data, "push-0")
-        entries.append([path, "x" if x else "f", hashlib.sha256(data).hexdigest(), len(data)])
-    return store.add_manifest(json.dumps({"v": 1, "entries": entries}).encode())
-
-
-def snapshot(store: ContentStore, digest: str, job_dir: Path) -> Path:
-    """Build job_dir/code from a stored manifest, as the agent's `sync` does."""
-    reply = make_snapshot(store, {"digest": digest, "job_dir": str(job_dir)})
-    assert reply.get("snapshot") is True, reply
-    return job_dir / "code"
 
 
 @pytest.fixture
@@ -139,11 +112,6 @@ def test_without_copies_snapshots_link_to_read_only_objects(
 def old(path: str) -> None:
     """Make a store file older than gc's grace period."""
     os.utime(path, (time.time() - 3600, time.time() - 3600))
-
-
-def ended(code: Path) -> None:
-    """Mark the node of the snapshot `code` ended, as its supervisor does."""
-    (code.parent / "exit.json").write_text("{}")
 
 
 @as_root

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.agent.store import takeover
 from orchestrator.agent.store.content import ContentStore
-from tests.unit.test_snapshot_privacy import as_root, ended, snapshot, store_tree
+from tests.unit.snapshot_support import as_root, ended, snapshot, store_tree
 
 TREE = {
     "train.py": b"print('train')\n",
