@@ -43,10 +43,12 @@ def contents(code: Path) -> dict[str, bytes]:
     }
 
 
-def ended_donor(store: ContentStore, tmp_path: Path) -> tuple[str, Path, dict[str, int]]:
-    """TREE's digest, an ended job's snapshot of it whose files are all its own
-    (copies, not lent objects), and its inodes."""
-    digest = store_tree(store, TREE)
+def ended_donor(
+    store: ContentStore, tmp_path: Path, digest: str = ""
+) -> tuple[str, Path, dict[str, int]]:
+    """The digest (TREE's unless given), an ended job's snapshot of it whose files
+    are all its own (copies, not lent objects), and its inodes."""
+    digest = digest or store_tree(store, TREE)
     snapshot(store, digest, tmp_path / "jobs" / "a" / "here")  # holds the lent objects
     b = snapshot(store, digest, tmp_path / "jobs" / "b" / "here")
     ended(b)
@@ -139,11 +141,7 @@ def store_with_links(store: ContentStore) -> str:
 def test_links_and_empty_directories_move_with_their_tree_and_a_replaced_link_spoils_it(
     store: ContentStore, tmp_path: Path
 ) -> None:
-    digest = store_with_links(store)
-    snapshot(store, digest, tmp_path / "jobs" / "a" / "here")
-    b = snapshot(store, digest, tmp_path / "jobs" / "b" / "here")
-    ended(b)
-    before = inodes(b)
+    digest, _, before = ended_donor(store, tmp_path, store_with_links(store))
     c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
     assert inodes(c) == before
     assert os.readlink(c / "data/latest") == "config.txt" and (c / "logs").is_dir()
@@ -210,10 +208,7 @@ def test_a_nested_move_seals_the_next_snapshot_and_a_later_write_is_still_seen(
 def test_a_file_the_job_put_in_an_empty_directory_stays_behind(
     store: ContentStore, tmp_path: Path
 ) -> None:
-    digest = store_with_links(store)
-    snapshot(store, digest, tmp_path / "jobs" / "a" / "here")
-    b = snapshot(store, digest, tmp_path / "jobs" / "b" / "here")
-    ended(b)
+    digest, b, _ = ended_donor(store, tmp_path, store_with_links(store))
     (b / "logs/run.log").write_text("written by the job\n")
     c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
     assert list((c / "logs").iterdir()) == []
