@@ -167,12 +167,12 @@ def test_a_lock_held_too_long_is_refused_within_the_deadline_naming_its_holder(r
         pass
 
 
-HOLD_LOCK = """
+HOLD_LOCK = """# hold-the-lock-marker (first: the holder's command line is cut at 200 characters)
 import fcntl, os, sys, time
 fd = os.open(sys.argv[1], os.O_RDONLY)
 fcntl.flock(fd, fcntl.LOCK_EX)
 print("held", flush=True)
-time.sleep(60)  # hold-the-lock-marker
+time.sleep(60)
 """
 
 
