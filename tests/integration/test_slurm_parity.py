@@ -1,4 +1,4 @@
-"""The same job file on Slurm as over SSH (issue 30): outputs and `orch pull` through the
+"""The same job file on Slurm as over SSH: outputs and `orch pull` through the
 login node, launcher python and torch.distributed.launch, reattaching after an attached
 submit was killed, `orch top` and `orch status --hosts` of a Slurm job and partition,
 and `gpus_per_node:` as Slurm's own GPU request.

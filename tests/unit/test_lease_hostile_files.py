@@ -1,4 +1,4 @@
-"""The shared lease directory against files another user can put in it (issue 28):
+"""The shared lease directory against files another user can put in it:
 records that are no records, locks held too long, forged owners and times, and
 words meant for the next user's terminal. Real files, real processes; the checks of
 a record's fields are pure (policy.check_record)."""
