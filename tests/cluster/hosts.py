@@ -181,9 +181,19 @@ class HostsMixin:
         """Host ``i``'s home directory (its ``/root``), as a path on this machine."""
         return self.host(i).home
 
+    @property
+    def hosts_tmp(self) -> Path:
+        """The hosts' TMPDIR, which sshd sets for every session: what torchrun and the
+        ranks leave in temporary directories goes with the cluster, not into this
+        machine's /tmp, which the hosts share. Sticky and world-writable, as /tmp is."""
+        assert self.workdir is not None
+        return Path(f"{self.workdir}-tmp")  # TMP_PREFIX: a crashed run's is removed too
+
     def _write_keys_and_configs(self) -> None:
         """Fresh client key and host CA, then each host's files (``_write_host_files``)."""
         assert self.workdir is not None
+        self.hosts_tmp.mkdir()
+        self.hosts_tmp.chmod(0o1777)
         self.client_key = self.workdir / "client" / "id_ed25519"
         self.client_key.parent.mkdir(mode=0o700)
         _generate_key(self.client_key, "orch-test-client")
@@ -201,7 +211,7 @@ class HostsMixin:
         sign = ["ssh-keygen", "-q", "-s", str(self.host_ca), "-I", host.name, "-h"]
         _run([*sign, "-n", host.address, "-V", "-5m:+1d", str(host.host_key.with_suffix(".pub"))])
         host.authorized_keys.write_text(self.client_key.with_suffix(".pub").read_text())
-        host.sshd_config.write_text(_sshd_config(host))
+        host.sshd_config.write_text(_sshd_config(host, self.hosts_tmp))
 
     def _boot(self, host: Host) -> None:
         """Start the host's sshd as PID 1 of fresh pid/mount/uts namespaces and wait for it."""
@@ -244,9 +254,10 @@ def _prepare_home(path: Path) -> None:
         (path / hidden.relative_to(ROOT_HOME)).mkdir(parents=True, exist_ok=True)
 
 
-def _sshd_config(host: Host) -> str:
+def _sshd_config(host: Host, tmpdir: Path) -> str:
     """An sshd config that lets the client key in as root and nothing else."""
     return f"""\
+SetEnv TMPDIR={tmpdir}
 Port 22
 ListenAddress 0.0.0.0
 HostKey "{host.host_key}"

@@ -105,6 +105,7 @@ class Cluster(
             _run(["ip", "link", "del", BRIDGE], check=False)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
+            shutil.rmtree(self.hosts_tmp, ignore_errors=True)
         if self._neigh_saved:
             _restore_neighbour_limits()
             self._neigh_saved = {}

@@ -60,7 +60,7 @@ class UsersMixin(HostsMixin):
             (files / name).write_text(text)
             (files / name).chmod(0o600 if name == "shadow" else 0o644)
         config = files / "sshd_config"
-        config.write_text(_password_sshd_config(host, user, port))
+        config.write_text(_password_sshd_config(host, user, port, self.hosts_tmp))
         q = shlex.quote
         binds = " && ".join(
             f"mount --bind {q(str(files / n))} /etc/{n}" for n in ("passwd", "group", "shadow")
@@ -99,7 +99,7 @@ class PasswordLogin:
     home: str
 
 
-def _password_sshd_config(host: Host, user: str, port: int) -> str:
+def _password_sshd_config(host: Host, user: str, port: int, tmpdir: Path) -> str:
     """The host's sshd config, for a second sshd that lets ``user`` alone in with a
     password or a key of its own ``~/.ssh/authorized_keys``, checked as sshd does by
     default (StrictModes)."""
@@ -110,7 +110,7 @@ def _password_sshd_config(host: Host, user: str, port: int) -> str:
         "PasswordAuthentication no": "PasswordAuthentication yes",
         "StrictModes no": "StrictModes yes",
     }
-    config = _sshd_config(host)
+    config = _sshd_config(host, tmpdir)
     for old, new in swaps.items():
         assert old in config, old
         config = config.replace(old, new)
