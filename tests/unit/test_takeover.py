@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator.agent.store import takeover
 from orchestrator.agent.store.content import ContentStore
+from orchestrator.agent.store.sync import make_snapshot
 from tests.unit.snapshot_support import as_root, ended, snapshot, store_tree
 
 TREE = {
@@ -242,3 +243,24 @@ def test_a_directory_that_cannot_move_is_built_file_by_file(
     assert contents(c) == TREE and after["."] != before["."] and after["pkg"] != before["pkg"]
     assert after["pkg/model.py"] == before["pkg/model.py"], "its files still taken over"
     assert_sealed(c)
+
+
+@as_root
+def test_a_snapshot_hosts_shared_gives_its_files_one_by_one(
+    store: ContentStore, tmp_path: Path
+) -> None:
+    """On a shared filesystem another host's write into a directory may not show in its
+    ctime here yet (the attribute cache): such a donor's directories never move whole."""
+    digest = store_tree(store, TREE)
+    snapshot(store, digest, tmp_path / "jobs" / "a" / "here")  # holds the lent objects
+    shared = tmp_path / "jobs" / "b"
+    reply = make_snapshot(store, {"digest": digest, "job_dir": str(shared), "nodes": ["h1", "h2"]})
+    assert reply.get("snapshot") is True, reply
+    for node in ("h1", "h2"):
+        (shared / node / "exit.json").write_text("{}")
+    before = inodes(shared / "code")
+    c = snapshot(store, digest, tmp_path / "jobs" / "c" / "here")
+    after = inodes(c)
+    assert contents(c) == TREE
+    assert after["."] != before["."] and after["pkg"] != before["pkg"]
+    assert all(after[p] == before[p] for p in TREE), "its files still taken over"

@@ -22,7 +22,7 @@ there: it moves over whole, by one rename, rather than a rename per file (an unc
 resubmit moves the whole tree: at 2,000 files, 20 ms a host rather than 90). A job
 that wrote into a directory (a `__pycache__`, say) spoils that directory and those
 above it, not its siblings. A seal without directories (an older agent's) gives files
-only.
+only, and so does the snapshot of hosts that share a filesystem (`Donor.whole`).
 
 The donor is then retired (its snapshot.json goes first, so that nothing starts from
 it again: an attached restart of its job builds a new one) and what is left of it is
@@ -103,8 +103,11 @@ def fresh_stat(path: str, directory: bool = False) -> os.stat_result | None:
 class Donor:
     """An ended job's snapshot whose files a new one may take over."""
 
-    def __init__(self, holder: str, sealed: Seal, entries: list[list[Any]]) -> None:
+    def __init__(
+        self, holder: str, sealed: Seal, entries: list[list[Any]], shared: bool = False
+    ) -> None:
         self.holder = holder
+        self.shared = shared  # the snapshot of several nodes (hosts sharing a filesystem)
         self.code = os.path.join(holder, CODE)
         self.seal = sealed
         self.keys = {p: entry_key(k, v) for p, k, v, _ in entries}
@@ -137,7 +140,7 @@ class Donor:
                 os.rename(os.path.join(holder, SNAPSHOT), os.path.join(holder, RETIRED))
             except OSError:
                 return None
-            return cls(holder, seal_of, entries)
+            return cls(holder, seal_of, entries, shared=nodes != [holder])
         return None
 
     def take(self, path: str, key: str, target: str) -> bool:
@@ -159,7 +162,15 @@ class Donor:
     def whole(self, entries: list[list[Any]]) -> set[str]:
         """The directories ("" for the root) that may move over whole: each holds what
         `entries` want there and nothing else, and every seal in it still holds. Only
-        the outermost are named."""
+        the outermost are named.
+
+        None of a snapshot that several nodes used: they are hosts that share its
+        filesystem (NFS), and a directory another host wrote into may show its new
+        ctime here only once the attribute cache expires (acdirmin, 30 s by default),
+        where opening a file fetches its attributes at once (close-to-open). Such a
+        snapshot gives its files one by one, each checked afresh."""
+        if self.shared:
+            return set()
         spoiled: set[str] = set()
 
         def spoil(path: str) -> None:  # and every directory above it
