@@ -43,14 +43,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import wait_usage
 from bench.report import machine, median, write_section
-from orchestrator.check.run import preflight
 from orchestrator.models.inventory import load_inventory
 from orchestrator.models.job import load_job
 from orchestrator.models.states import JobState
 from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
-from orchestrator.plan import select_hosts
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
+from orchestrator.ssh.check.run import preflight
+from orchestrator.ssh.plan import select_hosts
 from orchestrator.transport import ConnectOptions
 from tests.cluster import Cluster, Controller, orch_command
 

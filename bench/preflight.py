@@ -29,10 +29,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator.check.run import preflight
 from orchestrator.nodes.group import HostGroup
 from orchestrator.nodes.probe import probe
-from orchestrator.plan import select_hosts
+from orchestrator.ssh.check.run import preflight
+from orchestrator.ssh.plan import select_hosts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

@@ -50,7 +50,7 @@ from bench.report import machine, median, write_section
 from orchestrator.agent.kernel import protocol
 from orchestrator.models.inventory import load_inventory
 from orchestrator.nodes.probe import Marks, probe_host
-from orchestrator.plan import fs_groups
+from orchestrator.ssh.plan import fs_groups
 from orchestrator.transport import ConnectOptions
 from tests.cluster import Cluster, Controller
 

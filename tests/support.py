@@ -60,7 +60,7 @@ def write_workdir_job(
 
 def pushed_files(stderr: str) -> dict[str, int]:
     """Files sent per host, from the ``-v`` log line of the push."""
-    line = next(line for line in stderr.splitlines() if "orchestrator.jobs.submit: pushed " in line)
+    line = next(line for line in stderr.splitlines() if "orchestrator.ssh.submit: pushed " in line)
     return {h: int(n) for n, h in re.findall(r"(\d+) files \(\d+ kB\) to (\S+?)(?:,|$)", line)}
 
 

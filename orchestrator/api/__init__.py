@@ -50,7 +50,7 @@ from orchestrator.reporting.filters import LogFilter
 from orchestrator.reporting.reporter import Reporter
 
 if TYPE_CHECKING:  # a launch plan's module is for `plan` and `submit` to import
-    from orchestrator.plan import LaunchPlan
+    from orchestrator.ssh.plan import LaunchPlan
 
 __all__ = [
     "EarlierAttempt",

@@ -1,7 +1,7 @@
 """The Backend protocol: where orch runs jobs, behind one set of verbs.
 
 Two implementations: `SshBackend` (backends/ssh.py: the inventory's hosts, over SSH;
-the code in jobs/) and `SlurmBackend` (backends/slurm.py: a Slurm cluster through its
+the code in ssh/) and `SlurmBackend` (backends/slurm.py: a Slurm cluster through its
 login node; the code in slurm/). The backend is chosen once, where the inventory is
 read (`backends.for_inventory`) or from a job's record (`backends.for_record`); the
 CLI and the Python API call these verbs and never ask which backend it is.
@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.reporting.pull import Progress, PullReport
 
-if TYPE_CHECKING:  # names for the signatures only: `orch kill` need not import check/
-    from orchestrator.check.run import CheckReport
+if TYPE_CHECKING:  # names for the signatures only: `orch kill` need not import ssh/check/
     from orchestrator.models.errors import OrchError
     from orchestrator.models.inventory import Inventory
     from orchestrator.models.job import JobSpec
-    from orchestrator.plan import LaunchPlan
     from orchestrator.records.db import JobDB, JobRecord
     from orchestrator.reporting.filters import LogFilter
     from orchestrator.reporting.outcomes import KillOutcome, WarmStart
     from orchestrator.reporting.reporter import Reporter
     from orchestrator.reporting.top import TopView
+    from orchestrator.ssh.check.run import CheckReport
+    from orchestrator.ssh.plan import LaunchPlan
 
 # Runs a pull, handing it a progress callback (or None): the caller draws the bars.
 PullBars = Callable[[Callable[[Progress | None], list[PullReport]]], list[PullReport]]

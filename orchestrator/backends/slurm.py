@@ -10,7 +10,6 @@ from orchestrator.backends.base import CheckView, HostsView, PullBars
 from orchestrator.models.errors import OrchError
 from orchestrator.models.inventory import Inventory
 from orchestrator.models.job import JobSpec
-from orchestrator.plan import LaunchPlan
 from orchestrator.records.db import JobDB, JobRecord, new_job_id
 from orchestrator.reporting.filters import LogFilter
 from orchestrator.reporting.outcomes import KillOutcome, WarmStart
@@ -20,6 +19,7 @@ from orchestrator.reporting.top import TopView
 from orchestrator.slurm import check, jobs, nodes, outputs, top
 from orchestrator.slurm import submit as submitting
 from orchestrator.slurm.unsupported import refuse
+from orchestrator.ssh.plan import LaunchPlan
 
 
 class SlurmBackend:

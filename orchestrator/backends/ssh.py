@@ -1,6 +1,6 @@
 """The SSH backend: the inventory's hosts, each reached over its own SSH connection
-(or run locally); the work itself is in jobs/ (submit, watch, logs, kill, top, pull),
-check/ and plan.py."""
+(or run locally); the work itself is in ssh/ (plan, submit, watch, logs, kill, top, pull,
+check)."""
 
 from __future__ import annotations
 
@@ -9,20 +9,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.backends.base import CheckView, HostsView, PullBars
-from orchestrator.jobs import keep, reconcile
 from orchestrator.records.db import JobDB, JobRecord
+from orchestrator.ssh import keep, reconcile
 from orchestrator.transport import ConnectOptions
 
 if TYPE_CHECKING:
     from orchestrator.models.errors import OrchError
     from orchestrator.models.inventory import Inventory
     from orchestrator.models.job import JobSpec
-    from orchestrator.plan import LaunchPlan
     from orchestrator.reporting.filters import LogFilter
     from orchestrator.reporting.outcomes import KillOutcome, WarmStart
     from orchestrator.reporting.pull import PullReport
     from orchestrator.reporting.reporter import Reporter
     from orchestrator.reporting.top import TopView
+    from orchestrator.ssh.plan import LaunchPlan
 
 # Each command imports the modules of its own work, in its method: `orch kill` or
 # `orch status` pays for no log filter, pull, top, lease view or ignore-file parser.
@@ -43,14 +43,14 @@ class SshBackend:
         outputs_dir: Path | None = None,
         no_wait: bool = False,
     ) -> str:
-        from orchestrator.jobs import submit as submitting  # with check/: for submit only
+        from orchestrator.ssh import submit as submitting  # with ssh/check/: for submit only
 
         sub = submitting.prepare(job, inventory, outputs_dir, no_wait)
         submitting.submit(sub, reporter, detach=detach)
         return sub.job_id
 
     def dry_run(self, job: JobSpec, inventory: Inventory) -> list[str]:
-        from orchestrator.plan import describe
+        from orchestrator.ssh.plan import describe
         from orchestrator.sync.ignore import collect_files
 
         plan = self.plan(job, inventory)
@@ -58,7 +58,7 @@ class SshBackend:
         return [*describe(plan), "", f"pushes {len(files)} files from {plan.job.workdir}"]
 
     def plan(self, job: JobSpec, inventory: Inventory) -> LaunchPlan:
-        from orchestrator.jobs import submit as submitting
+        from orchestrator.ssh import submit as submitting
 
         return submitting.dry_run(submitting.prepare(job, inventory))
 
@@ -71,19 +71,19 @@ class SshBackend:
         return keep.note(record)
 
     def places(self, records: Sequence[JobRecord], store: JobDB) -> dict[str, str]:
-        from orchestrator.jobs.queue import positions
+        from orchestrator.ssh.queue import positions
 
         return positions([r.id for r in records], store)
 
     def logs(
         self, record: JobRecord, store: JobDB, want: LogFilter, follow: bool, reporter: Reporter
     ) -> int:
-        from orchestrator.jobs.logs import logs
+        from orchestrator.ssh.logs import logs
 
         return logs(store, record.id, want, follow, reporter)
 
     def kill(self, record: JobRecord, store: JobDB, reporter: Reporter) -> KillOutcome:
-        from orchestrator.jobs import teardown
+        from orchestrator.ssh import teardown
 
         return teardown.kill(store, record, reporter)
 
@@ -96,9 +96,9 @@ class SshBackend:
         reporter: Reporter,
         bars: PullBars,
     ) -> list[PullReport]:
-        from orchestrator.jobs.pull import sources
         from orchestrator.nodes.group import HostGroup
         from orchestrator.reporting.receive import pull
+        from orchestrator.ssh.pull import sources
 
         nodes = sources(record, every_node)
         with HostGroup([n.host for n in nodes], ConnectOptions(notice=reporter.notice)) as group:
@@ -113,7 +113,7 @@ class SshBackend:
         interval_s: float,
         silent_s: float,
     ) -> Iterator[TopView]:
-        from orchestrator.jobs import top
+        from orchestrator.ssh import top
 
         return top.watch(store, record, reporter, interval_s, silent_s)
 
@@ -128,7 +128,7 @@ class SshBackend:
     ) -> bool:
         probing = "probing the job's hosts" if job else f"probing {len(inventory.hosts)} hosts"
         with view.probing(probing):
-            from orchestrator.check.run import run_check
+            from orchestrator.ssh.check.run import run_check
 
             report = run_check(inventory, job, bandwidth, ConnectOptions(notice=view.notice))
         view.report(report)
@@ -136,9 +136,9 @@ class SshBackend:
 
     def hosts(self, inventory: Inventory, reporter: Reporter) -> HostsView:
         from orchestrator.agent.kernel.lease_wire import printable
-        from orchestrator.jobs.queue import host_views, queue_rows, unit_rows
         from orchestrator.nodes.group import connect_reachable
         from orchestrator.nodes.warm import warm_interpreters
+        from orchestrator.ssh.queue import host_views, queue_rows, unit_rows
 
         group, failures = connect_reachable(list(inventory.hosts), reporter.notice)
         with group:
@@ -157,6 +157,6 @@ class SshBackend:
     def warm(
         self, job: JobSpec, inventory: Inventory, reporter: Reporter
     ) -> tuple[dict[str, WarmStart], list[OrchError]]:
-        from orchestrator.jobs.warmup import warm_up  # with check/: for the probe
+        from orchestrator.ssh.warmup import warm_up  # with ssh/check/: for the probe
 
         return warm_up(job, inventory, reporter)

@@ -21,12 +21,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator.jobs.submit import Submission, submit
 from orchestrator.models.errors import InputError
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
-from orchestrator.plan import select_hosts
 from orchestrator.records.db import new_job_id
+from orchestrator.ssh.plan import select_hosts
+from orchestrator.ssh.submit import Submission, submit
 
 MARK = "@orch-allreduce "
 SCRIPT = "allreduce.py"

@@ -11,11 +11,11 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.check.net import BANDWIDTH_S
-from orchestrator.check.rules import Problem, Severity, human_bytes
-from orchestrator.check.run import CheckReport, HostStatus, describe_port
 from orchestrator.models.errors import RemoteCommandError
-from orchestrator.plan import IFNAME_VARS
+from orchestrator.ssh.check.net import BANDWIDTH_S
+from orchestrator.ssh.check.rules import Problem, Severity, human_bytes
+from orchestrator.ssh.check.run import CheckReport, HostStatus, describe_port
+from orchestrator.ssh.plan import IFNAME_VARS
 
 COLUMNS = (
     ("host", "host"),

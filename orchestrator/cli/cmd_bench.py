@@ -21,8 +21,7 @@ from orchestrator.bench.allreduce import (
 from orchestrator.cli.app import HostsOpt, InventoryOpt, LabelsOpt, _names, app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.models.errors import InputError
-from orchestrator.models.inventory import resolve_inventory
-from orchestrator.plan import pick_hosts
+from orchestrator.models.inventory import pick_hosts, resolve_inventory
 
 bench_app = typer.Typer(
     name="bench", help="Measure the cluster as a job sees it.", no_args_is_help=True

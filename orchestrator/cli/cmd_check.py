@@ -12,13 +12,13 @@ import typer
 from rich.console import Console
 
 from orchestrator import backends
-from orchestrator.check.run import CheckReport
 from orchestrator.cli.app import InventoryOpt, app
 from orchestrator.cli.check_view import bandwidth_table, bandwidth_title, host_table, summary_lines
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.models.errors import EXIT_INFRA, OrchError
 from orchestrator.models.inventory import resolve_inventory
 from orchestrator.models.job import load_job
+from orchestrator.ssh.check.run import CheckReport
 
 
 @app.command()

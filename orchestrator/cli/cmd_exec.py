@@ -9,9 +9,8 @@ import typer
 from orchestrator.cli.app import HostsOpt, InventoryOpt, LabelsOpt, _names, app
 from orchestrator.cli.console import ConsoleReporter
 from orchestrator.models.errors import ExecFailed
-from orchestrator.models.inventory import resolve_inventory
+from orchestrator.models.inventory import pick_hosts, resolve_inventory
 from orchestrator.nodes.execute import run_everywhere
-from orchestrator.plan import pick_hosts
 from orchestrator.transport.base import ConnectOptions
 
 

@@ -14,7 +14,7 @@ import typer
 
 from orchestrator.cli.app import InventoryOpt, app
 from orchestrator.models.errors import InputError
-from orchestrator.models.inventory import Host, load_inventory
+from orchestrator.models.inventory import Host, load_inventory, pick_hosts
 from orchestrator.onboard import keys as onboard
 from orchestrator.onboard.targets import (
     complete_aliases,
@@ -23,7 +23,6 @@ from orchestrator.onboard.targets import (
     split_words,
     ssh_config_path,
 )
-from orchestrator.plan import pick_hosts
 from orchestrator.transport.base import ConnectOptions
 
 

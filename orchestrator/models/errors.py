@@ -149,7 +149,7 @@ class HostChoiceError(InputError):
 
 
 class Finding(Protocol):
-    """A problem as check reports it (check/rules.py Problem)."""
+    """A problem as check reports it (ssh/check/rules.py Problem)."""
 
     @property
     def severity(self) -> str: ...

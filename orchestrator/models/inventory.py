@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.models.errors import SpecError
+from orchestrator.models.errors import HostChoiceError, SpecError
 from orchestrator.models.positions import PosDict
 from orchestrator.models.schema import (
     Where,
@@ -68,7 +69,7 @@ class Host:
     # Seconds of confirmed silence before a node here is lost (None: the default).
     lost_after: int | None = None
     # The inventory says how many GPUs or slots the host has: jobs lease them, and
-    # wait in line while they are held (jobs/queue.py).
+    # wait in line while they are held (ssh/queue.py).
     leases: bool = False
 
     @property
@@ -238,3 +239,43 @@ def resolve_inventory(cli_path: Path | None, job_inventory: Path | None) -> Inve
     if job_inventory is not None:
         return load_inventory(job_inventory)
     return builtin_local_inventory()
+
+
+def pick_hosts(
+    inventory: Inventory,
+    names: Sequence[str] = (),
+    labels: Sequence[str] = (),
+    count: int | None = None,
+) -> list[Host]:
+    """The hosts named (in that order, each once), else all; those with every label;
+    the first `count` of them (all when None). The one rule of `hosts:`, `labels:` and
+    `nodes:` in a job, and of `--hosts` and `--labels` on the command line.
+
+    Raises:
+        HostChoiceError: an unknown host name, no host with the labels, or fewer hosts
+            than `count`.
+    """
+    unknown = [n for n in names if inventory.by_name(n) is None]
+    if unknown:
+        raise HostChoiceError(
+            "hosts",
+            f"host '{unknown[0]}' is not in inventory {inventory.path}",
+            "known hosts: " + ", ".join(inventory.names()),
+        )
+    hosts = [inventory.by_name(n) for n in dict.fromkeys(names)] if names else inventory.hosts
+    candidates = [h for h in hosts if h is not None and set(labels) <= set(h.labels)]
+    if labels and not candidates:
+        raise HostChoiceError(
+            "labels",
+            f"no host in {inventory.path} has labels {list(labels)}",
+            "fix the labels, or add them to hosts in the inventory (orch check lists them)",
+        )
+    wanted = count if count is not None else len(candidates)
+    if wanted > len(candidates):
+        with_labels = f" with labels {list(labels)}" if labels else ""
+        raise HostChoiceError(
+            "nodes",
+            f"nodes={wanted} but inventory has {len(candidates)} hosts{with_labels}",
+            f"lower nodes, or add hosts to {inventory.path}",
+        )
+    return candidates[:wanted]

@@ -41,7 +41,7 @@ class NodeRef(Protocol):
 
 
 class NodeStart(NodeRef, Protocol):
-    """What starting a node needs beyond a NodeRef: a plan's node (plan.py's NodeLaunch)."""
+    """What starting a node needs beyond a NodeRef: a plan's node (ssh/plan.py's NodeLaunch)."""
 
     @property
     def argv(self) -> tuple[str, ...]: ...
@@ -56,7 +56,7 @@ def start(node: NodeStart, transport: Transport, lease: dict[str, Any] | None = 
 
     Args:
         lease: the GPUs or slots the node leases on a shared host, and its ticket
-            (jobs/queue.py): it may then wait its turn first, and say so.
+            (ssh/queue.py): it may then wait its turn first, and say so.
 
     Returns:
         The reply: `pid` once torchrun runs; with a lease, else `queued` (the node

@@ -112,7 +112,7 @@ class SpecView:
     attempt: int = 0  # the current attempt (0: the first)
     attempts: tuple[RecordedAttempt, ...] = ()
     backend: str = "ssh"
-    keeper: dict[str, Any] | None = None  # {host, dir, hosts}: jobs/keep.py
+    keeper: dict[str, Any] | None = None  # {host, dir, hosts}: ssh/keep.py
     slurm: dict[str, Any] | None = None  # the Slurm job's id, login node, ...: slurm/
 
     @classmethod

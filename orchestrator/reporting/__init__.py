@@ -10,5 +10,5 @@ shows, and the summary of how a job failed.
 - filters.py: LogFilter and FilteredReporter (`--node`, `--rank`, `--tail`).
 - failure.py: the failure summary (first failing rank, its last lines).
 
-It imports neither backend: the SSH hosts' jobs/ and slurm/ both import it.
+It imports neither backend: ssh/ and slurm/ both import it.
 """

@@ -1,5 +1,5 @@
 """A restarted job's earlier attempts, printed from the local copy of their logs: the
-same for a job over SSH (jobs/logs.py) and on Slurm (slurm/restarts.py)."""
+same for a job over SSH (ssh/logs.py) and on Slurm (slurm/restarts.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A job's outputs received from a node's agent into a local directory, whatever the
-backend: over SSH from each node (jobs/pull.py), on Slurm from the shared home through
+backend: over SSH from each node (ssh/pull.py), on Slurm from the shared home through
 the login node (slurm/outputs.py).
 
 Each node's agent lists what the globs select and sends the files this machine's copy

@@ -1,6 +1,6 @@
 """What `orch top` shows, whatever the backend: a refresh of a job (`TopView`), its
 nodes, ranks and GPUs, and which job to watch. The sampling itself is the backend's
-(jobs/top.py over SSH)."""
+(ssh/top.py over SSH)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What `orch top` makes of two samples of a node, whatever the backend: rates, and
-who falls behind (jobs/top.py samples SSH hosts, slurm/top.py a Slurm job's nodes).
+who falls behind (ssh/top.py samples SSH hosts, slurm/top.py a Slurm job's nodes).
 
 Rates come from two consecutive samples of one host, on that host's own monotonic
 clock (the network's delay is no part of them).

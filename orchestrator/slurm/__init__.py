@@ -14,5 +14,5 @@ home, and the login node's one SSH connection streams them back as for SSH hosts
 - jobs.py: `orch status`, `logs`, `kill` of recorded Slurm jobs; check.py: `orch check`.
 - unsupported.py: what orch cannot do on Slurm yet, refused with one error.
 
-backends/slurm.py puts these behind the Backend protocol; slurm/ never imports jobs/.
+backends/slurm.py puts these behind the Backend protocol; slurm/ never imports ssh/.
 """

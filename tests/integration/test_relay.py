@@ -47,7 +47,7 @@ def local_digest(work: Path) -> str:
 
 def push_log(stderr: str, verb: str) -> dict[str, int]:
     """Files per host from the `-v` line `pushed ...` or `relayed ...`."""
-    line = next((x for x in stderr.splitlines() if f"orchestrator.jobs.submit: {verb} " in x), "")
+    line = next((x for x in stderr.splitlines() if f"orchestrator.ssh.submit: {verb} " in x), "")
     return {h: int(n) for n, h in re.findall(r"(\d+) files \(\d+ kB\) to (\S+?)(?:,|$)", line)}
 
 

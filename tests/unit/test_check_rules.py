@@ -10,7 +10,11 @@ import pytest
 
 from orchestrator.agent.kernel.host_wire import ProbeFacts
 from orchestrator.agent.kernel.protocol import parse_message
-from orchestrator.check.rules import (
+from orchestrator.models.errors import EXIT_INFRA, PreflightError
+from orchestrator.models.facts import HostFacts
+from orchestrator.models.inventory import Host
+from orchestrator.nodes.probe import facts_from_probe
+from orchestrator.ssh.check.rules import (
     Problem,
     Severity,
     bandwidth_problems,
@@ -22,10 +26,6 @@ from orchestrator.check.rules import (
     port_problems,
     reach_problems,
 )
-from orchestrator.models.errors import EXIT_INFRA, PreflightError
-from orchestrator.models.facts import HostFacts
-from orchestrator.models.inventory import Host
-from orchestrator.nodes.probe import facts_from_probe
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HEALTHY = HostFacts(

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from orchestrator.agent.kernel.host_wire import ProbeFacts
 from orchestrator.agent.kernel.protocol import ExitRecord
-from orchestrator.jobs.watch import first_failure
 from orchestrator.models.clocks import HostClock, clocks_from_json
 from orchestrator.nodes.probe import facts_from_probe
 from orchestrator.reporting.failure import first_in_time
 from orchestrator.reporting.follow import NodeExit
+from orchestrator.ssh.watch import first_failure
 
 IN_STEP = HostClock(-0.2, 0.2)  # a host whose clock agrees with this one's, give or take 0.2 s
 

@@ -26,11 +26,11 @@ from orchestrator.agent.kernel.host_wire import (
     Reached,
 )
 from orchestrator.agent.kernel.protocol import Message, parse_message
-from orchestrator.check import net
 from orchestrator.models.errors import HostError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
 from orchestrator.nodes.probe import probe_host
+from orchestrator.ssh.check import net
 from orchestrator.transport.local import LocalTransport
 
 

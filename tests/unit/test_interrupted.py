@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.jobs import teardown as module
 from orchestrator.models.errors import Interrupted
 from orchestrator.nodes.ops import KILL_GRACE_S
+from orchestrator.ssh import teardown as module
 
 
 class Notices:

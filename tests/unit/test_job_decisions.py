@@ -19,9 +19,6 @@ import pytest
 from orchestrator.agent.host import proc
 from orchestrator.agent.host.proc import start_time
 from orchestrator.agent.kernel import protocol
-from orchestrator.jobs.logs import drain
-from orchestrator.jobs.reconcile import reconcile
-from orchestrator.jobs.watch import watch_job
 from orchestrator.models.errors import HostError, JobFailed
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
@@ -29,6 +26,9 @@ from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror
+from orchestrator.ssh.logs import drain
+from orchestrator.ssh.reconcile import reconcile
+from orchestrator.ssh.watch import watch_job
 from orchestrator.transport import ConnectOptions
 from orchestrator.transport.local import LocalTransport
 

@@ -17,7 +17,7 @@ from orchestrator.models import placeholders
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
 from orchestrator.models.job import LAUNCHERS, JobSpec, load_job
-from orchestrator.plan import build_plan, node_template
+from orchestrator.ssh.plan import build_plan, node_template
 from tests.unit.conftest import WriteFile
 from tests.unit.keeping_driver import Driven
 

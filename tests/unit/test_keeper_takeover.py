@@ -9,7 +9,7 @@ from typing import Any
 
 from orchestrator.agent.keeper.decisions import GATHER_S, Keeping, successors
 from orchestrator.agent.kernel import placement
-from orchestrator.jobs.keep import current_keeper
+from orchestrator.ssh.keep import current_keeper
 from tests.unit.keeping_driver import Driven
 
 LOST_AFTER = 3.0

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from orchestrator.models import placeholders
 from orchestrator.models.inventory import Host
 from orchestrator.models.job import JobSpec, load_job, local_rank_spelling
-from orchestrator.plan import build_plan, describe
+from orchestrator.ssh.plan import build_plan, describe
 from tests.unit.conftest import WriteFile, expect_input_error
 
 HOSTS = [

@@ -24,9 +24,9 @@ from orchestrator.agent.kernel.lease_wire import (
 )
 from orchestrator.agent.kernel.protocol import parse_message
 from orchestrator.agent.leases import policy, storage
-from orchestrator.check.rules import lease_dir_problems
 from orchestrator.cli.hosts_view import _text
-from orchestrator.jobs.queue import waiting_text
+from orchestrator.ssh.check.rules import lease_dir_problems
+from orchestrator.ssh.queue import waiting_text
 
 ME = (os.getpid(), proc.start_time(os.getpid()))
 

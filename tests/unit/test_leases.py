@@ -19,9 +19,9 @@ from orchestrator.agent.host import proc
 from orchestrator.agent.kernel.lease_wire import LeaseHosts, Waiting
 from orchestrator.agent.kernel.protocol import EXIT, parse_message, read_json
 from orchestrator.agent.leases import holder, policy, storage
-from orchestrator.jobs.queue import lease_request, slot_offsets, waiting_text
 from orchestrator.models.inventory import Host
-from orchestrator.plan import build_plan
+from orchestrator.ssh.plan import build_plan
+from orchestrator.ssh.queue import lease_request, slot_offsets, waiting_text
 from tests.unit.conftest import WriteFile, dedent
 
 ME = (os.getpid(), proc.start_time(os.getpid()))
@@ -496,7 +496,7 @@ def test_the_queued_line_names_what_whom_since_when_and_the_place() -> None:
 
 
 def test_host_rows_show_each_inventory_gpu_free_held_or_busy_outside_orch() -> None:
-    from orchestrator.jobs.queue import queue_rows, unit_rows
+    from orchestrator.ssh.queue import queue_rows, unit_rows
 
     host = Host("gpu1", "10.0.0.1", gpus=(0, 2, 4), slots=3, leases=True)
     view = parse_message(

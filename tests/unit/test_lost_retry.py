@@ -7,8 +7,8 @@ import threading
 import time
 from collections import defaultdict
 
-from orchestrator.jobs.retry import retry_each
 from orchestrator.models.errors import HostError
+from orchestrator.ssh.retry import retry_each
 
 CONNECT_TIMEOUT_S = 0.3  # stands for the 3 s a fresh connection waits behind a partition
 

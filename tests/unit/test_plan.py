@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec, load_job
-from orchestrator.plan import HostFacts, build_plan, describe, select_hosts, static_master_addr
+from orchestrator.ssh.plan import HostFacts, build_plan, describe, select_hosts, static_master_addr
 from tests.unit.conftest import WriteFile, expect_input_error
 
 

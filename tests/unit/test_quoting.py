@@ -19,7 +19,7 @@ from orchestrator.models.inventory import Host
 from orchestrator.models.job import JobSpec
 from orchestrator.nodes import agent, ops
 from orchestrator.nodes.shell import sh_join, sh_path
-from orchestrator.plan import build_plan
+from orchestrator.ssh.plan import build_plan
 
 SH = "/bin/sh"
 # What /bin/sh cannot carry: NUL ends a C string. Surrogates are not text.

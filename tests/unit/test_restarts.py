@@ -3,8 +3,8 @@ it waits."""
 
 from __future__ import annotations
 
-from orchestrator.jobs.submit import next_hosts, restart_delay
 from orchestrator.models.inventory import Host
+from orchestrator.ssh.submit import next_hosts, restart_delay
 
 HOSTS = [Host(name=f"node{i}", address=f"10.77.0.{10 + i}") for i in range(1, 6)]
 N1, N2, N3, N4, N5 = HOSTS

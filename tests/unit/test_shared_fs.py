@@ -24,7 +24,7 @@ from orchestrator.models.errors import SpecError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, load_inventory
 from orchestrator.models.job import load_job
-from orchestrator.plan import build_plan, fs_groups
+from orchestrator.ssh.plan import build_plan, fs_groups
 
 
 def host(name: str, shared_fs: bool | str | None = None) -> Host:

@@ -1,5 +1,5 @@
 """A detached job's wait in line, run by its keeper: its nodes start on
-every host at once or on none, as jobs/queue.py's `_wait_all` does for a submit that
+every host at once or on none, as ssh/queue.py's `_wait_all` does for a submit that
 waits, but without the laptop. Pure, like keeper/decisions.py: fed the members' answers and
 the clock, answering with the messages to send.
 

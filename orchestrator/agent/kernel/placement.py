@@ -1,5 +1,5 @@
 """Where a job's nodes go and what each one runs, written once for the controller's plan
-(plan.py) and the host-side keeper of a detached job (keeper/), which starts a new
+(ssh/plan.py) and the host-side keeper of a detached job (keeper/), which starts a new
 attempt on other hosts without the laptop.
 
 A node's command is rendered from two parts:

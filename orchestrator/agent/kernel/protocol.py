@@ -540,7 +540,7 @@ class WarmAhead(Reply):
 
 class TopSample(Reply):
     """`top`: one sample of a node's ranks (agent/node/top.py says what each field holds).
-    `ranks`, `launcher` and `gpus` stay plain JSON here; `jobs/top.py` reads them."""
+    `ranks`, `launcher` and `gpus` stay plain JSON here; `ssh/top.py` reads them."""
 
     exists: bool
     started: bool

@@ -179,7 +179,7 @@ def grant(
         and claimed(t, now)
     ]
     # An older ticket keeps back only what it could take of these units: entries of one
-    # machine in the inventory lease slots of their own (jobs/queue.py slot_offsets).
+    # machine in the inventory lease slots of their own (ssh/queue.py slot_offsets).
     reserved = sum(
         min(int(t.get("count", 0)), len(set(free) & set(map(int, t.get("pool") or free))))
         for t in older

@@ -35,9 +35,9 @@ from orchestrator.models.job import JobSpec
 from orchestrator.models.states import JobState
 from orchestrator.nodes import agent, ops
 from orchestrator.nodes.group import HostGroup
-from orchestrator.plan import LaunchPlan, NodeLaunch
 from orchestrator.records.db import JobDB
 from orchestrator.reporting.reporter import Reporter
+from orchestrator.ssh.plan import LaunchPlan, NodeLaunch
 from orchestrator.transport import Transport
 
 log = logging.getLogger(__name__)

@@ -6,8 +6,6 @@ import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from orchestrator.jobs.retry import retry_each
-from orchestrator.jobs.teardown import STOPPED_LATER, stop_interrupted, teardown
 from orchestrator.models.clocks import HostClock, clocks_from_json
 from orchestrator.models.errors import Interrupted, JobFailed
 from orchestrator.models.states import JobState, job_state, node_state
@@ -25,6 +23,8 @@ from orchestrator.reporting.failure import (
 from orchestrator.reporting.follow import NodeExit, Notice, Output, Watcher
 from orchestrator.reporting.progress import Condenser
 from orchestrator.reporting.reporter import Reporter
+from orchestrator.ssh.retry import retry_each
+from orchestrator.ssh.teardown import STOPPED_LATER, stop_interrupted, teardown
 
 LOST_RETRY_S = 15.0  # how long an attached submit keeps trying to stop a lost node
 

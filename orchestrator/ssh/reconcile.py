@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 
-from orchestrator.jobs import keep
-from orchestrator.jobs.teardown import STOPPED_LATER, teardown
 from orchestrator.models.clocks import clocks_from_json
 from orchestrator.models.errors import HostError
 from orchestrator.models.states import STILL_RUNNING, JobState, job_state, node_state
@@ -19,6 +17,8 @@ from orchestrator.nodes.group import FRESH_TIMEOUT_S, connect_reachable
 from orchestrator.records.db import JobDB, JobRecord
 from orchestrator.reporting.failure import first_in_time
 from orchestrator.reporting.reporter import Reporter
+from orchestrator.ssh import keep
+from orchestrator.ssh.teardown import STOPPED_LATER, teardown
 
 log = logging.getLogger(__name__)
 SETTLED = (JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED)

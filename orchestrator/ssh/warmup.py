@@ -37,7 +37,7 @@ def warm_up(
         InputError: the job asks for cold starts (`warm: false`, `--cold`).
         InfraError / PreflightError: as a submit's connect and probe would.
     """
-    from orchestrator.jobs import submit as submitting  # with check/: for the probe
+    from orchestrator.ssh import submit as submitting  # with ssh/check/: for the probe
 
     if job.cold:
         raise InputError(

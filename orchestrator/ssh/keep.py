@@ -3,7 +3,7 @@
 `orch submit -d` of a job with `restarts:` starts, once the job runs, a keeper on its
 master host and a member on each of its hosts and spares (the spares get the code and
 `setup:` first), so that a node's failure or loss restarts the job without the laptop.
-A detached job that waits in line for shared hosts (jobs/queue.py) gets its keeper at
+A detached job that waits in line for shared hosts (ssh/queue.py) gets its keeper at
 once, restarts or not: it starts the job's nodes together when their turn comes.
 `orch status`, `orch logs` and `orch kill` read the keeper's record through `sync` and
 bring the local record up to date, one `JobDB.restart` per attempt the keeper started,
@@ -43,7 +43,7 @@ from orchestrator.transport import Transport
 # keeper uses (the plan, the lease policy, the probe, the log follower: 7 ms) is
 # imported where it is used, off their start.
 if TYPE_CHECKING:
-    from orchestrator.plan import LaunchPlan
+    from orchestrator.ssh.plan import LaunchPlan
 
     Push = Callable[[LaunchPlan, HostGroup], None]
 
@@ -76,7 +76,7 @@ def start_keeper(
         OrchError: the keeper, or the member of one of the job's hosts, could not
             start; the keeper was stopped again (the caller tears the job down).
     """
-    from orchestrator.plan import node_count  # (see the imports above)
+    from orchestrator.ssh.plan import node_count  # (see the imports above)
 
     job, master = plan.job, plan.master
     templates = {n.host.name: dict(n.template) for n in plan.nodes}
@@ -180,7 +180,7 @@ def _prepare_spares(
     """Probe the spares, push the code to those that can run the job, and note their
     templates and directories (where their members live)."""
     from orchestrator.nodes.probe import probe
-    from orchestrator.plan import build_plan, fs_groups, node_template
+    from orchestrator.ssh.plan import build_plan, fs_groups, node_template
 
     for failure in group.connect(tolerate=True):
         reporter.notice(f"warning: spare left out of restarts: {failure.message}")
@@ -209,8 +209,8 @@ def _prepare_spares(
 def _lease_units(plan: LaunchPlan, hosts: Sequence[Host]) -> dict[str, dict[str, Any] | None]:
     """What a later attempt's node leases on each host (queue.lease_units): where any
     host is shared, the others lease nothing but still wait for their turn together."""
-    from orchestrator.jobs.queue import NO_UNITS, lease_units, slot_offsets
-    from orchestrator.plan import node_count
+    from orchestrator.ssh.plan import node_count
+    from orchestrator.ssh.queue import NO_UNITS, lease_units, slot_offsets
 
     offsets = slot_offsets(hosts)
     units = {

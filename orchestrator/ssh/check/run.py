@@ -15,8 +15,15 @@ from dataclasses import dataclass, field, replace
 
 from orchestrator.agent.kernel.lease_wire import LeaseDir
 from orchestrator.agent.kernel.protocol import MessageError, parse_message
-from orchestrator.check.net import Throughput, bandwidth, reachability, relay_reach
-from orchestrator.check.rules import (
+from orchestrator.models.errors import HostError, OrchError, PreflightError
+from orchestrator.models.facts import HostFacts
+from orchestrator.models.inventory import Host, Inventory
+from orchestrator.models.job import JobSpec
+from orchestrator.nodes import agent
+from orchestrator.nodes.group import HostGroup
+from orchestrator.nodes.probe import Marks, probe, probe_host, torch_missing
+from orchestrator.ssh.check.net import Throughput, bandwidth, reachability, relay_reach
+from orchestrator.ssh.check.rules import (
     Problem,
     bandwidth_problems,
     cluster_problems,
@@ -28,14 +35,7 @@ from orchestrator.check.rules import (
     relay_problems,
     unusable,
 )
-from orchestrator.models.errors import HostError, OrchError, PreflightError
-from orchestrator.models.facts import HostFacts
-from orchestrator.models.inventory import Host, Inventory
-from orchestrator.models.job import JobSpec
-from orchestrator.nodes import agent
-from orchestrator.nodes.group import HostGroup
-from orchestrator.nodes.probe import Marks, probe, probe_host, torch_missing
-from orchestrator.plan import fs_groups, select_hosts, static_master_addr
+from orchestrator.ssh.plan import fs_groups, select_hosts, static_master_addr
 from orchestrator.transport import ConnectOptions, Transport
 
 log = logging.getLogger(__name__)

@@ -15,12 +15,6 @@ from pathlib import Path
 from orchestrator.agent.kernel import placement
 from orchestrator.agent.kernel.lease_wire import LeaseStart
 from orchestrator.agent.kernel.placement import restart_delay
-from orchestrator.check.run import preflight
-from orchestrator.jobs.keep import start_keeper
-from orchestrator.jobs.pull import bring_outputs
-from orchestrator.jobs.queue import start_nodes
-from orchestrator.jobs.teardown import stop_interrupted, teardown
-from orchestrator.jobs.watch import watch_job
 from orchestrator.models.clocks import HostClock
 from orchestrator.models.errors import (
     HostError,
@@ -29,23 +23,28 @@ from orchestrator.models.errors import (
     OrchError,
     RemoteCommandError,
 )
-from orchestrator.models.inventory import Host, Inventory
+from orchestrator.models.inventory import Host, Inventory, pick_hosts
 from orchestrator.models.job import JobSpec
 from orchestrator.models.states import JobState
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
-from orchestrator.plan import (
+from orchestrator.records.db import JobDB, JobRecord, NodeRecord, new_job_id
+from orchestrator.records.logmirror import LogMirror
+from orchestrator.reporting.reporter import ProgressReporter, Reporter, phase
+from orchestrator.ssh.check.run import preflight
+from orchestrator.ssh.keep import start_keeper
+from orchestrator.ssh.plan import (
     LaunchPlan,
     NodeLaunch,
     build_plan,
     fs_groups,
-    pick_hosts,
     select_hosts,
     static_master_addr,
 )
-from orchestrator.records.db import JobDB, JobRecord, NodeRecord, new_job_id
-from orchestrator.records.logmirror import LogMirror
-from orchestrator.reporting.reporter import ProgressReporter, Reporter, phase
+from orchestrator.ssh.pull import bring_outputs
+from orchestrator.ssh.queue import start_nodes
+from orchestrator.ssh.teardown import stop_interrupted, teardown
+from orchestrator.ssh.watch import watch_job
 from orchestrator.sync.manifest import Tree, scan_workdir
 from orchestrator.sync.push import PushResult, push
 from orchestrator.sync.relay import Relay

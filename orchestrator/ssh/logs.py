@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import time
 
-from orchestrator.jobs import keep
-from orchestrator.jobs.reconcile import look_for_lost
-from orchestrator.jobs.watch import watch_job
 from orchestrator.models.errors import HostError, InfraError, OrchError
 from orchestrator.models.states import JobState, job_state, node_state
 from orchestrator.nodes.group import HostGroup, connect_reachable
@@ -16,6 +13,9 @@ from orchestrator.reporting.attempts import print_earlier_attempts
 from orchestrator.reporting.filters import FilteredReporter, LogFilter
 from orchestrator.reporting.follow import IDLE_TIMEOUT_S, NodeExit, Watcher
 from orchestrator.reporting.reporter import Reporter
+from orchestrator.ssh import keep
+from orchestrator.ssh.reconcile import look_for_lost
+from orchestrator.ssh.watch import watch_job
 
 NEXT_ATTEMPT_POLL_S = 1.0  # how often a follow asks the keeper for the next attempt
 

@@ -17,7 +17,7 @@ from orchestrator.agent.kernel.lease_wire import LeaseDir
 from orchestrator.models.errors import OrchError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
-from orchestrator.plan import IFNAME_VARS
+from orchestrator.ssh.plan import IFNAME_VARS
 
 LOW_DISK_BYTES = 1 << 30
 CLOCK_WARN_S = 1.0

@@ -20,7 +20,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from orchestrator.agent.kernel.protocol import TopSample
-from orchestrator.jobs.reconcile import SETTLED, reconcile
 from orchestrator.models.errors import HostError, MultiHostError, OrchError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
@@ -29,6 +28,7 @@ from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.reporting.top import INTERVAL_S, SILENT_S, NodeView, TopView, ended_error
 from orchestrator.reporting.top_rates import node_view, top_view
+from orchestrator.ssh.reconcile import SETTLED, reconcile
 from orchestrator.transport import Transport
 
 SAMPLE_TIMEOUT_S = 20.0

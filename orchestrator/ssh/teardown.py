@@ -10,8 +10,6 @@ import logging
 from collections.abc import Callable, Sequence
 
 from orchestrator.agent.kernel.protocol import KillReport
-from orchestrator.jobs import keep
-from orchestrator.jobs.pull import bring_outputs
 from orchestrator.models.errors import HostError, Interrupted
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
@@ -21,6 +19,8 @@ from orchestrator.nodes.ops import NodeRef
 from orchestrator.records.db import JobDB, JobRecord
 from orchestrator.reporting.outcomes import KillOutcome
 from orchestrator.reporting.reporter import Reporter
+from orchestrator.ssh import keep
+from orchestrator.ssh.pull import bring_outputs
 from orchestrator.transport.base import Transport
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from typing import Any
 from orchestrator.agent.kernel import placement, protocol
 from orchestrator.models.errors import HostChoiceError
 from orchestrator.models.facts import HostFacts
-from orchestrator.models.inventory import Host, Inventory
+from orchestrator.models.inventory import Host, Inventory, pick_hosts
 from orchestrator.models.job import JobSpec
 
 IFNAME_VARS = placement.IFNAME_VARS
@@ -106,46 +106,6 @@ def select_hosts(job: JobSpec, inventory: Inventory) -> list[Host]:
             "give the local machine its network address in the inventory",
         )
     return selected
-
-
-def pick_hosts(
-    inventory: Inventory,
-    names: Sequence[str] = (),
-    labels: Sequence[str] = (),
-    count: int | None = None,
-) -> list[Host]:
-    """The hosts named (in that order, each once), else all; those with every label;
-    the first `count` of them (all when None). The one rule of `hosts:`, `labels:` and
-    `nodes:` in a job, and of `--hosts` and `--labels` on the command line.
-
-    Raises:
-        HostChoiceError: an unknown host name, no host with the labels, or fewer hosts
-            than `count`.
-    """
-    unknown = [n for n in names if inventory.by_name(n) is None]
-    if unknown:
-        raise HostChoiceError(
-            "hosts",
-            f"host '{unknown[0]}' is not in inventory {inventory.path}",
-            "known hosts: " + ", ".join(inventory.names()),
-        )
-    hosts = [inventory.by_name(n) for n in dict.fromkeys(names)] if names else inventory.hosts
-    candidates = [h for h in hosts if h is not None and set(labels) <= set(h.labels)]
-    if labels and not candidates:
-        raise HostChoiceError(
-            "labels",
-            f"no host in {inventory.path} has labels {list(labels)}",
-            "fix the labels, or add them to hosts in the inventory (orch check lists them)",
-        )
-    wanted = count if count is not None else len(candidates)
-    if wanted > len(candidates):
-        with_labels = f" with labels {list(labels)}" if labels else ""
-        raise HostChoiceError(
-            "nodes",
-            f"nodes={wanted} but inventory has {len(candidates)} hosts{with_labels}",
-            f"lower nodes, or add hosts to {inventory.path}",
-        )
-    return candidates[:wanted]
 
 
 def static_master_addr(master: Host) -> str | None:
