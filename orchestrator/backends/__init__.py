@@ -35,8 +35,19 @@ def backend(name: str) -> Backend:
 
 
 def for_inventory(inventory: Inventory) -> Backend:
-    """The backend of an inventory: Slurm where it has a `slurm:` section, else SSH."""
-    return backend("slurm" if inventory.slurm is not None else "ssh")
+    """The backend of an inventory: the one its backend section names (`slurm:`), else
+    SSH.
+
+    Raises:
+        InputError: the section names a backend this orch does not know.
+    """
+    if inventory.backend_name not in BACKENDS:
+        raise InputError(
+            f"inventory {inventory.path} names backend '{inventory.backend_name}', "
+            "which this orch does not know",
+            "known backends: " + ", ".join(BACKENDS),
+        )
+    return backend(inventory.backend_name)
 
 
 def for_record(record: JobRecord) -> Backend:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from orchestrator.models.errors import HostChoiceError, SpecError
 from orchestrator.models.positions import PosDict
@@ -20,7 +21,7 @@ from orchestrator.models.schema import (
     get_str_list,
     load_yaml,
 )
-from orchestrator.models.slurm import SlurmSection, load_slurm_section, login_where
+from orchestrator.models.slurm import load_slurm_section
 
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
 DEFAULT_WORKDIR = "~/.orch"
@@ -46,6 +47,27 @@ _HOST_KEYS = {
     "or a group name (default: found out)",
 }
 _DEFAULT_KEYS = {k: v for k, v in _HOST_KEYS.items() if k not in ("name", "address")}
+
+
+class BackendSection(Protocol):
+    """An inventory's section of a backend other than plain SSH, as that backend's
+    model reads it (models/slurm.py's `SlurmSection`)."""
+
+    @property
+    def backend(self) -> str:
+        """The name of the backend that runs the jobs (a key of backends.BACKENDS)."""
+        ...
+
+    def contacts(self, where: Where) -> list[Where]:
+        """The hosts orch connects to, each as a host entry of the inventory: a Slurm
+        cluster's login node. `where` is the section itself."""
+        ...
+
+
+# A backend's section key -> its reader: (the section, whether `hosts:` is beside it).
+BACKEND_SECTIONS: dict[str, Callable[[Where, bool], BackendSection]] = {
+    "slurm": load_slurm_section,
+}
 
 
 @dataclass(frozen=True)
@@ -84,8 +106,15 @@ class Inventory:
 
     path: str
     hosts: tuple[Host, ...]
-    # A `slurm:` section: `hosts` is its login node alone, and jobs go through sbatch.
-    slurm: SlurmSection | None = None
+    # The section of a backend other than plain SSH (`slurm:`), as that backend's model
+    # reads it: its `backend` names the one that runs the jobs (backends.for_inventory),
+    # and `hosts` is then what orch connects to (a Slurm cluster's login node alone).
+    backend: BackendSection | None = None
+
+    @property
+    def backend_name(self) -> str:
+        """The backend that runs this inventory's jobs: its section's, else "ssh"."""
+        return self.backend.backend if self.backend is not None else "ssh"
 
     def names(self) -> list[str]:
         return [h.name for h in self.hosts]
@@ -115,16 +144,20 @@ def load_inventory(path: Path, local_python: str | None = None) -> Inventory:
     """
     shown = str(path)
     top = Where(shown, load_yaml(path, "inventory"))
-    slurm = "slurm" in top.mapping
-    check_keys(top, {"defaults": None, "hosts": None, "slurm": None}, () if slurm else ("hosts",))
+    named = [key for key in BACKEND_SECTIONS if key in top.mapping]
+    known = dict.fromkeys(["defaults", "hosts", *BACKEND_SECTIONS])
+    check_keys(top, known, () if named else ("hosts",))
     defaults = get_mapping(top, "defaults") or PosDict()
     dwhere = top.child(defaults, "defaults.")
     check_keys(dwhere, _DEFAULT_KEYS)
-    if slurm:  # a Slurm cluster, reached through its login node alone (models/slurm.py)
-        swhere = top.child(get_mapping(top, "slurm") or PosDict(), "slurm.")
-        section = load_slurm_section(swhere, "hosts" in top.mapping)
-        login = _load_host(login_where(swhere), dwhere, local_python or sys.executable)
-        return Inventory(shown, (login,), section)
+    if named:  # a backend's own section: it says which hosts orch connects to
+        key = named[0]
+        swhere = top.child(get_mapping(top, key) or PosDict(), f"{key}.")
+        section = BACKEND_SECTIONS[key](swhere, "hosts" in top.mapping)
+        contact = [
+            _load_host(w, dwhere, local_python or sys.executable) for w in section.contacts(swhere)
+        ]
+        return Inventory(shown, tuple(contact), section)
     raw_hosts = top.mapping["hosts"]
     if not isinstance(raw_hosts, list) or not raw_hosts:
         raise top.error(

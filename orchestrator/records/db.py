@@ -98,8 +98,8 @@ class RecordedAttempt:
 @dataclass(frozen=True)
 class SpecView:
     """A job record's spec, typed: what submit kept of the job (path, entry, args,
-    workdir, outputs), where it runs (`backend`, a Slurm job's `slurm`, a detached
-    job's `keeper`) and its attempts. Read from the JSON the record holds; keys a
+    workdir, outputs), where it runs (`backend`, and what that backend keeps of it:
+    `own`) and its attempts. Read from the JSON the record holds; keys a
     newer orch added stay in `JobRecord.spec`, missing ones read as their default."""
 
     path: str | None = None
@@ -112,12 +112,14 @@ class SpecView:
     attempt: int = 0  # the current attempt (0: the first)
     attempts: tuple[RecordedAttempt, ...] = ()
     backend: str = "ssh"
-    keeper: dict[str, Any] | None = None  # {host, dir, hosts}: ssh/keep.py
-    slurm: dict[str, Any] | None = None  # the Slurm job's id, login node, ...: slurm/
+    # What the job's backend keeps of it, in its own field of the spec (spec[backend]):
+    # a detached SSH job's keeper (ssh/keep.py), a Slurm job's id and login node (slurm/).
+    own: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, spec: dict[str, Any]) -> SpecView:
-        keeper, slurm = spec.get("keeper"), spec.get("slurm")
+        backend = str(spec.get("backend") or "ssh")
+        own = spec.get(backend)
         return cls(
             path=spec.get("path"),
             entry=spec.get("entry"),
@@ -131,9 +133,8 @@ class SpecView:
                 RecordedAttempt(int(a["attempt"]), tuple(a["nodes"]))
                 for a in spec.get("attempts", [])
             ),
-            backend=str(spec.get("backend") or "ssh"),
-            keeper=keeper if isinstance(keeper, dict) else None,
-            slurm=slurm if isinstance(slurm, dict) else None,
+            backend=backend,
+            own=own if isinstance(own, dict) else None,
         )
 
 
@@ -168,8 +169,8 @@ class JobRecord:
 
     @property
     def backend(self) -> str:
-        """Where the job runs: "ssh" (the nodes' records are its hosts), or "slurm"
-        (spec["slurm"] holds its Slurm job id and login node: orchestrator/slurm)."""
+        """Where the job runs: a key of backends.BACKENDS ("ssh": the nodes' records are
+        its hosts; "slurm"); spec[backend] is that backend's own (`view.own`)."""
         return self.view.backend
 
 

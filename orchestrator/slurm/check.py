@@ -50,7 +50,6 @@ def run_check(
 ) -> SlurmCheck:
     """Check the login node, Slurm's commands, the partition (for `job`, its node count)
     and, with `compute`, a one-node srun probe."""
-    assert inventory.slurm is not None
     found = SlurmCheck()
     login = inventory.hosts[0]
     with HostGroup([login], ConnectOptions(notice=notice)) as group:

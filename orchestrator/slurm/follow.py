@@ -51,7 +51,7 @@ def slurm_id_of(record: JobRecord) -> str:
     Raises:
         InfraError: the record has none (sbatch never answered).
     """
-    slurm_id = (record.view.slurm or {}).get("job_id")
+    slurm_id = (record.view.own or {}).get("job_id")
     if not slurm_id:
         raise InfraError(
             f"job {record.id} never got a Slurm job id (sbatch did not answer)",

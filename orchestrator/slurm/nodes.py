@@ -19,6 +19,7 @@ from typing import Any
 from orchestrator.agent.kernel.slurm import expand_nodelist
 from orchestrator.models.errors import InputError, OrchError, RemoteCommandError
 from orchestrator.models.inventory import Inventory
+from orchestrator.models.slurm import section_of
 from orchestrator.nodes.group import HostGroup
 from orchestrator.records.db import JobDB
 from orchestrator.slurm.login import LoginNode
@@ -211,13 +212,12 @@ def hosts(
     """`orch status --hosts` of a Slurm inventory: the unit rows of its partition's
     nodes, the partition's pending jobs, and the error when the login node or Slurm did
     not answer (then no rows)."""
-    assert inventory.slurm is not None
     host = inventory.hosts[0]
     with HostGroup([host], ConnectOptions(notice=notice)) as group:
         try:
             group.connect()
             login = LoginNode(host, group.transports[host.name])
-            partition = inventory.slurm.partition or next(
+            partition = section_of(inventory).partition or next(
                 (p.name for p in login.partitions().values() if p.default), ""
             )
             nodes = partition_nodes(login, partition)

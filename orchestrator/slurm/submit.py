@@ -18,6 +18,7 @@ from orchestrator.agent.kernel.slurm_chain import CHAIN
 from orchestrator.models.errors import InputError, Interrupted, OrchError
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
+from orchestrator.models.slurm import section_of
 from orchestrator.models.states import JobState
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
@@ -48,7 +49,6 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
             way to say it in the hint.
         Unsupported: a key Slurm cannot do yet (exit 2; slurm/unsupported.py).
     """
-    assert inventory.slurm is not None
     if job.hosts:
         raise job.error(
             "hosts",
@@ -64,7 +64,7 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
         )
     login = inventory.hosts[0]
     root = protocol.job_root(login.workdir, job_id)
-    return SlurmJob(job, job_id, inventory.slurm, login.python, root, inventory.path)
+    return SlurmJob(job, job_id, section_of(inventory), login.python, root, inventory.path)
 
 
 @dataclass(frozen=True)

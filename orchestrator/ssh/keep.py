@@ -118,18 +118,16 @@ def start_keeper(
         keeper_dir = master.job_dir
         started = _run(master.host, group.transports[master.host.name], keeper_dir, "start", config)
         log.info("[job=%s] keeper on %s, port %s", plan.job_id, master.host.name, started["port"])
-        store.update_spec(
-            plan.job_id,
-            keeper={
-                "host": master.host.name,
-                "dir": keeper_dir,
-                "at": master.host.name,
-                "dirs": {h.name: homes[h.name] for h in hosts},
-                "hosts": {
-                    h.name: json.loads(host_to_json(_recorded(h, job.lost_after))) for h in hosts
-                },
+        keeper = {
+            "host": master.host.name,
+            "dir": keeper_dir,
+            "at": master.host.name,
+            "dirs": {h.name: homes[h.name] for h in hosts},
+            "hosts": {
+                h.name: json.loads(host_to_json(_recorded(h, job.lost_after))) for h in hosts
             },
-        )
+        }
+        store.update_spec(plan.job_id, ssh={"keeper": keeper})
 
         def member(host: Host, transport: Transport) -> None:
             node_dir = homes[host.name] if host.name in {n.host.name for n in plan.nodes} else None
@@ -278,7 +276,7 @@ def sync(store: JobDB, record: JobRecord, reporter: Reporter, stop: bool = False
     Returns:
         The record as it now is; `acting` when the keeper still runs the job.
     """
-    keeper = record.view.keeper
+    keeper = keeper_of(record)
     if keeper is None or record.state.is_terminal():
         return Kept(record)
     hosts = {name: host_from_json(json.dumps(h)) for name, h in keeper["hosts"].items()}
@@ -287,7 +285,9 @@ def sync(store: JobDB, record: JobRecord, reporter: Reporter, stop: bool = False
         return Kept(record)
     at, reply = asked
     if at != keeper.get("at", keeper["host"]):
-        store.update_spec(record.id, keeper={**keeper, "at": at})
+        store.update_spec(
+            record.id, ssh={**(record.view.own or {}), "keeper": {**keeper, "at": at}}
+        )
     found = reply["record"]
     record = _apply(store, store.get(record.id), found, hosts, reporter)
     return Kept(record, bool(reply.get("alive")) and found.get("state") in states.KEEPER_ACTING)
@@ -357,10 +357,17 @@ def _each_keeper(
     return found, failures
 
 
+def keeper_of(record: JobRecord) -> dict[str, Any] | None:
+    """A detached job's keeper ({host, dir, at, dirs, hosts}), from the SSH backend's
+    own field of its spec (an orch before that kept it at the spec's top)."""
+    keeper = (record.view.own or {}).get("keeper", record.spec.get("keeper"))
+    return keeper if isinstance(keeper, dict) else None
+
+
 def note(record: JobRecord) -> str:
     """` (kept by node2)`: the host whose keeper restarts the detached job."""
-    keeper = record.spec.get("keeper")
-    if not isinstance(keeper, dict) or not record.spec.get("restarts"):
+    keeper = keeper_of(record)
+    if keeper is None or not record.spec.get("restarts"):
         return ""
     return f" (kept by {keeper.get('at', keeper['host'])})"
 

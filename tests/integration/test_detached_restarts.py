@@ -206,7 +206,7 @@ def test_a_detached_job_restarts_after_its_master_host_crashed_kept_by_another_m
     )
     record = status_json(orch, job_id)
     assert record["state"] == "succeeded", record
-    assert record["spec"]["keeper"]["at"] == "node2"
+    assert record["spec"]["ssh"]["keeper"]["at"] == "node2"
     assert sorted(n["host"] for n in record["nodes"]) == ["node2", "node3"]
     assert record["spec"]["attempt"] == 1
     shown = orch("status", job_id, timeout=60)
@@ -262,7 +262,7 @@ def test_a_master_host_cut_off_keeps_nothing_while_another_member_restarts_the_j
     wait_for(lambda: _left(cluster, 1) == [], 10, "nothing left on node1")
     cluster.heal(1)
     record = status_json(orch, job_id)
-    assert record["state"] == "succeeded" and record["spec"]["keeper"]["at"] == "node2"
+    assert record["state"] == "succeeded" and record["spec"]["ssh"]["keeper"]["at"] == "node2"
     assert record["spec"]["attempt"] == 1  # restarted once, by one keeper
     assert sorted(n["host"] for n in record["nodes"]) == ["node2", "node3"]
     wait_for(lambda: not any(_left(cluster, i) for i in (1, 2, 3)), 10, "no process left")

@@ -13,6 +13,7 @@ from orchestrator.agent.kernel.slurm import fill_marks, node_dir_name
 from orchestrator.models.errors import InputError
 from orchestrator.models.inventory import load_inventory
 from orchestrator.models.job import load_job
+from orchestrator.models.slurm import section_of
 from orchestrator.slurm import script
 from orchestrator.slurm.queue import Partition
 from orchestrator.slurm.submit import check_partition, slurm_job
@@ -40,12 +41,12 @@ def workdir(write: WriteFile) -> Path:
 
 def test_the_slurm_section_names_the_login_node_as_the_only_host(write: WriteFile) -> None:
     inventory = load_inventory(write("hpc.yaml", HPC))
-    assert inventory.slurm is not None
+    assert inventory.backend_name == "slurm"
     (login,) = inventory.hosts
     assert (login.name, login.address, login.user) == ("login1.hpc.example.edu",) * 2 + ("alice",)
     assert login.python == "/shared/venvs/torch/bin/python"
-    assert inventory.slurm.partition == "gpu" and inventory.slurm.gpus_per_node == 8
-    assert inventory.slurm.sbatch == ("--account=proj42", "--time=04:00:00")
+    assert section_of(inventory).partition == "gpu" and section_of(inventory).gpus_per_node == 8
+    assert section_of(inventory).sbatch == ("--account=proj42", "--time=04:00:00")
 
 
 @pytest.mark.parametrize(

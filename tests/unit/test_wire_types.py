@@ -208,7 +208,8 @@ def test_a_records_spec_reads_typed() -> None:
         "restarts": 2,
         "attempt": 1,
         "attempts": [{"attempt": 0, "nodes": [{"host": "a", "state": "lost"}]}],
-        "keeper": {"host": "a", "dir": "~/x", "hosts": {}},
+        "ssh": {"keeper": {"host": "a", "dir": "~/x", "hosts": {}}},
+        "slurm": {"job_id": "7"},  # another backend's field: not this job's
         "from_a_newer_orch": 1,
     }
     view = SpecView.of(spec)
@@ -219,6 +220,24 @@ def test_a_records_spec_reads_typed() -> None:
         1,
     )
     assert view.attempts[0].attempt == 0 and view.attempts[0].nodes[0]["state"] == "lost"
-    assert view.keeper == spec["keeper"] and view.slurm is None and view.backend == "ssh"
+    assert view.own == spec["ssh"] and view.backend == "ssh"
+    assert SpecView.of({**spec, "backend": "slurm"}).own == {"job_id": "7"}
     empty = SpecView.of({})  # a record written before any of these keys
-    assert (empty.attempt, empty.restarts, empty.attempts, empty.keeper) == (0, 0, (), None)
+    assert (empty.attempt, empty.restarts, empty.attempts, empty.own) == (0, 0, (), None)
+
+
+def test_a_detached_jobs_keeper_is_read_from_the_ssh_backends_own_field_and_from_an_older_record() -> (
+    None
+):
+    from orchestrator.models.states import JobState
+    from orchestrator.records.db import JobRecord
+    from orchestrator.ssh.keep import keeper_of, note
+
+    keeper = {"host": "a", "at": "b", "dir": "~/x", "hosts": {}}
+    now = JobRecord("j-1", "j", JobState.RUNNING, "10.77.0.11", None, {"ssh": {"keeper": keeper}})
+    older = JobRecord("j-2", "j", JobState.RUNNING, "10.77.0.11", None, {"keeper": keeper})
+    plain = JobRecord("j-3", "j", JobState.RUNNING, "10.77.0.11", None, {"restarts": 1})
+    assert keeper_of(now) == keeper_of(older) == keeper and keeper_of(plain) is None
+    assert (
+        note(JobRecord(**{**now.__dict__, "spec": {**now.spec, "restarts": 1}})) == " (kept by b)"
+    )
