@@ -74,7 +74,7 @@ def _print_tables(units: list[dict[str, Any]], line: list[dict[str, Any]]) -> No
 
 
 def _print_warm(rows: list[dict[str, Any]]) -> None:
-    """Your warm interpreters (README: Warm starts), with their memory."""
+    """Your warm interpreters (docs/WARM.md), with their memory."""
     if not rows:
         return
     table = Table("host", "pid", "state", "preload", "memory (PSS)", "idle", box=None)

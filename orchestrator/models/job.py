@@ -82,7 +82,7 @@ class JobSpec:
     outputs_from: str = "rank0"  # "rank0": node rank 0's; "all": every node's, per host
     restarts: int = 0  # whole-job restarts after a node failed or was lost
     gpus_per_node: int | None = None  # GPUs each node leases (None: one per process)
-    # Warm starts (README: Warm starts): the modules a host's warm interpreter imports,
+    # Warm starts (docs/WARM.md): the modules a host's warm interpreter imports,
     # how long it waits unused, and why the job starts cold instead (None: it may start
     # warm; `warm: false` or `orch submit --cold` say why not).
     preload: tuple[str, ...] = ("torch",)

@@ -91,7 +91,7 @@ def start(node: NodeStart, transport: Transport, lease: dict[str, Any] | None = 
             node.host.name,
             error,
             "every user of the host shares its lease directory; orch status --hosts "
-            "shows who holds what (README: Sharing hosts)",
+            "shows who holds what (docs/SHARING.md)",
         )
     if result.exit_code in agent.SHELL_NOT_FOUND:
         raise agent.python_not_found(node.host)

@@ -80,7 +80,7 @@ def render_inventory(
     lines = [
         f"# orch inventory, written by: {_one_line(source)}",
         "# A host's address is what SSH connects to: an alias of ~/.ssh/config (its User,",
-        "# Port, IdentityFile and ProxyJump apply) or a name or IP. Every key: README, Inventory.",
+        "# Port, IdentityFile and ProxyJump apply) or a name or IP. Every key: docs/INVENTORY.md.",
         f"# Next: orch check -i {path}",
         "defaults:",
     ]

@@ -63,7 +63,7 @@ def warm_up(
                 raise HostError(
                     host.name,
                     f"no warm interpreter: {found.error or 'no answer'}",
-                    "the job's ranks start cold there (README: Warm starts)",
+                    "the job's ranks start cold there (docs/WARM.md)",
                 )
             return WarmStart(found.pid, found.started)
 

@@ -2,7 +2,7 @@
 
 Each host is a network namespace joined to the bridge ``orchbr0`` by a veth pair,
 running its own ``sshd`` as PID 1 of a private pid/mount/uts namespace: it has its
-own address, process table, hostname and home directory. The README's "Tests" says
+own address, process table, hostname and home directory. CONTRIBUTING.md ("Tests") says
 what the tests need to run it; the rooms below say how each part is built.
 
     with Cluster(3) as cluster:

@@ -396,7 +396,7 @@ def lease_dir_problems(host: str, found: LeaseDir) -> list[Problem]:
     the same GPUs or slots without a word."""
     fix = (
         f"as root: add 'd {found.dir} 1777 root root -' to /etc/tmpfiles.d/orch.conf "
-        "and run systemd-tmpfiles --create (README: Sharing hosts)"
+        "and run systemd-tmpfiles --create (docs/SHARING.md)"
     )
     if not found.exists:
         what = f"no lease directory {found.dir} yet: the first user to lease here will own it"
