@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ssh_client
 from bench.report import machine, median, write_section
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import layout
 from orchestrator.models.inventory import load_inventory
 from orchestrator.nodes.probe import Marks, probe_host
 from orchestrator.ssh.plan import fs_groups
@@ -153,9 +153,9 @@ class OrchPusher:
         followers = {name for g in self.groups for name in g[1:]}
         job = f"bench-{self.jobs}"
         job_dirs = {  # as plan.NodeLaunch.snapshot_dir: the job's own, or the node's
-            h.name: protocol.job_root(h.workdir, job)
+            h.name: layout.job_root(h.workdir, job)
             if h.name in shares
-            else protocol.job_dir(h.workdir, job, h.name)
+            else layout.job_dir(h.workdir, job, h.name)
             for h in self.hosts
             if h.name not in followers
         }

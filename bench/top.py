@@ -44,7 +44,7 @@ import yaml
 
 from bench.common import cpu_seconds, run_usage, wait_usage
 from bench.report import machine, median, write_section
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import layout
 from orchestrator.nodes import agent
 from tests.cluster import Cluster, Controller, orch_command, repo_python
 
@@ -176,7 +176,7 @@ def rank_rate(log: Path, start: float, end: float) -> float:
 
 def sample_cost_ms(cluster: Cluster, job_id: str) -> float:
     """CPU milliseconds one agent `top` sample takes on node1 (start to reply)."""
-    script = f"/root/.orch/agent/{agent.version()}/{protocol.RUN_SCRIPT}"
+    script = f"/root/.orch/agent/{agent.version()}/{layout.RUN_SCRIPT}"
     job_dir = f"/root/.orch/jobs/{job_id}/node1"
     request = json.dumps({"job_id": job_id, "offsets": {}})
     argv = [str(repo_python()), "-I", "-S", script, "top", job_dir]

@@ -4,8 +4,8 @@ on Python 3.8.
 Its rooms:
 
 - `kernel/`: what the controller imports too, written once for both ends: the
-  protocol (frames, replies, the job-directory layout), placement (a node's torchrun
-  command, the rules of restarts), the waiting line's rounds, open-file limits, a
+  job-directory layout, frames, file IO, the messages and replies, placement (a
+  node's torchrun command, the rules of restarts), the waiting line's rounds, open-file limits, a
   Slurm job's names. Pure or nearly: nothing here runs a command or reads /proc.
 - `host/`: this host's facts: /proc (`proc.py` is its one reader), nvidia-smi, the
   probe, network tests, daemons that outlive their SSH channel.

@@ -27,7 +27,7 @@ LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
 DEFAULT_WORKDIR = "~/.orch"
 DEFAULT_REMOTE_PYTHON = "python3"
 # A node's directory is named after its host, beside a shared snapshot's entries:
-# agent/kernel/protocol.py's RESERVED_NAMES (models import nothing of orch; a test checks).
+# agent/kernel/layout.py's RESERVED_NAMES (models import nothing of orch; a test checks).
 RESERVED_NAMES = frozenset({"code", "agent", "snapshot.json", "seal.json", "outputs", ".", ".."})
 
 _HOST_KEYS = {

@@ -27,7 +27,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import Any, Generic, TypeVar
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import layout, messages
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes.shell import sh_join, sh_path
@@ -37,7 +37,7 @@ PACKAGE = "orch_agent"  # the agent's package name on hosts
 SHELL_NOT_FOUND = (126, 127)  # sh could not find or run the interpreter
 MISSING = 75  # the loader's exit code: no archive came, and this version is not here
 MISSING_NOTE = "orch agent: version not unpacked here"  # its line on stderr
-R = TypeVar("R", bound=protocol.Message)
+R = TypeVar("R", bound=messages.Message)
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def archive() -> bytes:
     """The agent's modules, its subpackages' too, as canonical JSON: the same bytes for
     the same code."""
     files = dict(_sources(resources.files("orchestrator.agent"), PACKAGE))
-    files[protocol.RUN_SCRIPT] = RUN_SCRIPT
+    files[layout.RUN_SCRIPT] = RUN_SCRIPT
     return json.dumps(files, sort_keys=True, ensure_ascii=True).encode()
 
 
@@ -161,7 +161,7 @@ def command(host: Host, *args: str, isolated: bool = True, archive: bool = True)
         isolated: run with -I -S (no site-packages, no PYTHON* variables): faster, and
             all the agent needs, except the probe, which must see what a job would.
     """
-    where = sh_path(protocol.agent_dir(host.workdir))
+    where = sh_path(layout.agent_dir(host.workdir))
     loader_args = f"{len(packed()) if archive else 0} {version()} {where}"
     flags = "-I -S " if isolated else ""
     loader = shlex.quote(LOADER)
@@ -258,14 +258,14 @@ def _missing(exit_code: int, stderr: str) -> bool:
 def installed_command(host: Host, *args: str) -> str:
     """The command line that runs agent command `args` from this version, unpacked on
     the host by an earlier `run` (a streamed command sends no stdin for the loader)."""
-    script = f"{protocol.agent_dir(host.workdir)}/{version()}/{protocol.RUN_SCRIPT}"
+    script = f"{layout.agent_dir(host.workdir)}/{version()}/{layout.RUN_SCRIPT}"
     return f"{sh_path(host.python)} -I -S {sh_path(script)} {sh_join(args)}"
 
 
 def job_command(host: Host, job_dir: str, *args: str) -> str:
     """The command line that runs agent command `args` in a job directory, with the
     agent version the job pinned when its snapshot was built."""
-    script = f"{protocol.AGENT}/{protocol.RUN_SCRIPT}"
+    script = f"{layout.AGENT}/{layout.RUN_SCRIPT}"
     python = sh_path(host.python)
     return f"cd {sh_path(job_dir)} && exec {python} -I -S {script} {sh_join(args)}"
 
@@ -296,7 +296,7 @@ def reply_of(host: Host, result: CommandResult, name: str) -> dict[str, Any]:
             there under a command sent without it (`invocation`).
         RemoteCommandError: the command printed no reply.
     """
-    data = protocol.last_json(result.stdout)
+    data = messages.last_json(result.stdout)
     if data is not None:
         return data
     if result.exit_code in SHELL_NOT_FOUND:
@@ -306,22 +306,22 @@ def reply_of(host: Host, result: CommandResult, name: str) -> dict[str, Any]:
         raise HostError(
             host.name,
             f"orch agent {name}: agent version {version()} went missing from "
-            f"{protocol.agent_dir(host.workdir)} while this orch ran",
+            f"{layout.agent_dir(host.workdir)} while this orch ran",
             "is something cleaning that directory? run the command again",
         )
     raise RemoteCommandError(host.name, f"orch agent {name}", result.exit_code, result.stderr)
 
 
 def parse(host: Host, cls: type[R], data: dict[str, Any]) -> R:
-    """A reply as its class (protocol.py), its fields' types checked.
+    """A reply as its class (kernel/replies.py), its fields' types checked.
 
     Raises:
         HostError: the reply lacks a field this controller needs, or a field has the
             wrong type; names the host.
     """
     try:
-        return protocol.parse_message(cls, data)
-    except protocol.MessageError as exc:
+        return messages.parse_message(cls, data)
+    except messages.MessageError as exc:
         raise HostError(
             host.name,
             f"unreadable agent reply: {exc}",

@@ -13,9 +13,9 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import layout, messages
 from orchestrator.agent.kernel.lease_wire import LeaseStart, printable
-from orchestrator.agent.kernel.protocol import KillReport, StatusReply
+from orchestrator.agent.kernel.replies import KillReport, StatusReply
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
@@ -78,7 +78,7 @@ def start(node: NodeStart, transport: Transport, lease: dict[str, Any] | None = 
     command = agent.job_command(node.host, node.job_dir, "start", ".")
     # On stdin: the env may hold secrets, and every user of a host can read an argv.
     result = transport.run(command, stdin=spec.encode(), timeout=START_TIMEOUT_S)
-    reply = protocol.last_json(result.stdout) or {}
+    reply = messages.last_json(result.stdout) or {}
     if any(reply.get(key) is not None for key in ("pid", "queued", "busy")):
         started = agent.parse(node.host, LeaseStart, reply)
         log.debug(
@@ -110,7 +110,7 @@ def start(node: NodeStart, transport: Transport, lease: dict[str, Any] | None = 
 
 
 def follow_command(node: NodeRef, offsets: dict[str, int] | None = None, once: bool = False) -> str:
-    """The command that streams the node's log files from `offsets` (protocol.py)."""
+    """The command that streams the node's log files from `offsets` (kernel/framing.py)."""
     args = ["follow", ".", json.dumps(offsets or {}), *(["--once"] if once else [])]
     return agent.job_command(node.host, node.job_dir, *args)
 
@@ -152,7 +152,7 @@ def setup(
         HostError: the setup command failed; names the host, the exit code and the
             last lines of its output.
     """
-    store = protocol.store_dir(node.host.workdir)
+    store = layout.store_dir(node.host.workdir)
     spec = {"script": script, "env": node.env, "store": store, "key": key, "manifest": digest}
     process = transport.stream(
         agent.job_command(node.host, node.job_dir, "setup", "."), stdin=json.dumps(spec).encode()

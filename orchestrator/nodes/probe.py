@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import messages
 from orchestrator.agent.kernel.host_wire import GpuFacts, PortHolder, ProbeFacts
 from orchestrator.models.clocks import HostClock
 from orchestrator.models.errors import HostError, RemoteCommandError
@@ -107,7 +107,7 @@ def probe_host(
             result.stderr,
             f"check that {host.python} is a working Python 3 on {host.name}",
         )
-    data = protocol.last_json(result.stdout)
+    data = messages.last_json(result.stdout)
     if data is None:
         raise HostError(host.name, f"unreadable probe output: {result.stdout[-200:]!r}")
     reply = agent.parse(host, ProbeFacts, data)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from orchestrator.agent.kernel.protocol import WarmList, WarmRow
+from orchestrator.agent.kernel.replies import WarmList, WarmRow
 from orchestrator.models.errors import OrchError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent

@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from orchestrator.agent.kernel.protocol import ExitRecord, StatusReply, describe_error
+from orchestrator.agent.kernel.fileio import describe_error
+from orchestrator.agent.kernel.replies import ExitRecord, StatusReply
 from orchestrator.models.errors import OrchError, Refused
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import framing, layout
 from orchestrator.models.errors import HostError, InputError
 from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
@@ -79,7 +79,7 @@ def receive_from(
 ) -> None:
     """Run the node's `outputs` command and write what it sends."""
     request = {"paths": paths, "have": tree.listing()}
-    command, archive = agent.invocation(node.host, "outputs", protocol.outputs_dir(node.job_dir))
+    command, archive = agent.invocation(node.host, "outputs", layout.outputs_dir(node.job_dir))
     process = transport.stream(command, stdin=archive + json.dumps(request).encode())
     try:
         for kind, meta, chunks in frames(process.stdout):
@@ -111,7 +111,7 @@ def frames(stream: IO[bytes]) -> Iterator[tuple[bytes, dict[str, Any], Iterator[
     """(kind, metadata, the file's chunks) per record, until Z; a file's chunks must be
     consumed before the next record is read."""
     while True:
-        kind, payload = protocol.read_frame(stream)
+        kind, payload = framing.read_frame(stream)
         if kind == b"Z":
             return
         if kind == b"B":
@@ -124,7 +124,7 @@ def frames(stream: IO[bytes]) -> Iterator[tuple[bytes, dict[str, Any], Iterator[
 
 def _chunks(stream: IO[bytes]) -> Iterator[bytes]:
     while True:
-        kind, payload = protocol.read_frame(stream)
+        kind, payload = framing.read_frame(stream)
         if kind != b"B":
             raise ValueError("a file's bytes cut short")
         if not payload:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.agent.kernel.protocol import WarmRow
+from orchestrator.agent.kernel.replies import WarmRow
 from orchestrator.models.errors import InputError
 from orchestrator.records.db import JobDB, JobRecord
 

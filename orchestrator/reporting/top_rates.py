@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from orchestrator.agent.kernel.protocol import TopSample
+from orchestrator.agent.kernel.replies import TopSample
 from orchestrator.records.db import JobRecord, NodeRecord
 from orchestrator.reporting.top import SILENT_S, GpuView, NodeView, RankView, TopView
 

@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Any
 
-from orchestrator.agent.kernel.protocol import EXIT
+from orchestrator.agent.kernel.layout import EXIT
 from orchestrator.agent.kernel.slurm import expand_nodelist, node_dir_name
 from orchestrator.agent.kernel.slurm_chain import (
     attempt_dir,

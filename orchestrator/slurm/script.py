@@ -19,7 +19,7 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import layout
 from orchestrator.agent.kernel.slurm import MASTER_ADDR_MARK, MASTER_PORT_MARK, SLURM_DIR
 from orchestrator.agent.kernel.slurm_chain import ATTEMPT_ENV
 from orchestrator.models import placeholders
@@ -28,7 +28,7 @@ from orchestrator.models.slurm import SlurmSection
 
 BATCH = f"{SLURM_DIR}/batch.sh"
 # The agent's launcher, from the version the job pinned (the job root's agent link).
-LAUNCHER = f"{protocol.AGENT}/{protocol.RUN_SCRIPT} slurm-node"
+LAUNCHER = f"{layout.AGENT}/{layout.RUN_SCRIPT} slurm-node"
 
 
 def batch_output(slurm_id: str = "%j") -> str:
@@ -78,8 +78,8 @@ def node_specs(sj: SlurmJob) -> dict[str, object]:
     expanded, the master's address and port left as marks for the node to fill."""
     job = sj.job
     # launcher python: one process per node, its output the node's (`-`), as over SSH.
-    logs = "-" if job.launcher == PYTHON else protocol.LOGS
-    entry = [f"{protocol.AGENT}/{protocol.RUN_SCRIPT}", "rank", logs, protocol.CODE]
+    logs = "-" if job.launcher == PYTHON else layout.LOGS
+    entry = [f"{layout.AGENT}/{layout.RUN_SCRIPT}", "rank", logs, layout.CODE]
     entry += ["script", job.script] if job.script else ["module", str(job.module)]
     if job.launcher == LEGACY_LAUNCH and job.local_rank_arg:
         entry.append(job.local_rank_arg)
@@ -169,7 +169,7 @@ def restart_steps(sj: SlurmJob) -> tuple[list[str], list[str], list[str]]:
     it (settle the next), as kernel/slurm_chain.py designs them; none without."""
     if not sj.job.restarts:
         return [], [], []
-    step = f"{shlex.quote(sj.python)} -I -S {protocol.AGENT}/{protocol.RUN_SCRIPT} slurm-attempt"
+    step = f"{shlex.quote(sj.python)} -I -S {layout.AGENT}/{layout.RUN_SCRIPT} slurm-attempt"
     before = [
         f"# restarts: {sj.job.restarts}. Attempt $1 (0 the first) queues the next, which Slurm",
         "# starts if this one fails (--dependency=afternotok); it skips after a kill.",
@@ -209,7 +209,7 @@ def describe(sj: SlurmJob) -> list[str]:
         f"{sj.job.entry} on {sj.nodes} Slurm nodes, {sj.nproc} processes each, "
         f"world size {sj.world_size}",
         f"login node {sj.slurm.login}, partition {partition}",
-        f"code pushed to {sj.job_root}/{protocol.CODE} on the shared home",
+        f"code pushed to {sj.job_root}/{layout.CODE} on the shared home",
         "",
         f"# {sj.job_root}/{BATCH}",
         *batch_script(sj).rstrip("\n").splitlines(),

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import layout
 from orchestrator.agent.kernel.slurm import SPEC
 from orchestrator.agent.kernel.slurm_chain import CHAIN
 from orchestrator.models.errors import InputError, Interrupted, OrchError
@@ -63,7 +63,7 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
             "ask Slurm for node features in the inventory: slurm: {sbatch: [--constraint=a100]}",
         )
     login = inventory.hosts[0]
-    root = protocol.job_root(login.workdir, job_id)
+    root = layout.job_root(login.workdir, job_id)
     return SlurmJob(job, job_id, section_of(inventory), login.python, root, inventory.path)
 
 

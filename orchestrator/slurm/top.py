@@ -14,8 +14,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from orchestrator.agent.kernel import protocol
-from orchestrator.agent.kernel.protocol import TopSample, parse_message
+from orchestrator.agent.kernel import layout
+from orchestrator.agent.kernel.messages import parse_message
+from orchestrator.agent.kernel.replies import TopSample
 from orchestrator.models.errors import HostError, InputError
 from orchestrator.models.states import JobState
 from orchestrator.nodes.shell import sh_path
@@ -39,7 +40,7 @@ def top_command(record: JobRecord, python: str, nodes: int, request: str) -> str
     return (
         f"cd {root} && srun --overlap --jobid={q(slurm_id_of(record))} --nodes={nodes} "
         f"--ntasks-per-node=1 --quiet {q(python)} -I -S "
-        f"{protocol.AGENT}/{protocol.RUN_SCRIPT} slurm-top {root} {q(request)}"
+        f"{layout.AGENT}/{layout.RUN_SCRIPT} slurm-top {root} {q(request)}"
     )
 
 

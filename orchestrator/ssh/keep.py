@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.agent.kernel import placement, protocol, states
+from orchestrator.agent.kernel import layout, messages, placement, states
 from orchestrator.models.errors import OrchError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
@@ -141,7 +141,7 @@ def start_keeper(
                     "addr": plan.master_addr,
                     "port": started["port"],
                     "template": templates[host.name],
-                    "store": protocol.store_dir(host.workdir),
+                    "store": layout.store_dir(host.workdir),
                     "digest": digest,
                     "node_dir": node_dir,
                     "lost_after": lost_after,
@@ -234,7 +234,7 @@ def _run(
     """
     command = agent.job_command(host, directory, "keeper", verb, ".")
     result = transport.run(command, stdin=json.dumps(config).encode(), timeout=60)
-    reply = protocol.last_json(result.stdout) or {}
+    reply = messages.last_json(result.stdout) or {}
     if not result.ok or "pid" not in reply:
         raise RemoteCommandError(
             host.name,

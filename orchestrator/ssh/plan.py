@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.agent.kernel import placement, protocol
+from orchestrator.agent.kernel import layout, placement
 from orchestrator.models.errors import HostChoiceError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, Inventory, pick_hosts
@@ -58,7 +58,7 @@ class NodeLaunch:
 
     @property
     def code_dir(self) -> str:
-        return f"{self.snapshot_dir}/{protocol.CODE}"
+        return f"{self.snapshot_dir}/{layout.CODE}"
 
 
 @dataclass(frozen=True)

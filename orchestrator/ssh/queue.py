@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import messages, replies
 from orchestrator.agent.kernel.lease_wire import (
     LeaseHosts,
     LeaseStart,
@@ -28,7 +28,7 @@ from orchestrator.agent.kernel.lease_wire import (
     printable,
 )
 from orchestrator.agent.kernel.line import Line, Outcome
-from orchestrator.agent.kernel.protocol import MessageError, parse_message
+from orchestrator.agent.kernel.messages import MessageError, parse_message
 from orchestrator.models.errors import HostError, InfraError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.models.job import JobSpec
@@ -188,7 +188,7 @@ def lease_reply(node: NodeLaunch, transport: Transport, verb: str) -> Reply:
     """
     command = agent.job_command(node.host, node.job_dir, "lease", verb, ".")
     result = transport.run(command, timeout=ops.STATUS_TIMEOUT_S + 60)
-    reply = protocol.last_json(result.stdout)
+    reply = messages.last_json(result.stdout)
     if reply is None:
         raise RemoteCommandError(
             node.host.name, f"orch agent lease {verb}", result.exit_code, result.stderr
@@ -201,7 +201,7 @@ def lease_command(node: NodeLaunch, transport: Transport, verb: str) -> LeaseSta
     return _parsed(node.host.name, LeaseState, lease_reply(node, transport, verb))
 
 
-R = TypeVar("R", bound=protocol.Reply)
+R = TypeVar("R", bound=replies.Reply)
 
 
 def _parsed(host: str, cls: type[R], reply: Reply) -> R:
@@ -468,7 +468,7 @@ def positions(job_ids: Sequence[str], store: JobDB | None = None) -> dict[str, s
             def poll(host: Host, transport: Transport, by_host: Any = by_host) -> LeaseState:
                 node = by_host[host.name]
                 command = agent.job_command(host, node.job_dir, "lease", "poll", ".")
-                reply = protocol.last_json(transport.run(command, timeout=30).stdout) or {}
+                reply = messages.last_json(transport.run(command, timeout=30).stdout) or {}
                 return _parsed(host.name, LeaseState, reply)
 
             replies, _ = group.try_each(poll, only=list(by_host))

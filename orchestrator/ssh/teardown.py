@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from orchestrator.agent.kernel.protocol import KillReport
+from orchestrator.agent.kernel.replies import KillReport
 from orchestrator.models.errors import HostError, Interrupted
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState

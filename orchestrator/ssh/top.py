@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from orchestrator.agent.kernel.protocol import TopSample
+from orchestrator.agent.kernel.replies import TopSample
 from orchestrator.models.errors import HostError, MultiHostError, OrchError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent

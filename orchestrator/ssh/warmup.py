@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.agent.kernel.protocol import WarmAhead
+from orchestrator.agent.kernel.replies import WarmAhead
 from orchestrator.models.errors import HostError, InputError, OrchError
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.agent.kernel import protocol
-from orchestrator.agent.kernel.protocol import GcReport
+from orchestrator.agent.kernel import framing
+from orchestrator.agent.kernel.replies import GcReport
 from orchestrator.models.errors import HostError
 from orchestrator.models.inventory import Host, resolve_inventory
 from orchestrator.nodes import agent
@@ -66,7 +66,7 @@ def collect_garbage(
         options["grace"] = grace_s
     if outputs:
         options["outputs"] = True
-    header = protocol.json_frame(b"H", options)
+    header = framing.json_frame(b"H", options)
     report = agent.parse(host, GcReport, agent.run(host, transport, ["gc"], [header], 600))
     if report.error is not None:
         raise HostError(host.name, f"gc failed: {report.error}")

@@ -31,8 +31,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.agent.kernel import protocol
-from orchestrator.agent.kernel.protocol import SyncReply
+from orchestrator.agent.kernel import framing, layout
+from orchestrator.agent.kernel.replies import SyncReply
 from orchestrator.models.errors import (
     HostError,
     InfraError,
@@ -213,7 +213,7 @@ class _Shared:
 
     @functools.cached_property
     def manifest_frame(self) -> bytes:
-        return protocol.frame(b"M", zlib.compress(self.tree.body))
+        return framing.frame(b"M", zlib.compress(self.tree.body))
 
 
 class _HostPush:
@@ -273,7 +273,7 @@ class _HostPush:
             self.shared.cache.expect(todo)
         raise HostError(
             self.host.name,
-            f"the content store in {protocol.store_dir(self.host.workdir)} kept losing files during the push",
+            f"the content store in {layout.store_dir(self.host.workdir)} kept losing files during the push",
             "is another 'orch gc' or a cleanup job running there? submit again",
         )
 
@@ -293,10 +293,10 @@ class _HostPush:
     def _fetch(self, relay: dict[str, Any], manifest: bool) -> SyncReply:
         """One round trip that carries no content: the host fetches from the relay,
         then builds the snapshot if it has everything."""
-        frames = [protocol.json_frame(b"R", relay)]
+        frames = [framing.json_frame(b"R", relay)]
         if manifest:
             frames.append(self.shared.manifest_frame)
-        frames.append(protocol.json_frame(b"S", self._snapshot_request()))
+        frames.append(framing.json_frame(b"S", self._snapshot_request()))
         return self._round_trip(frames, ())
 
     def _send(self, todo: list[wire.Piece], manifest: bool, ask: bool) -> SyncReply:
@@ -321,7 +321,7 @@ class _HostPush:
                     frames.append(self.shared.manifest_frame)
                     manifest = False
                 if last or ask:
-                    frames.append(protocol.json_frame(b"S", self._snapshot_request()))
+                    frames.append(framing.json_frame(b"S", self._snapshot_request()))
                 size = next(sizes, size)
                 following = wire.batch_end(todo, end, size)
                 encoded = helper.submit(self._encode_all, todo[end:following])
@@ -391,10 +391,10 @@ class _HostPush:
         """Send one stream and read the host's answer. The frames go as they are, never
         joined: every host of the push sends the same (cached) piece frames. The first
         len(batch) frames are those pieces', counted into the progress as they go."""
-        header = protocol.json_frame(
-            b"H", {"store": protocol.store_dir(self.host.workdir), "push": self.token}
+        header = framing.json_frame(
+            b"H", {"store": layout.store_dir(self.host.workdir), "push": self.token}
         )
-        ends = [self.archive, header, protocol.frame(b"Z")]
+        ends = [self.archive, header, framing.frame(b"Z")]
         size = sum(len(part) for part in ends) + sum(len(frame) for frame in frames)
         stream = itertools.chain(ends[:2], self._counted(frames, batch), ends[2:])
         self.round_trips += 1

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import layout
 from orchestrator.models.errors import HostError
 from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
@@ -79,7 +79,7 @@ class RelayServer:
         goes to every host directly."""
         host = next(h for h in group.hosts if h.name == relay.seed)
         secret = secrets.token_hex(32)
-        config = {"store": protocol.store_dir(host.workdir), "secret": secret, "expect": expect}
+        config = {"store": layout.store_dir(host.workdir), "secret": secret, "expect": expect}
         try:
             command, archive = agent.invocation(host, "relay")
             process = group.transports[host.name].stream(

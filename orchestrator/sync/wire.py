@@ -1,6 +1,6 @@
 """The byte stream a code push sends to a host's agent (`sync`).
 
-A stream is a sequence of frames (their table is in agent/protocol.py, which both
+A stream is a sequence of frames (their table is in agent/kernel/framing.py, which both
 sides import). Names and hashes travel inside JSON payloads, file content inside B
 frames, so nothing the stream carries is ever parsed by a shell.
 
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.agent.kernel.protocol import frame, json_frame
+from orchestrator.agent.kernel.framing import frame, json_frame
 
 PIECE_BYTES = 4 << 20
 SAMPLE_BYTES = 4 << 10

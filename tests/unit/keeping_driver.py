@@ -9,7 +9,7 @@ from typing import Any
 
 from orchestrator.agent.keeper import wire
 from orchestrator.agent.keeper.decisions import Keeping
-from orchestrator.agent.kernel.protocol import Message, parse_message
+from orchestrator.agent.kernel.messages import Message, parse_message
 
 
 def sent(sends: list[tuple[str, Message]]) -> list[tuple[str, dict[str, Any]]]:

@@ -110,7 +110,7 @@ def test_the_checks_see_the_imports_they_forbid_elsewhere() -> None:
     assert offenders(files("cli"), lambda n: n.split(".")[0] == "typer")
     assert offenders(files("transport"), lambda n: n.split(".")[0] == "paramiko")
     relative = imports_of(PACKAGE / "agent" / "store" / "sync.py")
-    assert {"orchestrator.agent.kernel.protocol", "orchestrator.agent.store.content"} <= relative
+    assert {"orchestrator.agent.kernel.framing", "orchestrator.agent.store.content"} <= relative
 
 
 def test_no_bench_script_shadows_a_standard_module() -> None:

@@ -17,7 +17,7 @@ import pytest
 from orchestrator.agent.host import probe as agent_probe
 from orchestrator.agent.host import proc
 from orchestrator.agent.kernel.host_wire import PortFacts, PortHolder, ProbeFacts
-from orchestrator.agent.kernel.protocol import parse_message
+from orchestrator.agent.kernel.messages import parse_message
 from orchestrator.nodes import agent
 from orchestrator.nodes.probe import describe_holder, facts_from_probe
 

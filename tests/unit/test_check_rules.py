@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.kernel.host_wire import ProbeFacts
-from orchestrator.agent.kernel.protocol import parse_message
+from orchestrator.agent.kernel.messages import parse_message
 from orchestrator.models.errors import EXIT_INFRA, PreflightError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host

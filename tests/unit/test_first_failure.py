@@ -4,7 +4,7 @@ as their measured offsets can tell, else the first to arrive (reporting/failure.
 from __future__ import annotations
 
 from orchestrator.agent.kernel.host_wire import ProbeFacts
-from orchestrator.agent.kernel.protocol import ExitRecord
+from orchestrator.agent.kernel.replies import ExitRecord
 from orchestrator.models.clocks import HostClock, clocks_from_json
 from orchestrator.nodes.probe import facts_from_probe
 from orchestrator.reporting.failure import first_in_time

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import messages
 from orchestrator.agent.kernel.host_wire import (
     Bandwidth,
     GpuFacts,
@@ -25,7 +25,7 @@ from orchestrator.agent.kernel.host_wire import (
     ProbeFacts,
     Reached,
 )
-from orchestrator.agent.kernel.protocol import Message, parse_message
+from orchestrator.agent.kernel.messages import Message, parse_message
 from orchestrator.models.errors import HostError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
@@ -131,4 +131,4 @@ def test_every_host_wire_annotation_can_be_checked() -> None:
     classes = (ProbeFacts, GpuFacts, GpuRow, PortFacts, PortHolder, NetReady, NetDone)
     for cls in (*classes, Reached, Bandwidth):
         for annotation in cls.fields().values():
-            protocol._compile(annotation)
+            messages._compile(annotation)

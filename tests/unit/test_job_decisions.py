@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.agent.host import proc
 from orchestrator.agent.host.proc import start_time
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import fileio, layout, replies
 from orchestrator.models.errors import HostError, JobFailed
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
@@ -69,22 +69,22 @@ def local_host(tmp_path: Path, name: str, python: str = sys.executable) -> Host:
 
 def lay_out(host: Host, node_rank: int) -> NodeRecord:
     """A node's job directory with the agent pinned, as a push leaves it."""
-    job_dir = protocol.job_dir(host.workdir, JOB_ID, host.name)
-    os.makedirs(os.path.join(job_dir, protocol.LOGS))
+    job_dir = layout.job_dir(host.workdir, JOB_ID, host.name)
+    os.makedirs(os.path.join(job_dir, layout.LOGS))
     status = agent.run(host, LocalTransport(host.name), ["status", job_dir])  # unpacks the agent
     assert status["exists"] is True
-    version_dir = os.path.join(protocol.agent_dir(host.workdir), agent.version())
-    os.symlink(version_dir, os.path.join(job_dir, protocol.AGENT))
+    version_dir = os.path.join(layout.agent_dir(host.workdir), agent.version())
+    os.symlink(version_dir, os.path.join(job_dir, layout.AGENT))
     return NodeRecord(host, node_rank, node_rank, 1, job_dir)
 
 
 def ended(node: NodeRecord, returncode: int) -> None:
     """The node's torchrun exited with `returncode`, and its rank wrote a traceback."""
-    with open(os.path.join(node.job_dir, protocol.LOGS, f"rank-{node.first_rank}.log"), "w") as f:
+    with open(os.path.join(node.job_dir, layout.LOGS, f"rank-{node.first_rank}.log"), "w") as f:
         f.write("Traceback (most recent call last):\nValueError: boom\n")
-    protocol.write_json(os.path.join(node.job_dir, protocol.PIDS), {"pid": 1, "pgid": 1})
+    fileio.write_json(os.path.join(node.job_dir, layout.PIDS), {"pid": 1, "pgid": 1})
     exit_record = {"returncode": returncode, "ended": time.time()}
-    protocol.write_json(os.path.join(node.job_dir, protocol.EXIT), exit_record)
+    fileio.write_json(os.path.join(node.job_dir, layout.EXIT), exit_record)
 
 
 def running(node: NodeRecord, sleepers: list[subprocess.Popen[bytes]]) -> int:
@@ -98,7 +98,7 @@ def running(node: NodeRecord, sleepers: list[subprocess.Popen[bytes]]) -> int:
         "started": time.time(),
         "start_time": start_time(proc.pid),  # as the supervisor records it
     }
-    protocol.write_json(os.path.join(node.job_dir, protocol.PIDS), started)
+    fileio.write_json(os.path.join(node.job_dir, layout.PIDS), started)
     return proc.pid
 
 
@@ -190,8 +190,8 @@ def test_replies_tolerate_a_newer_agents_fields_and_name_the_host_when_one_is_mi
 ) -> None:
     host = local_host(tmp_path, "n7")
     newer = {"started": True, "running": False, "ended": {"returncode": 0, "gpu_s": 9}, "x": 1}
-    status = agent.parse(host, protocol.StatusReply, newer)
-    assert status.ended == protocol.ExitRecord(returncode=0)
+    status = agent.parse(host, replies.StatusReply, newer)
+    assert status.ended == replies.ExitRecord(returncode=0)
     with pytest.raises(HostError) as missing:
-        agent.parse(host, protocol.Started, {"pid": 4, "pgid": 4, "started": 1.0})
+        agent.parse(host, replies.Started, {"pid": 4, "pgid": 4, "started": 1.0})
     assert missing.value.host == "n7" and "lacks 'supervisor'" in missing.value.message

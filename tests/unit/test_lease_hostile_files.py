@@ -22,7 +22,7 @@ from orchestrator.agent.kernel.lease_wire import (
     lease_record,
     printable,
 )
-from orchestrator.agent.kernel.protocol import parse_message
+from orchestrator.agent.kernel.messages import parse_message
 from orchestrator.agent.leases import policy, storage
 from orchestrator.cli.hosts_view import _text
 from orchestrator.ssh.check.rules import lease_dir_problems

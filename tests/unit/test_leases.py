@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.host import proc
+from orchestrator.agent.kernel.fileio import read_json
+from orchestrator.agent.kernel.layout import EXIT
 from orchestrator.agent.kernel.lease_wire import LeaseHosts, Waiting
-from orchestrator.agent.kernel.protocol import EXIT, parse_message, read_json
+from orchestrator.agent.kernel.messages import parse_message
 from orchestrator.agent.leases import holder, policy, storage
 from orchestrator.models.inventory import Host
 from orchestrator.ssh.plan import build_plan

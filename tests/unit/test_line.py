@@ -10,7 +10,7 @@ from orchestrator.agent.keeper.decisions import Keeping
 from orchestrator.agent.kernel import line, placement
 from orchestrator.agent.kernel.lease_wire import LeaseState
 from orchestrator.agent.kernel.line import Line, Outcome
-from orchestrator.agent.kernel.protocol import parse_message
+from orchestrator.agent.kernel.messages import parse_message
 from tests.unit.keeping_driver import Driven
 
 HOSTS = ["node1", "node2"]

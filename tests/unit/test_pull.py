@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import framing, layout
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
 from orchestrator.nodes.group import HostGroup
@@ -29,10 +29,10 @@ def job_on(tmp_path: Path) -> tuple[JobRecord, Path]:
     host = Host(
         name="here", address="localhost", python=sys.executable, workdir=str(tmp_path / "wd")
     )
-    job_dir = protocol.job_dir(host.workdir, "j-1", "here")
+    job_dir = layout.job_dir(host.workdir, "j-1", "here")
     node = NodeRecord(host, 0, 0, 1, job_dir, JobState.RUNNING)
     record = JobRecord("j-1", "j", JobState.RUNNING, "127.0.0.1", None, {}, [node])
-    outputs = Path(protocol.outputs_dir(job_dir))
+    outputs = Path(layout.outputs_dir(job_dir))
     outputs.mkdir(parents=True)
     return record, outputs
 
@@ -85,10 +85,10 @@ def stream_of(*records: tuple[bytes, dict[str, object] | None, bytes | None]) ->
     """What a (hostile) host could send: records, each file's bytes, then Z."""
     out = b""
     for kind, meta, data in records:
-        out += protocol.json_frame(kind, meta or {})
+        out += framing.json_frame(kind, meta or {})
         if data is not None:
-            out += protocol.frame(b"B", data) + protocol.frame(b"B")
-    return io.BytesIO(out + protocol.json_frame(b"Z", {}))
+            out += framing.frame(b"B", data) + framing.frame(b"B")
+    return io.BytesIO(out + framing.json_frame(b"Z", {}))
 
 
 def receive(tree: SafeTree, stream: io.BytesIO) -> list[str]:
@@ -173,6 +173,6 @@ def test_a_truncated_or_misplaced_stream_is_an_error_not_a_hang(tmp_path: Path) 
     with pytest.raises((ValueError, EOFError)):
         receive(tree, io.BytesIO(cut.getvalue()[:-20]))
     with pytest.raises(ValueError):
-        receive(tree, io.BytesIO(protocol.frame(b"B", b"x") + protocol.json_frame(b"Z", {})))
+        receive(tree, io.BytesIO(framing.frame(b"B", b"x") + framing.json_frame(b"Z", {})))
     with pytest.raises(ValueError):
-        receive(tree, io.BytesIO(protocol.frame(b"F", json.dumps([1]).encode())))
+        receive(tree, io.BytesIO(framing.frame(b"F", json.dumps([1]).encode())))

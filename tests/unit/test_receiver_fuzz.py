@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import framing
 from orchestrator.agent.store import sync as receiver
 from orchestrator.agent.store.content import ContentStore
 
@@ -42,17 +42,17 @@ def test_a_piece_that_inflates_beyond_its_object_is_refused_in_bounded_memory(
 KEY = hashlib.sha256(b"hello").hexdigest()
 frames = st.one_of(
     st.builds(
-        lambda d: protocol.json_frame(b"P", d),
+        lambda d: framing.json_frame(b"P", d),
         st.dictionaries(
             st.sampled_from(["k", "off", "size", "z"]),
             st.one_of(st.integers(-5, 1 << 40), st.sampled_from([KEY, "../x", KEY + ".x", ""])),
         ),
     ),
-    st.builds(lambda b: protocol.frame(b"B", b), st.binary(max_size=64)),
-    st.builds(lambda b: protocol.frame(b"B", zlib.compress(b)), st.binary(max_size=64)),
-    st.builds(lambda b: protocol.frame(b"M", zlib.compress(b)), st.binary(max_size=200)),
+    st.builds(lambda b: framing.frame(b"B", b), st.binary(max_size=64)),
+    st.builds(lambda b: framing.frame(b"B", zlib.compress(b)), st.binary(max_size=64)),
+    st.builds(lambda b: framing.frame(b"M", zlib.compress(b)), st.binary(max_size=200)),
     st.builds(
-        lambda e: protocol.frame(b"M", zlib.compress(json.dumps({"entries": e}).encode())),
+        lambda e: framing.frame(b"M", zlib.compress(json.dumps({"entries": e}).encode())),
         st.lists(
             st.tuples(
                 st.sampled_from(["a", "../up", "/abs", "d/f", "x"]),
@@ -64,7 +64,7 @@ frames = st.one_of(
         ),
     ),
     st.builds(
-        lambda d: protocol.json_frame(b"S", d),
+        lambda d: framing.json_frame(b"S", d),
         st.fixed_dictionaries(
             {
                 "digest": st.sampled_from([KEY, "0" * 64, "../x"]),
@@ -73,7 +73,7 @@ frames = st.one_of(
             }
         ),
     ),
-    st.builds(lambda k: protocol.frame(k, b"{}"), st.sampled_from([b"Q", b"H", b"Z"])),
+    st.builds(lambda k: framing.frame(k, b"{}"), st.sampled_from([b"Q", b"H", b"Z"])),
     st.binary(max_size=20),
 )
 
@@ -90,7 +90,7 @@ def test_any_frames_get_a_reply_and_write_nothing_outside(
 ) -> None:
     root = tmp_path / f"run{len(os.listdir(tmp_path))}"
     (root / "work").mkdir(parents=True)
-    header = protocol.json_frame(b"H", {"store": str(root / "work" / "store"), "push": "t1"})
+    header = framing.json_frame(b"H", {"store": str(root / "work" / "store"), "push": "t1"})
     data = (header + b"".join(body)).replace(b"JOB", str(root / "work" / "jobs" / "j").encode())
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
     monkeypatch.setattr(receiver, "gc_due", lambda _store: False)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import framing, layout
 from orchestrator.agent.store.content import ContentStore
 from orchestrator.agent.store.relay import GREETING, NONCE_BYTES, fetch
 from orchestrator.models.inventory import Host
@@ -99,7 +99,7 @@ def test_a_small_change_goes_directly_as_before(
 
 
 def start_relay(host: Host, group: HostGroup, secret: str) -> tuple[object, int]:
-    config = json.dumps({"store": protocol.store_dir(host.workdir), "secret": secret})
+    config = json.dumps({"store": layout.store_dir(host.workdir), "secret": secret})
     process = group.transports[host.name].stream(
         agent.command(host, "relay"), stdin=agent.packed() + config.encode()
     )
@@ -110,7 +110,7 @@ def test_a_host_without_the_push_secret_gets_nothing(
     hosts: tuple[HostGroup, list[Host]], tmp_path: Path
 ) -> None:
     group, made = hosts
-    seed_store = ContentStore(os.path.expanduser(protocol.store_dir(made[0].workdir)))
+    seed_store = ContentStore(os.path.expanduser(layout.store_dir(made[0].workdir)))
     data = b"secret weights"
     key = hashlib.sha256(data).hexdigest()
     assert seed_store.put_piece({"k": key, "size": len(data), "off": 0}, data, "t")
@@ -154,10 +154,10 @@ def test_a_relay_that_sends_other_bytes_changes_nothing(tmp_path: Path) -> None:
             stream.write(GREETING + b"n" * NONCE_BYTES)
             stream.flush()
             stream.read(32)
-            protocol.read_frame(stream)
+            framing.read_frame(stream)
             forged = b"other content!!!"
-            stream.write(protocol.json_frame(b"O", {"k": key, "size": len(forged)}) + forged)
-            stream.write(protocol.frame(b"Z"))
+            stream.write(framing.json_frame(b"O", {"k": key, "size": len(forged)}) + forged)
+            stream.write(framing.frame(b"Z"))
             stream.flush()
 
     threading.Thread(target=lie, daemon=True).start()

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.agent.host import probe as agent_probe
 from orchestrator.agent.host import proc
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import layout
 from orchestrator.agent.store import gc as agent_gc
 from orchestrator.agent.store.content import ContentStore
 from orchestrator.agent.store.sync import link_nodes
@@ -136,7 +136,7 @@ def test_names_of_a_job_directorys_own_files_are_not_host_names(tmp_path: Path, 
 
 
 def test_the_inventory_reserves_what_the_agent_does() -> None:
-    assert inventory_model.RESERVED_NAMES == protocol.RESERVED_NAMES
+    assert inventory_model.RESERVED_NAMES == layout.RESERVED_NAMES
 
 
 # ---------------------------------------------------------------- host side
@@ -152,7 +152,7 @@ def test_marks_are_found_through_another_path_to_the_same_directory(tmp_path: Pa
 
 
 def test_old_marks_are_swept_and_bad_ones_refused(tmp_path: Path) -> None:
-    marks = tmp_path / protocol.FS_MARKS
+    marks = tmp_path / layout.FS_MARKS
     marks.mkdir()
     (marks / "old").touch()
     os.utime(marks / "old", (0, 0))
@@ -277,6 +277,6 @@ def test_a_job_pins_the_directory_that_holds_the_running_agent(tmp_path: Path) -
     from orchestrator.agent.store.sync import pin_agent
 
     version = pin_agent(str(tmp_path))
-    linked = (tmp_path / protocol.AGENT).resolve()
+    linked = (tmp_path / layout.AGENT).resolve()
     assert linked == Path(agent_main.__file__).resolve().parents[1]
     assert version == linked.name

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent.kernel.protocol import ExitRecord
+from orchestrator.agent.kernel.replies import ExitRecord
 from orchestrator.agent.node import srun
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.inventory import Host

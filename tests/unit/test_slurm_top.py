@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.agent.kernel.protocol import EXIT, NODE_SPEC
+from orchestrator.agent.kernel.layout import EXIT, NODE_SPEC
 from orchestrator.models.states import JobState
 from orchestrator.records.db import JobRecord
 from orchestrator.slurm.top import parse_samples, top_command

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.agent.host import proc
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import fileio, framing, layout
 from orchestrator.agent.main import main as agent_main
 from orchestrator.agent.node import follow
 from orchestrator.records.logmirror import LogMirror
@@ -232,19 +232,19 @@ def test_big_chunks_travel_compressed_and_small_ones_do_not(log: Log) -> None:
 def test_widen_pipe_grows_a_pipe_and_leaves_other_files_alone(tmp_path: Path) -> None:
     read, write = os.pipe()
     try:
-        protocol.widen_pipe(read)
+        framing.widen_pipe(read)
         assert fcntl.fcntl(read, F_GETPIPE_SZ) >= 1 << 20
     finally:
         os.close(read)
         os.close(write)
     with open(tmp_path / "file", "wb") as f:
-        protocol.widen_pipe(f.fileno())  # not a pipe: no error
+        framing.widen_pipe(f.fileno())  # not a pipe: no error
 
 
 def test_job_files_keep_the_users_umask(tmp_path: Path) -> None:
     old = os.umask(0o077)
     try:
-        protocol.write_json(str(tmp_path / "node.json"), {"env": {"HF_TOKEN": "x"}})
+        fileio.write_json(str(tmp_path / "node.json"), {"env": {"HF_TOKEN": "x"}})
     finally:
         os.umask(old)
     assert (tmp_path / "node.json").stat().st_mode & 0o777 == 0o600
@@ -307,7 +307,7 @@ def test_kill_marks_a_node_killed_only_when_it_had_not_ended_by_itself(
     monkeypatch.chdir(tmp_path)
     kill.main([str(job), "0.1", "j-1"])
     capsys.readouterr()
-    assert (job / protocol.KILLED).exists() is not ended_first
+    assert (job / layout.KILLED).exists() is not ended_first
     if ended_first:
         monkeypatch.chdir(job)
         ended = state.exit_record()

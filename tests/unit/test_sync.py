@@ -226,7 +226,7 @@ def test_manifest_holds_each_file_with_its_hash_size_and_executable_bit(tmp_path
 def test_agent_archive_is_deterministic_and_its_hash_is_the_version() -> None:
     files = json.loads(agent.archive())
     assert list(files) == sorted(files)
-    assert {"orch_agent/main.py", "orch_agent/kernel/protocol.py", "run.py"} <= set(files)
+    assert {"orch_agent/main.py", "orch_agent/kernel/messages.py", "run.py"} <= set(files)
     package = Path(agent.__file__).parents[1] / "agent"
     every = {f"orch_agent/{p.relative_to(package)}" for p in package.rglob("*.py")}
     assert set(files) - {"run.py"} == every  # subpackages too, and nothing else

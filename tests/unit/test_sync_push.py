@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import framing, layout
 from orchestrator.models.errors import InfraError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
@@ -98,7 +98,7 @@ def listing(root: Path) -> dict[str, tuple[str, str]]:
 
 
 def objects_in_store(host: Host) -> list[Path]:
-    return [p for p in (Path(protocol.store_dir(host.workdir)) / "objects").glob("*")]
+    return [p for p in (Path(layout.store_dir(host.workdir)) / "objects").glob("*")]
 
 
 def test_snapshot_is_an_exact_copy_of_a_hostile_tree(pusher: Pusher, tmp_path: Path) -> None:
@@ -259,12 +259,12 @@ def test_progress_moves_within_a_round_trip(
 def raw_sync(host: Host, body: bytes, job_dir: Path) -> dict[str, object]:
     """Send the host a manifest `body` of our own making and ask for a snapshot."""
     frames = [
-        protocol.json_frame(b"H", {"store": protocol.store_dir(host.workdir), "push": "t1"}),
-        protocol.frame(b"M", zlib.compress(body)),
-        protocol.json_frame(
+        framing.json_frame(b"H", {"store": layout.store_dir(host.workdir), "push": "t1"}),
+        framing.frame(b"M", zlib.compress(body)),
+        framing.json_frame(
             b"S", {"digest": hashlib.sha256(body).hexdigest(), "job_dir": str(job_dir), "keep": 5}
         ),
-        protocol.frame(b"Z"),
+        framing.frame(b"Z"),
     ]
     out = subprocess.run(
         ["/bin/sh", "-c", agent.command(host, "sync")],

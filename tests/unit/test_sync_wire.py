@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import framing
 from orchestrator.sync import wire
 
 
 def read_frames(data: bytes) -> Iterator[tuple[bytes, bytes]]:
     stream = io.BytesIO(data)
-    while header := stream.read(protocol.FRAME.size):
-        kind, size = protocol.FRAME.unpack(header)
+    while header := stream.read(framing.FRAME.size):
+        kind, size = framing.FRAME.unpack(header)
         yield kind, stream.read(size)
 
 

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from orchestrator.agent.host import nvidia, proc
-from orchestrator.agent.kernel.protocol import TopSample, WarmRow, parse_message
+from orchestrator.agent.kernel.messages import parse_message
+from orchestrator.agent.kernel.replies import TopSample, WarmRow
 from orchestrator.agent.node import top as agent_top
 from orchestrator.models.inventory import Host
 from orchestrator.records.db import NodeRecord

@@ -160,7 +160,8 @@ def test_a_node_waits_for_a_warm_interpreter_still_importing_within_bounds(
     import threading
 
     from orchestrator.agent.host import proc
-    from orchestrator.agent.kernel.protocol import KILLED, write_json
+    from orchestrator.agent.kernel.fileio import write_json
+    from orchestrator.agent.kernel.layout import KILLED
 
     monkeypatch.setattr(warm, "warm_dir", lambda: str(tmp_path / "warm"))
     monkeypatch.chdir(tmp_path)  # the node's directory
@@ -193,13 +194,8 @@ def test_a_wait_status_reads_as_torchrun_reports_it() -> None:
 def test_the_warm_replies_are_typed_both_ways() -> None:
     """What `warm list` and `warm ahead` answer is parsed with its types checked: a
     wrong one names the host, a good one reads back as it was built."""
-    from orchestrator.agent.kernel.protocol import (
-        MessageError,
-        WarmAhead,
-        WarmList,
-        WarmRow,
-        parse_message,
-    )
+    from orchestrator.agent.kernel.messages import MessageError, parse_message
+    from orchestrator.agent.kernel.replies import WarmAhead, WarmList, WarmRow
 
     row = WarmRow(pid=42, key="k", state="ready", preload=["torch"], pss_kb=1024, idle_s=3.5)
     listed = parse_message(WarmList, WarmList(warm=[row]).as_dict())

@@ -1,4 +1,4 @@
-"""The wire's messages (agent/kernel/protocol.py): each field's type checked where a
+"""The wire's messages (agent/kernel/messages.py, replies.py): each field's type checked where a
 message is parsed, a wrong one an error naming the message, the field and the host;
 unknown fields tolerated; every message class built on one side and parsed on the
 other."""
@@ -13,18 +13,16 @@ from typing import Any
 import pytest
 
 from orchestrator.agent.keeper import wire
-from orchestrator.agent.kernel import protocol, states
-from orchestrator.agent.kernel.protocol import (
+from orchestrator.agent.kernel import messages, states
+from orchestrator.agent.kernel.messages import Message, MessageError, parse_message
+from orchestrator.agent.kernel.replies import (
     ExitRecord,
     GcReport,
     KillReport,
-    Message,
-    MessageError,
     Started,
     StatusReply,
     SyncReply,
     TopSample,
-    parse_message,
 )
 from orchestrator.models.errors import HostError
 from orchestrator.models.inventory import Host
@@ -95,9 +93,9 @@ def test_the_controller_reports_a_wrong_type_as_the_hosts_error() -> None:
 
 def test_every_annotation_of_the_wire_can_be_checked() -> None:
     """A class whose annotation the checker does not know fails here, not on a host."""
-    for cls in protocol._MESSAGES.values():
+    for cls in messages._MESSAGES.values():
         for annotation in cls.fields().values():
-            protocol._compile(annotation)
+            messages._compile(annotation)
 
 
 def roundtrip(message: Message) -> Message:

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from ..kernel.host_wire import Bandwidth, NetDone, NetReady, Reached
-from ..kernel.protocol import Message
+from ..kernel.messages import Message
 
 CHUNK = 1 << 20
 

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..kernel.host_wire import GpuFacts, GpuRow, PortFacts, PortHolder, ProbeFacts
-from ..kernel.protocol import FS_MARKS, TOKEN_RE
+from ..kernel.layout import FS_MARKS, TOKEN_RE
 from . import nvidia, proc
 
 if TYPE_CHECKING:

@@ -43,7 +43,8 @@ from typing import Any
 
 from ..host import proc
 from ..host.daemonize import daemonize
-from ..kernel.protocol import Message, read_json, write_json
+from ..kernel.fileio import read_json, write_json
+from ..kernel.messages import Message
 from .decisions import STOP_WAIT_S, Keeping
 from .wire import HB_S, Channel, Heartbeat, Hello, State, greet, read_messages, ready
 

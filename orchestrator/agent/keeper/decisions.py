@@ -40,10 +40,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..kernel import states
+from ..kernel.layout import job_dir
 from ..kernel.lease_wire import LeaseState
 from ..kernel.line import Line, Outcome
+from ..kernel.messages import Message, MessageError, parse_message
 from ..kernel.placement import failed_hosts, next_hosts, placement, restart_delay
-from ..kernel.protocol import Message, MessageError, job_dir, parse_message
 from . import wire
 
 LINE, RUNNING, STOPPING, WAITING, PORT, STARTING, KILLING, DONE, TAKING = (

@@ -21,17 +21,11 @@ from typing import Any
 
 from ..host import proc
 from ..host.daemonize import daemonize
+from ..kernel.fileio import write_json
+from ..kernel.layout import AGENT, HEARTBEAT_S, MEMBER_FILE, RUN_SCRIPT
 from ..kernel.line import REPLY_WAIT_S
+from ..kernel.messages import Message, last_json
 from ..kernel.placement import render
-from ..kernel.protocol import (
-    AGENT,
-    HEARTBEAT_S,
-    MEMBER_FILE,
-    RUN_SCRIPT,
-    Message,
-    last_json,
-    write_json,
-)
 from ..node import state
 from .decisions import DONE, START_WAIT_S, STOP_WAIT_S
 from .takeover import Successor, standby

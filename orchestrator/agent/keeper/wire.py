@@ -4,7 +4,7 @@ direction and its number, under the job's secret. A member proves it knows the s
 when it connects (`join`); the keeper greets it (`greet`) and refuses a stranger.
 
 Each message is one of the classes below, its kind in "k": built with `Channel.tell`,
-parsed by `Channel.hear` (kernel/protocol.py checks its fields' types; a kind this
+parsed by `Channel.hear` (kernel/messages.py checks its fields' types; a kind this
 side does not know is skipped, fields it does not know ignored). decisions.py, pure,
 takes and gives them as these classes; kernel/line.py's lease rounds as verbs and
 parsed lease answers.
@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..kernel.protocol import ExitRecord, Message, MessageError, parse_message
+from ..kernel.messages import Message, MessageError, parse_message
+from ..kernel.replies import ExitRecord
 
 GREETING = b"orch-keeper-1\n"
 NONCE_BYTES = 32

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .protocol import Message, Reply
+from .messages import Message
+from .replies import Reply
 
 # ---------------------------------------------------------------- probe
 

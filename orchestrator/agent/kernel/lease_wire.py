@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .protocol import ExitRecord, Reply
+from .replies import ExitRecord, Reply
 
 
 def printable(text: object, limit: int = 300) -> str:

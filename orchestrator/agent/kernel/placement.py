@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .protocol import AGENT, CODE, LOGS, RUN_SCRIPT, job_dir
+from .layout import AGENT, CODE, LOGS, RUN_SCRIPT, job_dir
 from .states import FAILED, LOST
 
 TORCHRUN, PYTHON, LEGACY_LAUNCH = "torchrun", "python", "torch.distributed.launch"

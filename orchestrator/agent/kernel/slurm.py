@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from .protocol import RESERVED_NAMES
+from .layout import RESERVED_NAMES
 
 SLURM_DIR = "slurm"
 SPEC = f"{SLURM_DIR}/spec.json"  # each node rank's args and env (0600: the env may hold secrets)

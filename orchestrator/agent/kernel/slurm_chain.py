@@ -50,7 +50,7 @@ def attempt_record(attempt: int) -> str:
 
 def attempt_dir(node_dir: str, attempt: int) -> str:
     """A node's directory in a later attempt, beside the first's (as over SSH:
-    protocol.job_dir): each attempt keeps its own logs and exit records."""
+    layout.job_dir): each attempt keeps its own logs and exit records."""
     return node_dir if attempt == 0 else f"{node_dir}.attempt{attempt}"
 
 

@@ -11,8 +11,10 @@ import os
 import sys
 import time
 
+from ..kernel.fileio import read_json
+from ..kernel.framing import send_record
+from ..kernel.layout import EXIT, PIDS
 from ..kernel.lease_wire import LeaseDir, LeaseHosts, LeaseState, lease_record
-from ..kernel.protocol import EXIT, PIDS, read_json, send_record
 from .gpus import busy_units, foreign_gpus
 from .holder import GO, QUEUED
 from .policy import Record, foreign_warning, grant, public, why_waiting

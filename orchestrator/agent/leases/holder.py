@@ -12,8 +12,9 @@ import time
 from collections.abc import Sequence
 
 from ..host import proc
+from ..kernel.fileio import write_json
+from ..kernel.layout import EXIT, KILLED
 from ..kernel.lease_wire import LeaseStart, lease_record
-from ..kernel.protocol import EXIT, KILLED, write_json
 from .gpus import busy_units
 from .policy import Record, foreign_warning, grant, why_waiting
 from .storage import (

@@ -25,7 +25,8 @@ import time
 from typing import Any
 
 from ..host import proc
-from ..kernel.protocol import EXIT, read_json, write_json
+from ..kernel.fileio import read_json, write_json
+from ..kernel.layout import EXIT
 from ..kernel.slurm import expand_nodelist, node_dir_name
 from ..kernel.slurm_chain import (
     ATTEMPT_ENV,

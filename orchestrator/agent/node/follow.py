@@ -9,7 +9,8 @@ import sys
 import time
 import zlib
 
-from ..kernel.protocol import LOGS, TORCHRUN_LOG, send_record, widen_pipe
+from ..kernel.framing import send_record, widen_pipe
+from ..kernel.layout import LOGS, TORCHRUN_LOG
 from . import state
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command

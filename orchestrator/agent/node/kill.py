@@ -14,16 +14,10 @@ import sys
 import time
 
 from ..host import proc
-from ..kernel.protocol import (
-    EXIT,
-    KILLED,
-    LOGS,
-    NODE_SPEC,
-    PIDS,
-    KillReport,
-    read_json,
-    send_record,
-)
+from ..kernel.fileio import read_json
+from ..kernel.framing import send_record
+from ..kernel.layout import EXIT, KILLED, LOGS, NODE_SPEC, PIDS
+from ..kernel.replies import KillReport
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
 if TYPE_CHECKING:

@@ -42,7 +42,7 @@ import time
 from typing import Any
 
 from ..host import proc
-from ..kernel.protocol import AGENT, RUN_SCRIPT, TORCHRUN_LOG
+from ..kernel.layout import AGENT, RUN_SCRIPT, TORCHRUN_LOG
 from .rank import to_own_log
 
 RUN_ID = "none"  # torchrun's default --rdzv-id

@@ -22,7 +22,8 @@ import stat
 import sys
 from typing import Any
 
-from ..kernel.protocol import describe_error, frame, json_frame
+from ..kernel.fileio import describe_error
+from ..kernel.framing import frame, json_frame
 
 CHUNK_BYTES = 1 << 20
 

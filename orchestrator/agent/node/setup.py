@@ -8,7 +8,8 @@ import os
 import sys
 import time
 
-from ..kernel.protocol import CODE, SETUP_LOG, setup_marker, write_json
+from ..kernel.fileio import write_json
+from ..kernel.layout import CODE, SETUP_LOG, setup_marker
 
 
 def main(args: list[str]) -> int:

@@ -16,7 +16,9 @@ import os
 import socket
 import sys
 
-from ..kernel.protocol import EXIT, NODE_SPEC, TopSample, read_json
+from ..kernel.fileio import read_json
+from ..kernel.layout import EXIT, NODE_SPEC
+from ..kernel.replies import TopSample
 from ..kernel.slurm import node_dir_name
 from . import state, top
 

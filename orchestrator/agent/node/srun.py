@@ -34,6 +34,8 @@ import time
 from typing import Any
 
 from ..host import probe
+from ..kernel.fileio import read_json, write_json
+from ..kernel.layout import AGENT, CODE, EXIT, LOGS, NODE_SPEC, OUTPUTS, TORCHRUN_LOG
 from ..kernel.placement import (
     PYTHON,
     TORCHRUN,
@@ -41,18 +43,7 @@ from ..kernel.placement import (
     set_launcher_env,
     torchrun_argv,
 )
-from ..kernel.protocol import (
-    AGENT,
-    CODE,
-    EXIT,
-    LOGS,
-    NODE_SPEC,
-    OUTPUTS,
-    TORCHRUN_LOG,
-    ExitRecord,
-    read_json,
-    write_json,
-)
+from ..kernel.replies import ExitRecord
 from ..kernel.slurm import SPEC, expand_nodelist, fill_marks, node_dir_name, rendezvous_record
 from ..kernel.slurm_chain import ATTEMPT_ENV, attempt_dir
 from . import torchrun

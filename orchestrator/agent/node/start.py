@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..host.daemonize import daemonize
 from ..host.proc import host_id, signal_group, start_time
-from ..kernel.limits import raise_open_files
-from ..kernel.protocol import (
+from ..kernel.fileio import read_json, write_json
+from ..kernel.layout import (
     CODE,
     EXIT,
     HEARTBEAT_S,
@@ -27,11 +27,9 @@ from ..kernel.protocol import (
     PIDS,
     SUPERVISOR_LOG,
     TORCHRUN_LOG,
-    ExitRecord,
-    Started,
-    read_json,
-    write_json,
 )
+from ..kernel.limits import raise_open_files
+from ..kernel.replies import ExitRecord, Started
 from ..leases import holder
 from . import launch, torchrun, warm
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 
 from ..host import proc
-from ..kernel.protocol import EXIT, KILLED, NODE_SPEC, PIDS, ExitRecord, StatusReply, read_json
+from ..kernel.fileio import read_json
+from ..kernel.layout import EXIT, KILLED, NODE_SPEC, PIDS
+from ..kernel.replies import ExitRecord, StatusReply
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
 if TYPE_CHECKING:

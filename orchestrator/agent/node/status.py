@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ..kernel.protocol import StatusReply, send_record
+from ..kernel.framing import send_record
+from ..kernel.replies import StatusReply
 from . import state
 
 

@@ -37,16 +37,10 @@ import time
 from typing import Any
 
 from ..host import nvidia, proc
-from ..kernel.protocol import (
-    LOGS,
-    NODE_SPEC,
-    PIDS,
-    TORCHRUN_LOG,
-    TopSample,
-    WarmRow,
-    read_json,
-    send_record,
-)
+from ..kernel.fileio import read_json
+from ..kernel.framing import send_record
+from ..kernel.layout import LOGS, NODE_SPEC, PIDS, TORCHRUN_LOG
+from ..kernel.replies import TopSample, WarmRow
 from . import state, warm
 
 MAX_COUNT = 32 << 20  # bytes of new log read per rank and sample; past that, estimated

@@ -23,7 +23,7 @@ import importlib
 import sys
 from collections.abc import Iterator, Sequence
 
-from ..kernel.protocol import AGENT, RUN_SCRIPT
+from ..kernel.layout import AGENT, RUN_SCRIPT
 
 MODULE = "torch.distributed.run"
 

@@ -37,7 +37,8 @@ import time
 from typing import Any
 
 from ..host import proc
-from ..kernel.protocol import KILLED, RUN_SCRIPT, read_json, write_json
+from ..kernel.fileio import read_json, write_json
+from ..kernel.layout import KILLED, RUN_SCRIPT
 from .warm_serve import ANSWER_S, serve
 
 WARM = "warm"  # beside agent/ and jobs/ in the user's orch directory

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from ..host import proc
-from ..kernel.protocol import read_json, write_json
+from ..kernel.fileio import read_json, write_json
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
 if TYPE_CHECKING:

@@ -12,7 +12,8 @@ import os
 import zlib
 from typing import Any
 
-from ..kernel.protocol import DIGEST_RE, KEY_RE, setup_marker, write_bytes
+from ..kernel.fileio import write_bytes
+from ..kernel.layout import DIGEST_RE, KEY_RE, setup_marker
 
 OBJECT_MODE, OBJECT_MODE_X = 0o400, 0o500
 # The mtime of an object as the push stored it, verified by its hash: no snapshot ever

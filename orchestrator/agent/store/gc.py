@@ -13,7 +13,9 @@ import time
 from typing import Any
 
 from ..host import proc
-from ..kernel.protocol import (
+from ..kernel.fileio import describe_error, read_json, write_bytes
+from ..kernel.framing import read_frame
+from ..kernel.layout import (
     CODE,
     EXIT,
     HEARTBEAT_S,
@@ -23,13 +25,9 @@ from ..kernel.protocol import (
     RESERVED_NAMES,
     SEAL,
     SNAPSHOT,
-    GcReport,
-    describe_error,
     entry_key,
-    read_frame,
-    read_json,
-    write_bytes,
 )
+from ..kernel.replies import GcReport
 from .content import PRISTINE_NS, ContentStore, remove_tree
 
 GC_GRACE_S = 600.0  # younger store files may belong to a push in flight

@@ -32,7 +32,9 @@ import threading
 import time
 from typing import Any
 
-from ..kernel.protocol import KEY_RE, describe_error, frame, json_frame, read_exact, read_frame
+from ..kernel.fileio import describe_error
+from ..kernel.framing import frame, json_frame, read_exact, read_frame
+from ..kernel.layout import KEY_RE
 from .content import ContentStore
 
 GREETING = b"orch-relay-1\n"

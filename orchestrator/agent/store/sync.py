@@ -1,4 +1,4 @@
-"""`sync` (stdin: frames, see kernel/protocol.py): store pushed content, then build a job's
+"""`sync` (stdin: frames, see kernel/framing.py): store pushed content, then build a job's
 code/ snapshot from it. A push never changes another job's files. Every name arrives
 framed on stdin, never through a shell.
 
@@ -21,21 +21,10 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from ..kernel.protocol import (
-    AGENT,
-    CODE,
-    RESERVED_NAMES,
-    SNAPSHOT,
-    TOKEN_RE,
-    SyncReply,
-    describe_error,
-    entry_key,
-    read_frame,
-    read_json,
-    widen_pipe,
-    write_bytes,
-    write_json,
-)
+from ..kernel.fileio import describe_error, read_json, write_bytes, write_json
+from ..kernel.framing import read_frame, widen_pipe
+from ..kernel.layout import AGENT, CODE, RESERVED_NAMES, SNAPSHOT, TOKEN_RE, entry_key
+from ..kernel.replies import SyncReply
 from . import takeover
 from .content import ContentStore, Mismatch, Missing, file_hash, inflate, remove_tree
 

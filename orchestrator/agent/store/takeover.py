@@ -39,7 +39,8 @@ import stat
 from collections.abc import Iterator
 from typing import Any, Dict  # noqa: UP035
 
-from ..kernel.protocol import CODE, SEAL, SNAPSHOT, entry_key, read_json, write_json
+from ..kernel.fileio import read_json, write_json
+from ..kernel.layout import CODE, SEAL, SNAPSHOT, entry_key
 from . import gc
 from .content import remove_tree
 

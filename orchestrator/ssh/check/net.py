@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.agent.kernel import protocol
+from orchestrator.agent.kernel import layout
 from orchestrator.agent.kernel.host_wire import Bandwidth, NetReady, Reached
 from orchestrator.models.errors import HostError, OrchError
 from orchestrator.models.inventory import Host
@@ -193,7 +193,7 @@ def relay_reach(
     if not nodes:
         return {}
     config = {
-        "store": protocol.store_dir(master.workdir),
+        "store": layout.store_dir(master.workdir),
         "secret": secrets.token_hex(32),
         "expect": len(nodes),  # it ends once each node came and went
     }

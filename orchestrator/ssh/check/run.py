@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from orchestrator.agent.kernel.lease_wire import LeaseDir
-from orchestrator.agent.kernel.protocol import MessageError, parse_message
+from orchestrator.agent.kernel.messages import MessageError, parse_message
 from orchestrator.models.errors import HostError, OrchError, PreflightError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, Inventory

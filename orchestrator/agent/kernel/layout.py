@@ -1,0 +1,87 @@
+"""The job directory and the content store on a host: their names, written once for
+the controller and the agent.
+
+**The job directory** `WORKDIR/jobs/<job id>/<host>` (`job_dir`) holds the files named
+below. Where hosts share a filesystem, their nodes share one snapshot: code/, agent
+and snapshot.json sit one level up, in `WORKDIR/jobs/<job id>` (`job_root`), and each
+node's directory links to them. **The content store** `WORKDIR/store` holds
+objects/<sha256>[.x] (read-only; `.x` executable), manifests/<digest> and setup/<key>
+(done markers); **the agent** is unpacked once per version under `WORKDIR/agent/<version>`.
+"""
+
+from __future__ import annotations
+
+import re
+
+NODE_SPEC = "node.json"  # argv and env of the node's torchrun
+PIDS = "pid.json"  # torchrun's pid and group, the supervisor's pid
+EXIT = "exit.json"  # how torchrun ended (ExitRecord)
+KILLED = "killed"  # present once orch kill ran
+LOGS = "logs"  # rank-N.log and rank-N.pid of every rank
+TORCHRUN_LOG = "torchrun.log"
+SETUP_LOG = "setup.log"
+SUPERVISOR_LOG = "supervisor.log"
+CODE = "code"  # the job's snapshot of the pushed tree
+OUTPUTS = "outputs"  # beside the nodes' directories: what the job keeps (ORCH_OUTPUT_DIR)
+SNAPSHOT = "snapshot.json"  # which manifest code/ was built from
+AGENT = "agent"  # link to the agent version that built the snapshot: the job's own
+RUN_SCRIPT = "run.py"  # the agent's entry as a script, in each version's directory
+# Names a node's directory may not have: a shared snapshot's entries beside it.
+SEAL = "seal.json"  # beside snapshot.json, as root: each file's inode and ctime (takeover.py)
+RESERVED_NAMES = frozenset({CODE, AGENT, SNAPSHOT, SEAL, OUTPUTS, ".", ".."})
+FS_MARKS = "fsmarks"  # WORKDIR/fsmarks/<nonce>: which hosts see one filesystem (probe)
+HEARTBEAT_S = 60.0  # a supervisor touches its PIDS file this often while torchrun runs
+MEMBER_FILE = "member.json"  # a keeper's member lives in this node directory (touched too)
+
+
+def job_root(workdir: str, job_id: str) -> str:
+    """A job's directory on a host: its nodes' directories, and a shared snapshot."""
+    return f"{workdir.rstrip('/')}/jobs/{job_id}"
+
+
+def job_dir(workdir: str, job_id: str, host: str, attempt: int = 0) -> str:
+    """A node's job directory on its host (may start with ~); a restarted job's nodes
+    get one per attempt, beside the first: the output directory stays theirs."""
+    name = host if attempt == 0 else f"{host}.attempt{attempt}"
+    return f"{job_root(workdir, job_id)}/{name}"
+
+
+def outputs_dir(job_dir: str) -> str:
+    """A node's output directory, beside its job directory: kept when gc removes the
+    code, and one for every node of a shared filesystem (may start with ~)."""
+    return f"{job_dir.rstrip('/').rpartition('/')[0]}/{OUTPUTS}"
+
+
+def store_dir(workdir: str) -> str:
+    """The host's content store (may start with ~)."""
+    return f"{workdir.rstrip('/')}/store"
+
+
+def agent_dir(workdir: str) -> str:
+    """Where the host keeps each agent version it was sent (may start with ~)."""
+    return f"{workdir.rstrip('/')}/agent"
+
+
+def setup_marker(store: str, key: str) -> str:
+    """Where a store records that setup `key` succeeded."""
+    if not DIGEST_RE.fullmatch(key):
+        raise ValueError(f"bad setup key {key!r}")
+    return f"{store}/setup/{key}"
+
+
+# Content keys: how the store names an object.
+KIND_FILE, KIND_EXEC, KIND_LINK, KIND_DIR = "f", "x", "l", "d"
+KEY_RE = re.compile(r"[0-9a-f]{64}(\.x)?")
+DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+TOKEN_RE = re.compile(r"[0-9A-Za-z_-]{1,64}")
+
+
+def entry_key(kind: str, value: str) -> str | None:
+    """The content-store key of a manifest entry: a file's hash, marked when executable
+    (hard links share their mode, so the same bytes with and without the executable
+    bit are two objects); None for links and directories."""
+    if kind == KIND_FILE:
+        return value
+    if kind == KIND_EXEC:
+        return value + ".x"
+    return None
