@@ -33,7 +33,9 @@ from ..kernel.protocol import (
     write_json,
 )
 from ..leases import holder
-from . import launch, torchrun, warm
+from . import torchrun
+from .warm import interpreters as warm
+from .warm import launch
 
 if TYPE_CHECKING:
     import subprocess

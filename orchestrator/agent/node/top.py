@@ -47,7 +47,8 @@ from ..kernel.protocol import (
     read_json,
     send_record,
 )
-from . import state, warm
+from . import state
+from .warm import interpreters as warm
 
 MAX_COUNT = 32 << 20  # bytes of new log read per rank and sample; past that, estimated
 CHUNK = 1 << 20
