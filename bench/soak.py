@@ -92,7 +92,7 @@ EXPECTED = {
 }
 
 # Run inside a host: is the port listening, and which lease or ticket files name the job.
-WARM_SERVE = " warm serve "  # a warm interpreter's command line (agent/node/warm.py)
+WARM_SERVE = " warm serve "  # a warm interpreter's command line (agent/node/warm/serve.py)
 PROBE = r"""
 import json, os, sys
 job, port = sys.argv[1], int(sys.argv[2])

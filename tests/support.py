@@ -99,7 +99,7 @@ class Lines:
         return "".join(self.lines)
 
 
-WARM_SERVE = " warm serve "  # a warm interpreter's command line (agent/node/warm.py)
+WARM_SERVE = " warm serve "  # a warm interpreter's command line (agent/node/warm/serve.py)
 
 
 def job_processes(cluster: Cluster, host: int) -> list[tuple[int, str]]:

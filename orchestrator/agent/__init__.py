@@ -11,7 +11,7 @@ Its rooms:
   probe, network tests, daemons that outlive their SSH channel.
 - `node/`: one node of a job on this host: its supervisor (`start`), status, logs,
   kill, each rank's entry, setup, outputs, a `top` sample; on a Slurm compute node,
-  the launcher srun starts (`srun`).
+  the launcher srun starts (`srun`); warm starts in `node/warm/`.
 - `store/`: the content store, the snapshots a push builds from it, the relay between
   hosts, takeover of a shared snapshot and gc.
 - `keeper/`: a detached job's restarts on its hosts: what the keeper decides (pure),

@@ -1,4 +1,4 @@
-"""The warm interpreters on a set of hosts (agent/node/warm.py): list them with their
+"""The warm interpreters on a set of hosts (agent/node/warm/): list them with their
 memory, or end them (`orch warm`, `orch kill --all`, `orch gc`)."""
 
 from __future__ import annotations

@@ -251,7 +251,7 @@ def node_template(job: JobSpec, host: Host, facts: HostFacts, job_id: str) -> di
 
 
 def warm_options(job: JobSpec) -> dict[str, Any]:
-    """What a node's supervisor needs to start warm (agent/node/warm.py), or why not."""
+    """What a node's supervisor needs to start warm (agent/node/warm/), or why not."""
     if job.cold:
         return {"off": job.cold}
     return {"preload": list(job.preload), "idle": job.warm_idle}

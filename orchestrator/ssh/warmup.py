@@ -1,5 +1,5 @@
 """`orch warm JOB`: the warm interpreters a job's ranks are forked from, started on its
-hosts before its first submit (agent/node/warm.py `ahead`), so that the first submit
+hosts before its first submit (agent/node/warm/ `ahead`), so that the first submit
 runs warm too.
 
 The hosts are probed as a submit probes them, since a node's environment (the

@@ -299,7 +299,7 @@ def test_a_missing_job_directory_answers_that_it_does_not_exist(tmp_path: Path) 
 def test_the_sample_lists_the_users_warm_interpreters_with_their_memory(
     node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator.agent.node import warm
+    from orchestrator.agent.node.warm import interpreters as warm
 
     folder = tmp_path / "warm"
     folder.mkdir()

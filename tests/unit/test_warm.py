@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.kernel import placement
-from orchestrator.agent.node import launch, warm
+from orchestrator.agent.node.warm import interpreters as warm
+from orchestrator.agent.node.warm import launch
 from orchestrator.models.job import Overrides, load_job, with_overrides
 from tests.unit.conftest import WriteFile, expect_input_error
 

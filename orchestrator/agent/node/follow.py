@@ -1,5 +1,5 @@
 """`follow JOB_DIR [OFFSETS] [--once]`: stream the node's log files as follow records
-(see kernel/protocol.py), from byte offsets, until the node has ended and all is sent."""
+(see kernel/framing.py), from byte offsets, until the node has ended and all is sent."""
 
 from __future__ import annotations
 

@@ -31,7 +31,9 @@ from ..kernel.layout import (
 from ..kernel.limits import raise_open_files
 from ..kernel.replies import ExitRecord, Started
 from ..leases import holder
-from . import launch, torchrun, warm
+from . import torchrun
+from .warm import interpreters as warm
+from .warm import launch
 
 if TYPE_CHECKING:
     import subprocess

@@ -41,7 +41,8 @@ from ..kernel.fileio import read_json
 from ..kernel.framing import send_record
 from ..kernel.layout import LOGS, NODE_SPEC, PIDS, TORCHRUN_LOG
 from ..kernel.replies import TopSample, WarmRow
-from . import state, warm
+from . import state
+from .warm import interpreters as warm
 
 MAX_COUNT = 32 << 20  # bytes of new log read per rank and sample; past that, estimated
 CHUNK = 1 << 20

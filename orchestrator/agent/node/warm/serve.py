@@ -1,4 +1,4 @@
-"""`warm serve KEY IDLE PRELOAD ROOM`: the warm process itself (warm.py has the rest).
+"""`warm serve KEY IDLE PRELOAD ROOM`: the warm process itself (interpreters.py has the rest).
 
 It imports the preload modules, refuses to serve where they left a thread a fork would
 break or initialised CUDA, takes the fingerprint of everything it imported and of the
@@ -19,8 +19,8 @@ import sys
 import time
 from typing import Any
 
-from ..host import proc
-from ..kernel.fileio import read_json, write_json
+from ...host import proc
+from ...kernel.fileio import read_json, write_json
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def serve(
     and the connection to answer on.
 
     Args:
-        path: where a key's file with this suffix is (warm.py says where they live).
+        path: where a key's file with this suffix is (interpreters.py says where they live).
         agent_dir: the agent version's directory (not a place of installed packages).
     """
     key, idle, preload = args[0], float(args[1]), json.loads(args[2])
@@ -140,7 +140,7 @@ def preload_refusal(preload: list[str]) -> str | None:
     its own fork handler stops it), CUDA was initialised."""
     import importlib
 
-    from .torchrun import collector_off
+    from ..torchrun import collector_off
 
     for name in preload:
         try:

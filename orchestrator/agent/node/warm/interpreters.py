@@ -9,7 +9,7 @@ at most `MOST` per user on a host, the least recently used first out. Each lives
 - `ensure()` starts one for the key where none runs: the supervisor calls it once a
   job's node ended; `ahead` (stdin: the node's argv, env and warm options) once
   `orch warm JOB` asks, before the job's first submit.
-- `serve KEY IDLE PRELOAD ROOM`: the warm process itself (warm_serve.py). It imports
+- `serve KEY IDLE PRELOAD ROOM`: the warm process itself (serve.py). It imports
   the preload modules, refuses to serve where they left a thread a fork would break
   or initialised CUDA, takes the fingerprint of everything it imported and of the
   installed distributions, then waits. For each request of its owner it checks the
@@ -36,10 +36,10 @@ import sys
 import time
 from typing import Any
 
-from ..host import proc
-from ..kernel.fileio import read_json, write_json
-from ..kernel.layout import KILLED, RUN_SCRIPT
-from .warm_serve import ANSWER_S, serve
+from ...host import proc
+from ...kernel.fileio import read_json, write_json
+from ...kernel.layout import KILLED, RUN_SCRIPT
+from .serve import ANSWER_S, serve
 
 WARM = "warm"  # beside agent/ and jobs/ in the user's orch directory
 MOST = 2  # warm processes per user and host: each holds an interpreter with torch
@@ -88,8 +88,8 @@ def main(args: list[str]) -> int:
 
 def version_dir() -> str:
     """The agent version this module runs from (`WORKDIR/agent/<version>`)."""
-    here = os.path.realpath(__file__)  # <version>/<package>/node/warm.py
-    return os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    here = os.path.realpath(__file__)  # <version>/<package>/node/warm/interpreters.py
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(here))))
 
 
 def warm_dir() -> str | None:

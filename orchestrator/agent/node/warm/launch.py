@@ -1,5 +1,5 @@
 """torchrun's job for one node, done by a launcher forked from a warm process
-(warm.py): it forks each local rank instead of starting an interpreter per rank.
+(interpreters.py): it forks each local rank instead of starting an interpreter per rank.
 
 What each rank gets is what torchrun 2.x (static rendezvous, `LocalElasticAgent`)
 gives a worker, and what the agent's `rank` entry (rank.py) then does:
@@ -41,9 +41,10 @@ import threading
 import time
 from typing import Any
 
-from ..host import proc
-from ..kernel.layout import AGENT, RUN_SCRIPT, TORCHRUN_LOG
-from .rank import to_own_log
+from ...host import proc
+from ...kernel.layout import AGENT, RUN_SCRIPT, TORCHRUN_LOG
+from ..rank import to_own_log
+from .interpreters import version_dir
 
 RUN_ID = "none"  # torchrun's default --rdzv-id
 ROLE = "default"
@@ -378,7 +379,7 @@ class RankRun:
         args = [*given, *self.request["user_args"]]
         entry = [target] if kind == "script" else ["-m", target]
         retitle([self.request["python"], "-u", *entry, *args], self.env)
-        agent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+        agent = version_dir()
         sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != agent]
         sys.orig_argv = [sys.executable, "-u", *entry, *args]
         if kind == "script":
