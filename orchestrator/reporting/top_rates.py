@@ -165,3 +165,11 @@ def top_view(
     `behind` judged."""
     state = "ended" if all(v.state in ("ended", "missing") for v in views) else "running"
     return TopView(record.id, record.name, state, time.time(), interval_s, judged(views, silent_s))
+
+
+def log_offsets(sample: TopSample) -> dict[str, int]:
+    """How far a node's sample read each rank's log: what the next sample asks for
+    (a host reads only what a log grew by since, never a whole log)."""
+    return {
+        str(r.get("stream")): int((r.get("log") or {}).get("offset") or 0) for r in sample.ranks
+    }
