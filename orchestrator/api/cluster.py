@@ -27,7 +27,7 @@ from orchestrator import backends
 from orchestrator.agent.kernel.lease_wire import printable
 from orchestrator.api import PathLike, _owner_only, _path
 from orchestrator.api.lines import QuietReporter
-from orchestrator.backends import CheckOptions, ExecOptions, GcOptions
+from orchestrator.backends import Backend, CheckOptions, ExecOptions, GcOptions
 from orchestrator.bench.allreduce import (
     BENCH_HEADER,
     AllreduceOptions,
@@ -37,7 +37,7 @@ from orchestrator.bench.allreduce import (
     average_busbw,
     format_row,
 )
-from orchestrator.models.inventory import resolve_inventory
+from orchestrator.models.inventory import Inventory, resolve_inventory
 from orchestrator.models.job import load_job
 from orchestrator.nodes.execute import HostRun
 from orchestrator.reporting.check import Cell, CheckLine, CheckResult, CheckTable, Column, Mark
@@ -82,6 +82,16 @@ __all__ = [
 ]
 
 
+def _chosen(inventory: PathLike | None) -> tuple[Inventory, Backend]:
+    """The inventory (`inventory`, else $ORCH_INVENTORY, else localhost) and its backend.
+
+    Raises:
+        InputError: a bad inventory.
+    """
+    found = resolve_inventory(_path(inventory), None)
+    return found, backends.for_inventory(found)
+
+
 def hosts(inventory: PathLike | None = None, reporter: Reporter | None = None) -> HostsView:
     """`orch status --hosts`: each host's GPUs (or slots), free or held by which job and
     user since when, the jobs waiting in each host's line, this user's warm
@@ -91,8 +101,8 @@ def hosts(inventory: PathLike | None = None, reporter: Reporter | None = None) -
         InputError: a bad inventory.
     """
     with _owner_only():
-        found = resolve_inventory(_path(inventory), None)
-        return backends.for_inventory(found).hosts(found, reporter or QuietReporter())
+        found, backend = _chosen(inventory)
+        return backend.hosts(found, reporter or QuietReporter())
 
 
 def check(
@@ -135,8 +145,8 @@ def exec_command(
     """
     options = ExecOptions(tuple(command), tuple(hosts), tuple(labels))
     with _owner_only():
-        found = resolve_inventory(_path(inventory), None)
-        return backends.for_inventory(found).exec(found, options, reporter or QuietReporter())
+        found, backend = _chosen(inventory)
+        return backend.exec(found, options, reporter or QuietReporter())
 
 
 def gc(
@@ -152,8 +162,7 @@ def gc(
         Unsupported: the backend keeps nothing to collect on its hosts (Slurm).
     """
     with _owner_only():
-        found = resolve_inventory(_path(inventory), None)
-        backend = backends.for_inventory(found)
+        found, backend = _chosen(inventory)
         return backend.gc(found, options or GcOptions(), reporter or QuietReporter())
 
 
@@ -178,25 +187,31 @@ def warm_list(
 ) -> PerHost[tuple[WarmInterpreter, ...]]:
     """`orch warm`: this user's warm interpreters on each host, with their memory.
 
+    Returns:
+        Per host that answered, its warm interpreters (none: an empty tuple); the
+        errors of the hosts that did not.
+
     Raises:
         Unsupported: the backend keeps no interpreter warm (Slurm).
     """
     with _owner_only():
-        found = resolve_inventory(_path(inventory), None)
-        return backends.for_inventory(found).warm_list(found, reporter or QuietReporter())
+        found, backend = _chosen(inventory)
+        return backend.warm_list(found, reporter or QuietReporter())
 
 
 def warm_stop(
     inventory: PathLike | None = None, reporter: Reporter | None = None
 ) -> PerHost[tuple[int, ...]]:
-    """`orch warm --stop`: end this user's warm interpreters; the pids ended per host.
+    """`orch warm --stop`: end this user's warm interpreters on the inventory's hosts
+    (a job's next ranks then start cold), and say which pids ended where.
 
     Raises:
-        Unsupported: the backend keeps no interpreter warm (Slurm).
+        Unsupported: on a Slurm inventory, where none is kept between jobs.
     """
+    reporter = reporter or QuietReporter()
     with _owner_only():
-        found = resolve_inventory(_path(inventory), None)
-        return backends.for_inventory(found).warm_stop(found, reporter or QuietReporter())
+        found, backend = _chosen(inventory)
+        return backend.warm_stop(found, reporter)
 
 
 def bench_allreduce(
@@ -211,5 +226,5 @@ def bench_allreduce(
         Unsupported: the backend cannot pick hosts by name for it (Slurm).
     """
     with _owner_only():
-        found = resolve_inventory(_path(inventory), None)
-        return backends.for_inventory(found).bench_allreduce(found, options, listener)
+        found, backend = _chosen(inventory)
+        return backend.bench_allreduce(found, options, listener)

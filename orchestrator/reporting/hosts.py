@@ -14,19 +14,22 @@ from orchestrator.models.errors import OrchError
 T = TypeVar("T")
 
 
-def _present(row: object) -> dict[str, Any]:
-    """A row as JSON data: its fields that hold something, in their order (what
-    `orch status --hosts --json` has always printed: no key for what a row lacks)."""
-    found = {}
-    for f in fields(row):  # type: ignore[arg-type]
-        value = getattr(row, f.name)
-        if value is not None:
-            found[f.name] = list(value) if isinstance(value, tuple) else value
-    return found
+class Row:
+    """A row of a table of hosts, as JSON data (`as_json`): its fields that hold
+    something, in their order (what `orch status --hosts --json` has always printed:
+    no key for what a row lacks)."""
+
+    def as_json(self) -> dict[str, Any]:
+        found = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if value is not None:
+                found[f.name] = list(value) if isinstance(value, tuple) else value
+        return found
 
 
 @dataclass(frozen=True)
-class UnitRow:
+class UnitRow(Row):
     """One GPU (or slot) a job may be given on a host: free, held by which job and user
     since when, or busy outside orch (by `pid`), or a state of the host's own
     (a Slurm node `down`, `drained`)."""
@@ -40,12 +43,9 @@ class UnitRow:
     since: float | None = None
     pid: int | None = None
 
-    def as_json(self) -> dict[str, Any]:
-        return _present(self)
-
 
 @dataclass(frozen=True)
-class QueueRow:
+class QueueRow(Row):
     """A job waiting in a host's line (a Slurm partition's, there), first first."""
 
     host: str
@@ -56,12 +56,9 @@ class QueueRow:
     count: int
     since: float | None = None
 
-    def as_json(self) -> dict[str, Any]:
-        return _present(self)
-
 
 @dataclass(frozen=True)
-class WarmInterpreter:
+class WarmInterpreter(Row):
     """One warm interpreter of this user on a host, that a job's ranks fork from: its
     memory is its proportional set size, `idle_s` the seconds since it last launched."""
 
@@ -74,9 +71,6 @@ class WarmInterpreter:
     key: str | None = None
     python: str | None = None
     expires_s: float | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        return _present(self)
 
 
 @dataclass(frozen=True)

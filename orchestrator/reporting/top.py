@@ -1,13 +1,11 @@
 """What `orch top` shows, whatever the backend: a refresh of a job (`TopView`), its
-nodes, ranks and GPUs, which job to watch, and the loop of refreshes (`refreshes`).
-The sampling itself is the backend's (ssh/top.py over SSH, slurm/top.py through
-srun)."""
+nodes, ranks and GPUs, and which job to watch. The sampling itself is the backend's
+(ssh/top.py over SSH, slurm/top.py through srun); the loop of refreshes is
+top_rates.py's."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.agent.kernel.protocol import WarmRow
@@ -201,29 +199,3 @@ def ended_error(record: JobRecord) -> InputError:
         f"job {record.id} has ended ({record.state.value}): there is nothing to watch",
         f"what it printed: orch logs {record.id}; how it ended: orch status {record.id}",
     )
-
-
-def refreshes(
-    first: TopView,
-    sample: Callable[[], TopView],
-    final_state: Callable[[], str],
-    interval_s: float,
-) -> Iterator[TopView]:
-    """`first`, then a refresh `interval_s` after each view's time (`sample`), until
-    one says the job ended: that last one carries the job's final state as its
-    backend records it (`final_state`), and the iteration stops after it.
-
-    Args:
-        first: the first view, sampled and checked by the backend.
-        sample: the next view of every node (raises what the backend's sampling does).
-        final_state: the job's state once its nodes ended (`JobState.value`).
-        interval_s: seconds between two refreshes.
-    """
-    view = first
-    yield view
-    while not view.ended:
-        time.sleep(max(0.0, view.time + interval_s - time.time()))
-        view = sample()
-        if view.ended:
-            view = replace(view, state=final_state())
-        yield view

@@ -21,15 +21,8 @@ from orchestrator.models.states import JobState
 from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.reporting.reporter import Reporter
-from orchestrator.reporting.top import (
-    INTERVAL_S,
-    SILENT_S,
-    NodeView,
-    TopView,
-    ended_error,
-    refreshes,
-)
-from orchestrator.reporting.top_rates import log_offsets, node_view, top_view
+from orchestrator.reporting.top import INTERVAL_S, SILENT_S, NodeView, TopView, ended_error
+from orchestrator.reporting.top_rates import log_offsets, node_view, refreshes, top_view
 from orchestrator.slurm.follow import nodes_of, slurm_id_of
 from orchestrator.slurm.jobs import connected, refresh
 from orchestrator.slurm.login import LoginNode

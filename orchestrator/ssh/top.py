@@ -25,15 +25,8 @@ from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup, connect_reachable
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.reporting.reporter import Reporter
-from orchestrator.reporting.top import (
-    INTERVAL_S,
-    SILENT_S,
-    NodeView,
-    TopView,
-    ended_error,
-    refreshes,
-)
-from orchestrator.reporting.top_rates import log_offsets, node_view, top_view
+from orchestrator.reporting.top import INTERVAL_S, SILENT_S, NodeView, TopView, ended_error
+from orchestrator.reporting.top_rates import log_offsets, node_view, refreshes, top_view
 from orchestrator.ssh.reconcile import SETTLED, reconcile
 from orchestrator.transport import Transport
 
