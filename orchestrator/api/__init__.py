@@ -1,4 +1,7 @@
-"""orch from Python: submit jobs, follow them, stop them. The `orch` CLI calls this too.
+"""orch from Python: submit jobs, follow them, stop them. The `orch` CLI calls this too,
+and only this: every verb of the CLI is here or in a module beside it (`cluster`: the
+inventory's hosts; `watch`: pull and top; `onboard`: init and keys), with typed results,
+so that a notebook or a web page calls what the CLI calls.
 
 ```python
 from orchestrator import api
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator import backends
+from orchestrator.agent.kernel.limits import raise_open_files
 from orchestrator.api.lines import LineQueue, LineReporter, QuietReporter
 from orchestrator.api.types import (
     EarlierAttempt,
@@ -50,7 +54,7 @@ from orchestrator.reporting.filters import LogFilter
 from orchestrator.reporting.reporter import Reporter
 
 if TYPE_CHECKING:  # a launch plan's module is for `plan` and `submit` to import
-    from orchestrator.ssh.plan import LaunchPlan
+    from orchestrator.backends import LaunchPlan
 
 __all__ = [
     "EarlierAttempt",
@@ -68,10 +72,12 @@ __all__ = [
     "QuietReporter",
     "Reporter",
     "WaitTimeout",
+    "dry_run",
     "job",
     "jobs",
     "kill_all",
     "plan",
+    "raise_open_files",
     "statuses",
     "submit",
 ]
@@ -170,6 +176,22 @@ def plan(
     """
     chosen = backends.load(_spec(job), _path(inventory), overrides)
     return chosen.backend.plan(chosen.job, chosen.inventory)
+
+
+def dry_run(
+    job: PathLike | JobSpec,
+    inventory: PathLike | None = None,
+    *,
+    overrides: Overrides | None = None,
+) -> list[str]:
+    """What `orch submit --dry-run` prints, a line each, touching no host: each host's
+    command and env (SSH), or the batch script and the sbatch command (Slurm).
+
+    Raises:
+        InputError: a bad job file, inventory or override.
+    """
+    chosen = backends.load(_spec(job), _path(inventory), overrides)
+    return chosen.backend.dry_run(chosen.job, chosen.inventory)
 
 
 def _spec(job: PathLike | JobSpec) -> Path | JobSpec:

@@ -9,14 +9,30 @@ import functools
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from orchestrator.backends.base import Backend, CheckView, HostsView, PullBars
+from orchestrator.backends.base import Backend, CheckOptions, ExecOptions, GcOptions, PullBars
 from orchestrator.models.errors import InputError
 from orchestrator.models.inventory import Inventory, resolve_inventory
 from orchestrator.models.job import JobSpec, Overrides, load_job, with_overrides
 from orchestrator.records.db import JobRecord
 
-__all__ = ["Backend", "CheckView", "Chosen", "HostsView", "PullBars", "for_inventory", "load"]
+if TYPE_CHECKING:  # the plan's module is for `plan` and `submit` to import
+    from orchestrator.ssh.plan import LaunchPlan
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "CheckOptions",
+    "Chosen",
+    "ExecOptions",
+    "GcOptions",
+    "LaunchPlan",
+    "PullBars",
+    "for_inventory",
+    "for_record",
+    "load",
+]
 
 # name -> the module and class that implement it. A backend's module is imported when
 # a job or an inventory first needs it: `orch kill` of an SSH job imports no Slurm.

@@ -10,56 +10,56 @@ CLI and the Python API call these verbs and never ask which backend it is.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from orchestrator.reporting.pull import Progress, PullReport
 
 if TYPE_CHECKING:  # names for the signatures only: `orch kill` need not import ssh/check/
-    from orchestrator.models.errors import OrchError
+    from orchestrator.bench.allreduce import AllreduceOptions, BenchListener, SizeResult
     from orchestrator.models.inventory import Inventory
     from orchestrator.models.job import JobSpec
+    from orchestrator.nodes.execute import HostRun
     from orchestrator.records.db import JobDB, JobRecord
+    from orchestrator.reporting.check import CheckResult
     from orchestrator.reporting.filters import LogFilter
-    from orchestrator.reporting.outcomes import KillOutcome, WarmStart
+    from orchestrator.reporting.hosts import HostsView, PerHost, WarmInterpreter
+    from orchestrator.reporting.outcomes import GcOutcome, KillOutcome, WarmStart
     from orchestrator.reporting.reporter import Reporter
     from orchestrator.reporting.top import TopView
-    from orchestrator.ssh.check.run import CheckReport
     from orchestrator.ssh.plan import LaunchPlan
 
 # Runs a pull, handing it a progress callback (or None): the caller draws the bars.
 PullBars = Callable[[Callable[[Progress | None], list[PullReport]]], list[PullReport]]
 
 
-class CheckView(Protocol):
-    """What `orch check` shows, drawn by the caller (the CLI) as the backend finds it.
+@dataclass(frozen=True)
+class CheckOptions:
+    """`orch check`: what to look at beyond what every check does. A backend looks at
+    what it can of them and passes over the rest."""
 
-    1. `notice()` is a diagnostic for stderr (host keys, say), as a Reporter's.
-    2. `probing(message)` is held while hosts are probed (a spinner on a terminal).
-    3. `report()` shows the SSH hosts' table: a row per host, then each problem.
-    4. `findings()` shows what was found, a line each, then each error with its hint.
-    """
-
-    def notice(self, message: str) -> None: ...
-
-    def probing(self, message: str) -> AbstractContextManager[None]: ...
-
-    def report(self, report: CheckReport) -> None: ...
-
-    def findings(self, lines: Sequence[str], errors: Sequence[OrchError]) -> None: ...
+    bandwidth: bool = False  # SSH: TCP throughput between each host and the master
+    compute: bool = False  # Slurm: a compute node probed through srun
 
 
-@dataclass
-class HostsView:
-    """`orch status --hosts`: each host's units (GPUs or slots), free or held by whom,
-    the jobs waiting in each host's line, and the hosts that did not answer."""
+@dataclass(frozen=True)
+class ExecOptions:
+    """`orch exec`: the command (one shell line, or a program and its args) and the
+    hosts it runs on (names, labels; none of either: every host)."""
 
-    units: list[dict[str, Any]] = field(default_factory=list)
-    queue: list[dict[str, Any]] = field(default_factory=list)
-    errors: list[OrchError] = field(default_factory=list)
-    warm: list[dict[str, Any]] = field(default_factory=list)  # this user's warm interpreters
+    command: tuple[str, ...]
+    hosts: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GcOptions:
+    """`orch gc`: finished jobs per host that keep their code (None: the default),
+    and whether ended jobs' output directories go too."""
+
+    keep: int | None = None
+    outputs: bool = False
 
 
 class Backend(Protocol):
@@ -88,12 +88,24 @@ class Backend(Protocol):
        raised.
     7. `pull()` copies the job's outputs here, through `bars`; `top()` yields
        refreshes of a running job, until it ends.
-    8. `check()` shows what would keep a job from running through `view`, and says
-       whether any error was found. `hosts()` is what `orch status --hosts` shows.
-       `warm()` starts, before a job's first submit, the warm interpreters its ranks
-       would be forked from (`orch warm JOB`): each host's, and the hosts' errors.
-    9. What a backend cannot do yet it refuses with one error, `Unsupported`
-       (exit 2), raised from its one list of what it lacks; never an `if` above it.
+    8. `check()` finds what would keep a job from running (`options`: what more to
+       look at) and returns it as one CheckResult, whatever the backend: tables,
+       lines, errors, and whether any error was found. `hosts()` is what `orch status
+       --hosts` shows: typed rows, and the hosts that did not answer.
+    9. `warm_start()` starts, before a job's first submit, the warm interpreters its
+       ranks would be forked from (`orch warm JOB`); `warm_list()` lists this user's
+       warm interpreters on the inventory's hosts, `warm_stop()` ends them. Each says
+       what it did per host, and the errors of the hosts it could not do it on.
+    10. `gc()` frees disk on the inventory's hosts (`orch gc`), one outcome per host.
+    11. `exec()` runs a command on the chosen hosts at once (`orch exec`): each output
+       line to `reporter.output(host, None, line)`; it returns each host's run, and
+       raises ExecFailed when any failed.
+    12. `bench_allreduce()` runs the all_reduce sweep (`orch bench allreduce`) as a
+       job of this backend, its rows to `listener` as they come.
+    13. What a backend cannot do it refuses with the one error `Unsupported` (exit 2;
+       `Unsupported.verb` names the verb and the backend), raised from its one list
+       of what it lacks before any host is contacted; never an `if` above it. Every
+       verb here is implemented or refused by every backend in `backends.BACKENDS`.
     """
 
     @property
@@ -148,17 +160,29 @@ class Backend(Protocol):
     ) -> Iterator[TopView]: ...
 
     def check(
-        self,
-        inventory: Inventory,
-        job: JobSpec | None,
-        view: CheckView,
-        *,
-        bandwidth: bool = False,
-        compute: bool = False,
-    ) -> bool: ...
+        self, inventory: Inventory, job: JobSpec | None, options: CheckOptions, reporter: Reporter
+    ) -> CheckResult: ...
 
     def hosts(self, inventory: Inventory, reporter: Reporter) -> HostsView: ...
 
-    def warm(
+    def warm_start(
         self, job: JobSpec, inventory: Inventory, reporter: Reporter
-    ) -> tuple[dict[str, WarmStart], list[OrchError]]: ...
+    ) -> PerHost[WarmStart]: ...
+
+    def warm_list(
+        self, inventory: Inventory, reporter: Reporter
+    ) -> PerHost[tuple[WarmInterpreter, ...]]: ...
+
+    def warm_stop(self, inventory: Inventory, reporter: Reporter) -> PerHost[tuple[int, ...]]: ...
+
+    def gc(
+        self, inventory: Inventory, options: GcOptions, reporter: Reporter
+    ) -> dict[str, GcOutcome]: ...
+
+    def exec(
+        self, inventory: Inventory, options: ExecOptions, reporter: Reporter
+    ) -> list[HostRun]: ...
+
+    def bench_allreduce(
+        self, inventory: Inventory, options: AllreduceOptions, listener: BenchListener
+    ) -> list[SizeResult]: ...

@@ -1,18 +1,21 @@
 """The Slurm backend: jobs on a Slurm cluster, through its login node; the work itself
-is in slurm/. What it cannot do yet is refused from slurm/unsupported.py."""
+is in slurm/. What it cannot do is refused from slurm/unsupported.py, before anything
+is contacted."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from orchestrator.backends.base import CheckView, HostsView, PullBars
-from orchestrator.models.errors import OrchError
+from orchestrator.backends.base import CheckOptions, ExecOptions, GcOptions, PullBars
 from orchestrator.models.inventory import Inventory
 from orchestrator.models.job import JobSpec
 from orchestrator.records.db import JobDB, JobRecord, new_job_id
+from orchestrator.reporting.check import CheckLine, CheckResult
 from orchestrator.reporting.filters import LogFilter
-from orchestrator.reporting.outcomes import KillOutcome, WarmStart
+from orchestrator.reporting.hosts import HostsView, PerHost, WarmInterpreter
+from orchestrator.reporting.outcomes import GcOutcome, KillOutcome, WarmStart
 from orchestrator.reporting.pull import PullReport
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.reporting.top import TopView
@@ -20,6 +23,10 @@ from orchestrator.slurm import check, jobs, nodes, outputs, top
 from orchestrator.slurm import submit as submitting
 from orchestrator.slurm.unsupported import refuse
 from orchestrator.ssh.plan import LaunchPlan
+
+if TYPE_CHECKING:  # refused verbs' names: their modules are not imported to refuse them
+    from orchestrator.bench.allreduce import AllreduceOptions, BenchListener, SizeResult
+    from orchestrator.nodes.execute import HostRun
 
 
 class SlurmBackend:
@@ -91,23 +98,37 @@ class SlurmBackend:
         return top.watch(store, record, reporter, interval_s, silent_s)
 
     def check(
-        self,
-        inventory: Inventory,
-        job: JobSpec | None,
-        view: CheckView,
-        *,
-        bandwidth: bool = False,
-        compute: bool = False,
-    ) -> bool:
-        found = check.run_check(inventory, job, compute, view.notice)
-        view.findings(found.lines, found.errors)
-        return bool(found.errors)
+        self, inventory: Inventory, job: JobSpec | None, options: CheckOptions, reporter: Reporter
+    ) -> CheckResult:
+        found = check.run_check(inventory, job, options.compute, reporter.notice)
+        lines = tuple(CheckLine(line) for line in found.lines)
+        return CheckResult(lines=lines, errors=tuple(found.errors), failed=bool(found.errors))
 
     def hosts(self, inventory: Inventory, reporter: Reporter) -> HostsView:
-        units, queue, errors = nodes.hosts(inventory, reporter.notice)
-        return HostsView(units, queue, errors)
+        return nodes.hosts(inventory, reporter.notice)
 
-    def warm(
+    def warm_start(
         self, job: JobSpec, inventory: Inventory, reporter: Reporter
-    ) -> tuple[dict[str, WarmStart], list[OrchError]]:
-        refuse("warm", str(inventory.path))
+    ) -> PerHost[WarmStart]:
+        refuse("warm_start", str(inventory.path))
+
+    def warm_list(
+        self, inventory: Inventory, reporter: Reporter
+    ) -> PerHost[tuple[WarmInterpreter, ...]]:
+        refuse("warm_list", str(inventory.path))
+
+    def warm_stop(self, inventory: Inventory, reporter: Reporter) -> PerHost[tuple[int, ...]]:
+        refuse("warm_stop", str(inventory.path))
+
+    def gc(
+        self, inventory: Inventory, options: GcOptions, reporter: Reporter
+    ) -> dict[str, GcOutcome]:
+        refuse("gc", str(inventory.path))
+
+    def exec(self, inventory: Inventory, options: ExecOptions, reporter: Reporter) -> list[HostRun]:
+        refuse("exec", str(inventory.path))
+
+    def bench_allreduce(
+        self, inventory: Inventory, options: AllreduceOptions, listener: BenchListener
+    ) -> list[SizeResult]:
+        refuse("bench_allreduce", str(inventory.path))

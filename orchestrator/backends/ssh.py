@@ -8,15 +8,19 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.backends.base import CheckView, HostsView, PullBars
+from orchestrator.backends.base import CheckOptions, ExecOptions, GcOptions, PullBars
 from orchestrator.records.db import JobDB, JobRecord
+from orchestrator.reporting.hosts import HostsView, PerHost, WarmInterpreter
+from orchestrator.reporting.outcomes import GcOutcome
 from orchestrator.ssh import keep, reconcile
 from orchestrator.transport import ConnectOptions
 
 if TYPE_CHECKING:
-    from orchestrator.models.errors import OrchError
+    from orchestrator.bench.allreduce import AllreduceOptions, BenchListener, SizeResult
     from orchestrator.models.inventory import Inventory
     from orchestrator.models.job import JobSpec
+    from orchestrator.nodes.execute import HostRun
+    from orchestrator.reporting.check import CheckResult
     from orchestrator.reporting.filters import LogFilter
     from orchestrator.reporting.outcomes import KillOutcome, WarmStart
     from orchestrator.reporting.pull import PullReport
@@ -118,45 +122,100 @@ class SshBackend:
         return top.watch(store, record, reporter, interval_s, silent_s)
 
     def check(
-        self,
-        inventory: Inventory,
-        job: JobSpec | None,
-        view: CheckView,
-        *,
-        bandwidth: bool = False,
-        compute: bool = False,
-    ) -> bool:
-        probing = "probing the job's hosts" if job else f"probing {len(inventory.hosts)} hosts"
-        with view.probing(probing):
-            from orchestrator.ssh.check.run import run_check
+        self, inventory: Inventory, job: JobSpec | None, options: CheckOptions, reporter: Reporter
+    ) -> CheckResult:
+        from orchestrator.ssh.check.run import run_check
+        from orchestrator.ssh.check.view import check_result
 
-            report = run_check(inventory, job, bandwidth, ConnectOptions(notice=view.notice))
-        view.report(report)
-        return bool(report.errors)
+        notice = ConnectOptions(notice=reporter.notice)
+        return check_result(run_check(inventory, job, options.bandwidth, notice))
 
     def hosts(self, inventory: Inventory, reporter: Reporter) -> HostsView:
         from orchestrator.agent.kernel.lease_wire import printable
         from orchestrator.nodes.group import connect_reachable
-        from orchestrator.nodes.warm import warm_interpreters
+        from orchestrator.nodes.warm import warm_rows
         from orchestrator.ssh.queue import host_views, queue_rows, unit_rows
+        from orchestrator.ssh.warmup import interpreter
 
         group, failures = connect_reachable(list(inventory.hosts), reporter.notice)
         with group:
             views, more = host_views(group)
-            warm, _ = group.try_each(warm_interpreters)  # an older agent: none shown
-        found = HostsView(errors=[*failures, *more])
-        found.warm = [{"host": name, **row} for name, rows in warm.items() for row in rows]
+            warm, _ = group.try_each(warm_rows)  # an older agent: none shown
+        units, queue = [], []
         for host in inventory.hosts:
             if host.name in views:
-                found.units += unit_rows(host, views[host.name])
-                found.queue += queue_rows(host, views[host.name])
+                units += unit_rows(host, views[host.name])
+                queue += queue_rows(host, views[host.name])
                 for warning in views[host.name].warnings:
                     reporter.notice(f"warning: {printable(warning, 1000)} (host {host.name})")
-        return found
+        rows = (interpreter(name, row) for name, found in warm.items() for row in found)
+        return HostsView(tuple(units), tuple(queue), tuple(rows), (*failures, *more))
 
-    def warm(
+    def warm_start(
         self, job: JobSpec, inventory: Inventory, reporter: Reporter
-    ) -> tuple[dict[str, WarmStart], list[OrchError]]:
+    ) -> PerHost[WarmStart]:
         from orchestrator.ssh.warmup import warm_up  # with ssh/check/: for the probe
 
-        return warm_up(job, inventory, reporter)
+        return PerHost.of(*warm_up(job, inventory, reporter))
+
+    def warm_list(
+        self, inventory: Inventory, reporter: Reporter
+    ) -> PerHost[tuple[WarmInterpreter, ...]]:
+        from orchestrator.nodes import warm
+        from orchestrator.ssh.warmup import interpreter
+
+        found, failures = warm.listing(list(inventory.hosts), reporter.notice)
+        rows = {name: tuple(interpreter(name, r) for r in found[name]) for name in found}
+        return PerHost.of(rows, failures)
+
+    def warm_stop(self, inventory: Inventory, reporter: Reporter) -> PerHost[tuple[int, ...]]:
+        from orchestrator.nodes import warm
+
+        stopped, failures = warm.stop(list(inventory.hosts), reporter.notice)
+        return PerHost.of({name: tuple(pids) for name, pids in stopped.items()}, failures)
+
+    def gc(
+        self, inventory: Inventory, options: GcOptions, reporter: Reporter
+    ) -> dict[str, GcOutcome]:
+        from orchestrator.nodes import warm
+        from orchestrator.sync.gc import gc
+
+        reports = gc(inventory, options.keep, reporter.notice, options.outputs)
+        # Warm interpreters hold memory, not disk, but gc is where hosts are cleaned up.
+        stopped, _ = warm.stop(list(inventory.hosts), reporter.notice)
+        return {
+            host: GcOutcome(
+                r.snapshots_removed,
+                r.snapshots_kept,
+                r.running,
+                r.objects_removed,
+                r.bytes_freed,
+                r.outputs_removed,
+                r.outputs_bytes_freed,
+                len(stopped.get(host) or ()),
+            )
+            for host, r in reports.items()
+        }
+
+    def exec(self, inventory: Inventory, options: ExecOptions, reporter: Reporter) -> list[HostRun]:
+        from orchestrator.models.errors import ExecFailed
+        from orchestrator.models.inventory import pick_hosts
+        from orchestrator.nodes.execute import run_everywhere
+
+        selected = pick_hosts(inventory, list(options.hosts), list(options.labels))
+        runs = run_everywhere(
+            selected,
+            options.command,
+            lambda host, line: reporter.output(host, None, (line + "\n").encode()),
+            ConnectOptions(notice=reporter.notice),
+        )
+        if any(not r.ok for r in runs):
+            raise ExecFailed(runs)
+        return runs
+
+    def bench_allreduce(
+        self, inventory: Inventory, options: AllreduceOptions, listener: BenchListener
+    ) -> list[SizeResult]:
+        from orchestrator.bench.allreduce import run_allreduce
+
+        return run_allreduce(inventory, options, listener, self.submit)

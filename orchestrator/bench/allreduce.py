@@ -1,8 +1,10 @@
 """`orch bench allreduce`: an all_reduce sweep across hosts, reported as nccl-tests does.
 
-The sweep is an orch job like any other (bench/allreduce_rank.py, started through submit):
-it gets the same preflight, interface choice and teardown as a training job, so what
-it measures is what a job would get. nccl on hosts with GPUs, gloo on CPUs.
+The sweep is an orch job like any other (bench/allreduce_rank.py, started through the
+backend's own submit): it gets the same preflight, interface choice and teardown as a
+training job, so what it measures is what a job would get. nccl on hosts with GPUs,
+gloo on CPUs. A backend that runs it hands `run_allreduce` its submit; one that cannot
+refuses the verb (backends/base.py).
 
 Bus bandwidth is nccl-tests' measure for all_reduce: algorithm bandwidth (size / time)
 times 2(n-1)/n, which a ring's every link carries; it can be compared with the links'
@@ -15,24 +17,40 @@ import json
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.models.errors import InputError
-from orchestrator.models.inventory import Host, Inventory
+from orchestrator.models.inventory import Host, Inventory, pick_hosts
 from orchestrator.models.job import JobSpec
-from orchestrator.records.db import new_job_id
-from orchestrator.ssh.plan import select_hosts
-from orchestrator.ssh.submit import Submission, submit
+from orchestrator.reporting.reporter import Reporter
+
+# A backend's submit, attached: returns once the job succeeded, raises when it failed.
+Submit = Callable[[JobSpec, Inventory, Reporter], str]
 
 MARK = "@orch-allreduce "
 SCRIPT = "allreduce.py"
 DEFAULT_SIZES = {"gloo": "1K:16M:4", "nccl": "1K:1G:4"}
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _SIZE = re.compile(r"^(\d+)([KMG]?)B?$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class AllreduceOptions:
+    """`orch bench allreduce`: which hosts, which sizes (text as `--sizes` takes it;
+    None: DEFAULT_SIZES), how many iterations, which torch.distributed backend
+    ("auto": nccl when every host has GPUs) and processes per host (None: its slots)."""
+
+    hosts: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+    sizes: str | None = None
+    iters: int = 20
+    warmup: int = 5
+    torch_backend: str = "auto"
+    nproc_per_node: int | None = None
 
 
 @dataclass(frozen=True)
@@ -70,13 +88,14 @@ class SizeResult:
 class BenchListener(Protocol):
     """What a running sweep tells the user (implemented by the CLI).
 
-    1. `started(world, backend)` comes once, when every rank is up.
+    1. `started(world, backend, hosts, spec)` comes once, when every rank is up: the
+       ranks, the torch.distributed backend, the hosts' names, what the sweep runs.
     2. `row(result)` comes for each size, smallest first.
     3. `line(host, rank, text)` is any other output of the ranks (warnings, tracebacks).
     4. `notice(message)` is a diagnostic: host keys, the job id, teardown.
     """
 
-    def started(self, world: int, backend: str) -> None: ...
+    def started(self, world: int, backend: str, hosts: Sequence[str], spec: BenchSpec) -> None: ...
 
     def row(self, result: SizeResult) -> None: ...
 
@@ -145,25 +164,40 @@ def bench_job(names: Sequence[str], spec: BenchSpec, workdir: Path) -> JobSpec:
     )
 
 
-def run_allreduce(
-    inventory: Inventory, hosts: Sequence[Host], spec: BenchSpec, listener: BenchListener
-) -> list[SizeResult]:
-    """Run the sweep on `hosts` (the first one is the master) and return its rows.
+def bench_spec(hosts: Sequence[Host], options: AllreduceOptions) -> BenchSpec:
+    """What the sweep runs on these hosts.
 
     Raises:
+        InputError: an unknown torch.distributed backend, or sizes that do not parse.
+    """
+    if options.torch_backend not in ("auto", "nccl", "gloo"):
+        raise InputError(f"unknown backend '{options.torch_backend}'", "use auto, nccl or gloo")
+    chosen = choose_backend(hosts, options.torch_backend)
+    sizes = parse_sizes(options.sizes or DEFAULT_SIZES[chosen])
+    return BenchSpec(chosen, sizes, options.iters, options.warmup, options.nproc_per_node)
+
+
+def run_allreduce(
+    inventory: Inventory, options: AllreduceOptions, listener: BenchListener, submit: Submit
+) -> list[SizeResult]:
+    """Run the sweep on the chosen hosts (the first one is the master) through
+    `submit`, and return its rows.
+
+    Raises:
+        InputError: bad options, or hosts the inventory does not have.
         SpecError: the hosts cannot run one job together (local and remote mixed).
         InfraError / PreflightError: as submit.
         JobFailed: a rank failed; the sweep was stopped on every host.
     """
+    hosts = pick_hosts(inventory, list(options.hosts), list(options.labels))
+    spec = bench_spec(hosts, options)
     workdir = Path(tempfile.mkdtemp(prefix="orch-bench-"))
     try:
         source = resources.files("orchestrator.bench").joinpath("allreduce_rank.py").read_bytes()
         (workdir / SCRIPT).write_bytes(source)
         job = bench_job([h.name for h in hosts], spec, workdir)
-        selected = select_hosts(job, inventory)
-        collector = _Collector(listener)
-        sub = Submission(job, selected, new_job_id(job.name))
-        submit(sub, collector)
+        collector = _Collector(listener, tuple(h.name for h in hosts), spec)
+        submit(job, inventory, collector)
         return collector.results
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -172,8 +206,10 @@ def run_allreduce(
 class _Collector:
     """A submit Reporter that turns rank 0's result lines into rows."""
 
-    def __init__(self, listener: BenchListener) -> None:
+    def __init__(self, listener: BenchListener, hosts: tuple[str, ...], spec: BenchSpec) -> None:
         self.listener = listener
+        self.hosts = hosts
+        self.spec = spec
         self.results: list[SizeResult] = []
         self.world = 0
 
@@ -194,7 +230,7 @@ class _Collector:
         data: dict[str, Any] = json.loads(payload)
         if "world" in data:
             self.world = int(data["world"])
-            self.listener.started(self.world, str(data["backend"]))
+            self.listener.started(self.world, str(data["backend"]), self.hosts, self.spec)
             return
         result = SizeResult(
             int(data["size"]),

@@ -16,10 +16,10 @@ import os
 import sys
 from typing import NoReturn
 
-from orchestrator.agent.kernel.limits import raise_open_files
+from orchestrator.api import raise_open_files
+from orchestrator.api.errors import EXIT_INTERRUPTED, OrchError
 from orchestrator.cli.app import app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.models.errors import EXIT_INTERRUPTED, OrchError
 
 __all__ = ["ConsoleReporter", "app", "main"]
 

@@ -13,7 +13,7 @@ import typer.main
 from typer import _click
 from typer.core import TyperGroup
 
-from orchestrator.reporting.progress import AUTO_MAX, ProgressMode
+from orchestrator.api.progress import AUTO_MAX, ProgressMode
 
 # Each verb is its own cmd_* module, which adds it to `app`; listed in the order
 # `orch --help` shows them. A verb's module is imported when that verb runs (or help
@@ -128,10 +128,10 @@ ProgressEveryOpt = Annotated[
 
 def complete_job_ids(incomplete: str) -> list[str]:
     """Job ids for shell completion, newest first (no error ever reaches the shell)."""
-    from orchestrator.records.db import JobDB
+    from orchestrator import api
 
     try:
-        return [r.id for r in JobDB().jobs() if r.id.startswith(incomplete)]
+        return [job.id for job in api.jobs() if job.id.startswith(incomplete)]
     except Exception:  # a missing or locked database: nothing to offer
         return []
 

@@ -3,25 +3,22 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 
-from orchestrator.bench.allreduce import (
+from orchestrator.api import cluster
+from orchestrator.api.cluster import (
     BENCH_HEADER,
-    DEFAULT_SIZES,
+    AllreduceOptions,
     BenchSpec,
     SizeResult,
     average_busbw,
-    choose_backend,
     format_row,
-    parse_sizes,
-    run_allreduce,
 )
 from orchestrator.cli.app import HostsOpt, InventoryOpt, LabelsOpt, _names, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.models.errors import InputError
-from orchestrator.models.inventory import pick_hosts, resolve_inventory
 
 bench_app = typer.Typer(
     name="bench", help="Measure the cluster as a job sees it.", no_args_is_help=True
@@ -31,15 +28,13 @@ bench_app = typer.Typer(
 class _BenchPrinter:
     """Prints a sweep as nccl-tests' all_reduce_perf does; rank output on stderr."""
 
-    def __init__(self, hosts: list[str], spec: BenchSpec) -> None:
-        self.hosts = hosts
-        self.spec = spec
+    def __init__(self) -> None:
         self.notices = ConsoleReporter()
 
-    def started(self, world: int, backend: str) -> None:
+    def started(self, world: int, backend: str, hosts: Sequence[str], spec: BenchSpec) -> None:
         typer.echo(
-            f"# orch bench allreduce: {world} ranks on {', '.join(self.hosts)}; {backend}, "
-            f"float32 sum, {self.spec.iters} iterations after {self.spec.warmup} warm-up"
+            f"# orch bench allreduce: {world} ranks on {', '.join(hosts)}; {backend}, "
+            f"float32 sum, {spec.iters} iterations after {spec.warmup} warm-up"
         )
         typer.echo("#")
         for line in BENCH_HEADER:
@@ -77,15 +72,16 @@ def bench_allreduce(
     ] = None,
 ) -> None:
     """all_reduce sweep across the hosts: size, time, algorithm and bus bandwidth."""
-    if backend not in ("auto", "nccl", "gloo"):
-        raise InputError(f"unknown backend '{backend}'", "use auto, nccl or gloo")
-    found = resolve_inventory(inventory, None)
-    selected = pick_hosts(found, _names(hosts), _names(labels))
-    chosen = choose_backend(selected, backend)
-    spec = BenchSpec(
-        chosen, parse_sizes(sizes or DEFAULT_SIZES[chosen]), iters, warmup, nproc_per_node
+    options = AllreduceOptions(
+        tuple(_names(hosts)),
+        tuple(_names(labels)),
+        sizes,
+        iters,
+        warmup,
+        backend,
+        nproc_per_node,
     )
-    results = run_allreduce(found, selected, spec, _BenchPrinter([h.name for h in selected], spec))
+    results = cluster.bench_allreduce(options, _BenchPrinter(), inventory)
     typer.echo(f"# Avg bus bandwidth    : {average_busbw(results):.3f} GB/s")
 
 

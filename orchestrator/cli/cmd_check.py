@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
-from orchestrator import backends
+from orchestrator.api import cluster
+from orchestrator.api.cluster import CheckLine, CheckOptions, CheckResult, CheckTable, Mark
+from orchestrator.api.errors import EXIT_INFRA
 from orchestrator.cli.app import InventoryOpt, app
-from orchestrator.cli.check_view import bandwidth_table, bandwidth_title, host_table, summary_lines
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.models.errors import EXIT_INFRA, OrchError
-from orchestrator.models.inventory import resolve_inventory
-from orchestrator.models.job import load_job
-from orchestrator.ssh.check.run import CheckReport
+
+STYLE = {Mark.ERROR: "bold red", Mark.WARNING: "yellow", Mark.PASSED: "green"}
 
 
 @app.command()
@@ -40,46 +42,56 @@ def check(
 
     Exits 3 when any error is found (what submit would refuse), else 0.
     """
-    spec = load_job(job) if job else None
-    found = resolve_inventory(inventory, spec.inventory if spec else None)
-    backend = backends.for_inventory(found)
-    if backend.check(found, spec, _ConsoleView(), bandwidth=bandwidth, compute=compute):
+    options = CheckOptions(bandwidth=bandwidth, compute=compute)
+    with _probing("probing the job's hosts" if job else "probing the hosts"):
+        found = cluster.check(job, inventory, options, ConsoleReporter())
+    show(found)
+    if found.failed:
         raise typer.Exit(EXIT_INFRA)
 
 
-class _ConsoleView:
-    """What `orch check` shows, as the backend finds it (backends.CheckView)."""
+@contextmanager
+def _probing(message: str) -> Iterator[None]:
+    """A spinner on stderr while hosts are probed, when stderr is a terminal."""
+    err = Console(stderr=True)
+    if not err.is_terminal:
+        yield
+        return
+    with err.status(message):
+        yield
 
-    def __init__(self) -> None:
-        self.notice = ConsoleReporter().notice
 
-    @contextmanager
-    def probing(self, message: str) -> Iterator[None]:
-        """A spinner on stderr while hosts are probed, when stderr is a terminal."""
-        err = Console(stderr=True)
-        if not err.is_terminal:
-            yield
-            return
-        with err.status(message):
-            yield
+def show(found: CheckResult) -> None:
+    """The tables and lines on stdout, each error with its hint on stderr."""
+    console = _wide_console()
+    for table in found.tables:
+        if table.title:
+            console.print(Text(table.title))
+        console.print(_table(table))
+    for line in found.lines:
+        console.print(_line(line))
+    for error in found.errors:
+        sys.stderr.write(f"error: {error.message}\n")
+        if error.hint:
+            sys.stderr.write(f"hint: {error.hint}\n")
 
-    def report(self, report: CheckReport) -> None:
-        console = _wide_console()
-        console.print(host_table(report))
-        if report.throughput is not None:
-            console.print(bandwidth_title(report))
-            console.print(bandwidth_table(report))
-        for line in summary_lines(report):
-            console.print(line)
 
-    def findings(self, lines: Sequence[str], errors: Sequence[OrchError]) -> None:
-        """Each finding, then each error with its hint."""
-        for line in lines:
-            typer.echo(line)
-        for error in errors:
-            sys.stderr.write(f"error: {error.message}\n")
-            if error.hint:
-                sys.stderr.write(f"hint: {error.hint}\n")
+def _table(found: CheckTable) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for column in found.columns:
+        table.add_column(
+            column.title, justify="right" if column.right else "left", no_wrap=column.no_wrap
+        )
+    for row in found.rows:
+        table.add_row(*(Text(c.text, style=STYLE[c.mark] if c.mark else "") for c in row))
+    return table
+
+
+def _line(line: CheckLine) -> Text:
+    style = STYLE[line.mark] if line.mark else ""
+    if line.head:
+        return Text.assemble((line.head, style), ": ", line.text)
+    return Text(line.text, style=style)
 
 
 def _wide_console() -> Console:

@@ -6,11 +6,10 @@ from typing import Annotated
 
 import typer
 
+from orchestrator.api import cluster
+from orchestrator.api.cluster import GcOptions
 from orchestrator.cli.app import InventoryOpt, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.models.inventory import resolve_inventory
-from orchestrator.nodes import warm
-from orchestrator.sync.gc import gc
 
 
 @app.command("gc")
@@ -34,11 +33,8 @@ def gc_command(
     """Free disk space on the hosts: remove the code snapshots of finished jobs but the
     newest, and pushed content no snapshot uses. Logs, job records and outputs stay,
     outputs unless --outputs."""
-    notice = ConsoleReporter().notice
-    reports = gc(inventory, keep, notice, outputs)
-    # Warm interpreters hold memory, not disk, but gc is where hosts are cleaned up.
-    stopped, _ = warm.stop(list(resolve_inventory(inventory, None).hosts), notice)
-    for host, r in reports.items():
+    found = cluster.gc(inventory, GcOptions(keep, outputs), ConsoleReporter())
+    for host, r in found.items():
         gone = (
             f"; removed {r.outputs_removed} output directories ({r.outputs_bytes_freed / 1e6:.1f} MB)"
             if outputs
@@ -48,5 +44,5 @@ def gc_command(
             f"{host}: removed {r.snapshots_removed} snapshots and "
             f"{r.objects_removed} files ({r.bytes_freed / 1e6:.1f} MB); "
             f"kept {r.snapshots_kept} finished, {r.running} running{gone}"
-            + (f"; ended {len(stopped[host])} warm interpreters" if stopped.get(host) else "")
+            + (f"; ended {r.warm_ended} warm interpreters" if r.warm_ended else "")
         )

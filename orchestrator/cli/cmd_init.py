@@ -13,18 +13,20 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from orchestrator.cli.app import app
-from orchestrator.models.errors import InfraError, MultiHostError, OrchError
-from orchestrator.onboard.init import Probed, probe_all, write_new
-from orchestrator.onboard.render import describe, render_inventory
-from orchestrator.onboard.targets import (
+from orchestrator.api.errors import InfraError, MultiHostError, OrchError
+from orchestrator.api.onboard import (
+    ConnectOptions,
+    Probed,
     complete_aliases,
+    describe,
     hosts_from_words,
-    no_hosts_error,
+    no_hosts,
+    probe_all,
+    render_inventory,
     split_words,
-    ssh_config_path,
+    write_new,
 )
-from orchestrator.transport.base import ConnectOptions
+from orchestrator.cli.app import app
 
 DEFAULT_OUTPUT = Path("inventory/hosts.yaml")
 
@@ -72,9 +74,7 @@ def init_command(
     """
     words = split_words(hosts or [], hosts_csv)
     if not words:
-        from orchestrator.transport.ssh import ssh_config_aliases
-
-        raise no_hosts_error("init", ssh_config_aliases(ssh_config_path()))
+        raise no_hosts("init")
     targets = hosts_from_words(words, user)
     if output.exists() and not force:
         write_new(output, "", force=False)  # the one error an existing file gets

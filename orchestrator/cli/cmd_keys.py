@@ -12,18 +12,19 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli.app import InventoryOpt, app
-from orchestrator.models.errors import InputError
-from orchestrator.models.inventory import Host, load_inventory, pick_hosts
-from orchestrator.onboard import keys as onboard
-from orchestrator.onboard.targets import (
+from orchestrator.api.errors import InputError
+from orchestrator.api.onboard import (
+    ConnectOptions,
+    Host,
     complete_aliases,
     hosts_from_words,
-    no_hosts_error,
+    load_inventory,
+    no_hosts,
+    pick_hosts,
     split_words,
-    ssh_config_path,
 )
-from orchestrator.transport.base import ConnectOptions
+from orchestrator.api.onboard import keys as onboard
+from orchestrator.cli.app import InventoryOpt, app
 
 
 class TerminalPasswords:
@@ -157,9 +158,7 @@ def _selected(
     elif named:
         hosts = hosts_from_words(named)
     else:
-        from orchestrator.transport.ssh import ssh_config_aliases
-
-        raise no_hosts_error("keys", ssh_config_aliases(ssh_config_path()))
+        raise no_hosts("keys")
     if user:
         hosts = [replace(h, user=user) for h in hosts]
     return list(hosts)

@@ -7,9 +7,9 @@ from typing import Annotated
 import typer
 
 from orchestrator import api
+from orchestrator.api.errors import InputError, MultiHostError, OrchError
 from orchestrator.cli.app import OptionalJobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.models.errors import InputError, MultiHostError, OrchError
 
 
 @app.command()

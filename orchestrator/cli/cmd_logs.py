@@ -7,9 +7,9 @@ from typing import Annotated
 import typer
 
 from orchestrator import api
+from orchestrator.api.progress import PROGRESS_EVERY_S, ProgressMode
 from orchestrator.cli.app import JobIdArg, ProgressEveryOpt, ProgressOpt, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.reporting.progress import PROGRESS_EVERY_S, ProgressMode
 
 
 @app.command()

@@ -12,11 +12,10 @@ from rich.console import Console
 from rich.progress import DownloadColumn, TextColumn, TransferSpeedColumn
 from rich.progress import Progress as Bars
 
-from orchestrator import backends
+from orchestrator.api import watch
+from orchestrator.api.watch import Progress, PullReport
 from orchestrator.cli.app import JobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.records.db import JobDB
-from orchestrator.reporting.pull import Progress, PullReport, default_target
 
 
 @app.command("pull")
@@ -42,11 +41,14 @@ def pull_command(
 ) -> None:
     """Copy a job's outputs (its ORCH_OUTPUT_DIR) from the hosts, also while it runs.
     A second pull moves only what changed."""
-    record = JobDB().get(job_id)
-    target = outputs_dir or default_target(record.id)
-    wanted = paths or list(record.view.outputs)
-    backend = backends.for_record(record)
-    reports = backend.pull(record, target, wanted, every_node, ConsoleReporter(), with_progress)
+    reports = watch.pull(
+        job_id,
+        paths or (),
+        outputs_dir,
+        every_node=every_node,
+        reporter=ConsoleReporter(),
+        bars=with_progress,
+    )
     for line in summary(reports):
         typer.echo(line)
 

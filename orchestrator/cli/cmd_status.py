@@ -12,11 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator import api
-from orchestrator.api import JobStatus
+from orchestrator.api import JobState, JobStatus
 from orchestrator.cli.app import InventoryOpt, OptionalJobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.cli.hosts_view import show_hosts
-from orchestrator.models.states import JobState
 
 
 @app.command()
@@ -30,6 +28,8 @@ def status(
 ) -> None:
     """Table of jobs, or one job's nodes; reconciled with the hosts."""
     if hosts:
+        from orchestrator.cli.hosts_view import show_hosts  # the hosts' rows: for --hosts only
+
         show_hosts(inventory, as_json)
         return
     reporter = ConsoleReporter()

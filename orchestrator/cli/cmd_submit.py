@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from orchestrator import api, backends
+from orchestrator import api
+from orchestrator.api import Overrides
+from orchestrator.api.errors import InputError
+from orchestrator.api.progress import PROGRESS_EVERY_S, ProgressMode
 from orchestrator.cli.app import InventoryOpt, ProgressEveryOpt, ProgressOpt, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.models.errors import InputError
-from orchestrator.models.job import Overrides
-from orchestrator.reporting.progress import PROGRESS_EVERY_S, ProgressMode
 
 
 @app.command()
@@ -84,8 +84,7 @@ def submit(
         cold=cold,
     )
     if dry_run:  # each host's command (a Slurm cluster: the batch script and sbatch)
-        chosen = backends.load(job, inventory, overrides)
-        typer.echo("\n".join(chosen.backend.dry_run(chosen.job, chosen.inventory)))
+        typer.echo("\n".join(api.dry_run(job, inventory, overrides=overrides)))
         return
     with ConsoleReporter(progress, progress_every) as reporter:
         api.submit(

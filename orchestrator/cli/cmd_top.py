@@ -11,19 +11,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator import backends
+from orchestrator.api import watch
+from orchestrator.api.watch import INTERVAL_S, SILENT_S, GpuView, NodeView, RankView, TopView
 from orchestrator.cli.app import OptionalJobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.records.db import JobDB
-from orchestrator.reporting.top import (
-    INTERVAL_S,
-    SILENT_S,
-    GpuView,
-    NodeView,
-    RankView,
-    TopView,
-    pick_job,
-)
 
 BEHIND_STYLE = "bold red"
 
@@ -63,11 +54,7 @@ def top(
     last line. The node that falls behind the others shows in red, with why.
     Rates are measured between two refreshes: the first table has none yet.
     """
-    store = JobDB()
-    record = pick_job(store, job_id)
-    views = backends.for_record(record).top(
-        record, store, ConsoleReporter(), interval, silent_after
-    )
+    views = watch.top(job_id, interval, silent_after, ConsoleReporter())
     first = next(views)
     if once:
         view = next(views)  # the first has no rates: one interval later

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from orchestrator.reporting.progress import (
+from orchestrator.api.progress import (
     PROGRESS_EVERY_S,
     Condenser,
     Key,
@@ -30,8 +30,8 @@ from orchestrator.reporting.progress import (
 if TYPE_CHECKING:  # a push's module is not for `orch kill` or `orch status` to import
     from rich.progress import Progress, TaskID
 
+    from orchestrator.api.progress import PushProgress
     from orchestrator.cli.live_bars import LiveBars
-    from orchestrator.sync.push import PushProgress
 
 # rich (30 ms of every command's start) is imported where a terminal or a bar needs it:
 # `orch kill`, and a submit whose output goes to a file, never do.

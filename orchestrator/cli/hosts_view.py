@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrator import backends
-from orchestrator.agent.kernel.lease_wire import printable
+from orchestrator.api import cluster
+from orchestrator.api.cluster import QueueRow, UnitRow, WarmInterpreter, printable
+from orchestrator.api.errors import combined
 from orchestrator.cli.console import ConsoleReporter
-from orchestrator.models.errors import MultiHostError
-from orchestrator.models.inventory import resolve_inventory
 
 
 def show_hosts(inventory_path: Path | None, as_json: bool) -> None:
@@ -27,68 +26,62 @@ def show_hosts(inventory_path: Path | None, as_json: bool) -> None:
     Raises:
         OrchError: a host (or several) did not answer.
     """
-    inventory = resolve_inventory(inventory_path, None)
-    found = backends.for_inventory(inventory).hosts(inventory, ConsoleReporter())
+    found = cluster.hosts(inventory_path, ConsoleReporter())
     if as_json:
-        typer.echo(
-            json.dumps({"units": found.units, "queue": found.queue, "warm": found.warm}, indent=2)
-        )
+        typer.echo(json.dumps(found.as_json(), indent=2))
     else:
         _print_tables(found.units, found.queue)
         _print_warm(found.warm)
-    errors = found.errors
-    if errors:
-        raise errors[0] if len(errors) == 1 else MultiHostError(errors)
+    if found.errors:
+        raise combined(found.errors)
 
 
-def _print_tables(units: list[dict[str, Any]], line: list[dict[str, Any]]) -> None:
+def _print_tables(units: Sequence[UnitRow], line: Sequence[QueueRow]) -> None:
     console = Console()
     table = Table("host", "unit", "state", "job", "user", "since", box=None)
     for row in units:
         state = {"free": "[green]free[/green]", "held": "[cyan]held[/cyan]"}.get(
-            row["state"], "[red]busy (not orch)[/red]"
+            row.state, "[red]busy (not orch)[/red]"
         )
-        job = row.get("job") or (f"pid {row['pid']}" if "pid" in row else "")
+        job = row.job or (f"pid {row.pid}" if row.pid is not None else "")
         table.add_row(
-            row["host"],
-            f"{'GPU' if row['kind'] == 'gpu' else 'slot'} {row['unit']}",
+            row.host,
+            f"{'GPU' if row.kind == 'gpu' else 'slot'} {row.unit}",
             state,
             _text(job),
-            _text(row.get("user")),
-            _since(row.get("since")),
+            _text(row.user),
+            _since(row.since),
         )
     console.print(table)
     if line:
         queue = Table("host", "#", "job", "user", "wants", "since", box=None, title="in line")
-        for row in line:
-            unit = "GPU" if row["kind"] == "gpu" else "slot"
+        for waiting in line:
+            unit = "GPU" if waiting.kind == "gpu" else "slot"
             queue.add_row(
-                row["host"],
-                str(row["position"]),
-                _text(row["job"]),
-                _text(row["user"]),
-                f"{row['count']} {unit}{'s' if row['count'] != 1 else ''}",
-                _since(row.get("since")),
+                waiting.host,
+                str(waiting.position),
+                _text(waiting.job),
+                _text(waiting.user),
+                f"{waiting.count} {unit}{'s' if waiting.count != 1 else ''}",
+                _since(waiting.since),
             )
         console.print(queue)
 
 
-def _print_warm(rows: list[dict[str, Any]]) -> None:
+def _print_warm(rows: Sequence[WarmInterpreter]) -> None:
     """Your warm interpreters (docs/WARM.md), with their memory."""
     if not rows:
         return
     table = Table("host", "pid", "state", "preload", "memory (PSS)", "idle", box=None)
     table.title = "warm interpreters"
     for row in rows:
-        kb = row.get("pss_kb")
-        idle = row.get("idle_s")
         table.add_row(
-            row["host"],
-            str(row.get("pid")),
-            _text(row.get("state")),
-            _text(",".join(map(str, row.get("preload") or []))),
-            f"{kb / 1024:.0f} MB" if isinstance(kb, int) else "?",
-            f"{idle:.0f} s" if isinstance(idle, (int, float)) else "",
+            row.host,
+            str(row.pid),
+            _text(row.state),
+            _text(",".join(row.preload)),
+            f"{row.pss_kb / 1024:.0f} MB" if row.pss_kb is not None else "?",
+            f"{row.idle_s:.0f} s" if row.idle_s is not None else "",
         )
     Console().print(table)
 

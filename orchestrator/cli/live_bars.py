@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.segment import Segment
 from rich.text import Text
 
-from orchestrator.reporting.progress import Key, ProgressMode, choose, prefix
+from orchestrator.api.progress import Key, ProgressMode, choose, prefix
 
 REDRAWS_PER_S = 4
 

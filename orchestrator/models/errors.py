@@ -61,20 +61,34 @@ class SpecError(InputError):
 
 
 class Unsupported(InputError):
-    """What a backend cannot do yet (exit 2): a job key or a command it refuses, with
-    the way around it. Each backend raises it from its one list of what it lacks
-    (slurm/unsupported.py), never from scattered checks.
+    """What a backend cannot do (exit 2): a verb of the Backend protocol, or a job key,
+    that it refuses, with the way around it. The protocol's one refusal: each backend
+    raises it from its one list of what it lacks (slurm/unsupported.py), never from
+    scattered checks, and before any host is contacted.
 
     Args:
         message: what is not supported, and on which backend.
         hint: the way around it.
-        where: the job file's key (`job.yaml:7:1`) or the job (`job digits-3fa9c2`)
-            that asked for it; the message starts with it.
+        where: the job file's key (`job.yaml:7:1`), the inventory or the job
+            (`job digits-3fa9c2`) that asked for it; the message starts with it.
     """
 
     def __init__(self, message: str, hint: str = "", where: str = "") -> None:
         super().__init__(f"{where}: {message}" if where else message, hint)
         self.where = where
+
+    @classmethod
+    def verb(cls, said: str, backend: str, why: str, hint: str, where: str = "") -> Unsupported:
+        """The refusal of a verb: `orch gc is not for the slurm backend: <why>`.
+
+        Args:
+            said: the verb as the user names it (`orch gc`, `orch warm --stop`).
+            backend: the backend's name (`Backend.name`).
+            why: why this backend cannot do it.
+            hint: the way around it.
+            where: the inventory that chose the backend.
+        """
+        return cls(f"{said} is not for the {backend} backend: {why}", hint, where)
 
 
 class InfraError(OrchError):

@@ -26,11 +26,6 @@ def warm_rows(host: Host, transport: Transport) -> list[WarmRow]:
     return list(agent.parse(host, WarmList, reply).warm)
 
 
-def warm_interpreters(host: Host, transport: Transport) -> list[dict[str, Any]]:
-    """The same as plain JSON, for `orch status --hosts`."""
-    return [row.as_dict() for row in warm_rows(host, transport)]
-
-
 def listing(
     hosts: Sequence[Host], notice: Callable[[str], None]
 ) -> tuple[dict[str, list[WarmRow]], list[OrchError]]:

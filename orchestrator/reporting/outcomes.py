@@ -25,7 +25,23 @@ class KillOutcome:
 @dataclass(frozen=True)
 class WarmStart:
     """What `orch warm JOB` did on one host: the pid of the job's warm interpreter
-    there, and whether it started now (else one ran already)."""
+    there, whether it started now (else one ran already), and what it imports (the
+    job's `preload:`)."""
 
     pid: int
     started: bool
+    imports: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GcOutcome:
+    """What `orch gc` freed on one host (one name of those that share a store)."""
+
+    snapshots_removed: int = 0
+    snapshots_kept: int = 0
+    running: int = 0  # jobs running there, whose code stays
+    objects_removed: int = 0
+    bytes_freed: int = 0
+    outputs_removed: int = 0  # with `outputs`: ended jobs' output directories
+    outputs_bytes_freed: int = 0
+    warm_ended: int = 0  # warm interpreters ended (they hold memory, not disk)

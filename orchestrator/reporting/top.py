@@ -1,6 +1,7 @@
 """What `orch top` shows, whatever the backend: a refresh of a job (`TopView`), its
 nodes, ranks and GPUs, and which job to watch. The sampling itself is the backend's
-(ssh/top.py over SSH)."""
+(ssh/top.py over SSH, slurm/top.py through srun); the loop of refreshes is
+top_rates.py's."""
 
 from __future__ import annotations
 

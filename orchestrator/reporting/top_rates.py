@@ -1,5 +1,6 @@
-"""What `orch top` makes of two samples of a node, whatever the backend: rates, and
-who falls behind (ssh/top.py samples SSH hosts, slurm/top.py a Slurm job's nodes).
+"""What `orch top` makes of two samples of a node, whatever the backend: rates, who
+falls behind, and the loop of refreshes (`refreshes`: ssh/top.py samples SSH hosts,
+slurm/top.py a Slurm job's nodes, and each gives the loop only its sampling).
 
 Rates come from two consecutive samples of one host, on that host's own monotonic
 clock (the network's delay is no part of them).
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -165,3 +166,37 @@ def top_view(
     `behind` judged."""
     state = "ended" if all(v.state in ("ended", "missing") for v in views) else "running"
     return TopView(record.id, record.name, state, time.time(), interval_s, judged(views, silent_s))
+
+
+def log_offsets(sample: TopSample) -> dict[str, int]:
+    """How far a node's sample read each rank's log: what the next sample asks for
+    (a host reads only what a log grew by since, never a whole log)."""
+    return {
+        str(r.get("stream")): int((r.get("log") or {}).get("offset") or 0) for r in sample.ranks
+    }
+
+
+def refreshes(
+    first: TopView,
+    sample: Callable[[], TopView],
+    final_state: Callable[[], str],
+    interval_s: float,
+) -> Iterator[TopView]:
+    """`first`, then a refresh `interval_s` after each view's time (`sample`), until
+    one says the job ended: that last one carries the job's final state as its
+    backend records it (`final_state`), and the iteration stops after it.
+
+    Args:
+        first: the first view, sampled and checked by the backend.
+        sample: the next view of every node (raises what the backend's sampling does).
+        final_state: the job's state once its nodes ended (`JobState.value`).
+        interval_s: seconds between two refreshes.
+    """
+    view = first
+    yield view
+    while not view.ended:
+        time.sleep(max(0.0, view.time + interval_s - time.time()))
+        view = sample()
+        if view.ended:
+            view = replace(view, state=final_state())
+        yield view

@@ -13,8 +13,7 @@ import re
 import shlex
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from orchestrator.agent.kernel.slurm import expand_nodelist
 from orchestrator.models.errors import InputError, OrchError, RemoteCommandError
@@ -22,6 +21,7 @@ from orchestrator.models.inventory import Inventory
 from orchestrator.models.slurm import section_of
 from orchestrator.nodes.group import HostGroup
 from orchestrator.records.db import JobDB
+from orchestrator.reporting.hosts import HostsView, QueueRow, UnitRow
 from orchestrator.slurm.login import LoginNode
 from orchestrator.slurm.script import SlurmJob
 from orchestrator.transport import ConnectOptions
@@ -108,10 +108,10 @@ def parse_jobs(text: str) -> list[SlurmQueueJob]:
 
 def unit_rows(
     nodes: list[SlurmNode], jobs: list[SlurmQueueJob], orch_ids: Mapping[str, str]
-) -> list[dict[str, Any]]:
+) -> list[UnitRow]:
     """A row per GPU (or CPU, where a node has none) of each node: free, or held by the
     job that Slurm runs there (`orch_ids`: the orch id of a Slurm job from here)."""
-    rows: list[dict[str, Any]] = []
+    rows: list[UnitRow] = []
     for node in nodes:
         kind = "gpu" if node.gpus else "slot"
         units = node.gpus or node.cpus
@@ -120,12 +120,13 @@ def unit_rows(
             if job.state in _HOLDING and node.name in job.nodes:
                 holders += [job] * (job.gpus if kind == "gpu" else job.cpus)
         for unit in range(units):
-            row: dict[str, Any] = {"host": node.name, "kind": kind, "unit": unit, "state": "free"}
+            row = UnitRow(node.name, kind, unit, "free")
             if node.state.rstrip("*~#!%$@^-") in ("down", "drained", "draining", "fail"):
-                row["state"] = node.state
+                row = replace(row, state=node.state)
             if unit < len(holders):
                 job = holders[unit]
-                row.update(
+                row = replace(
+                    row,
                     state="held",
                     job=orch_ids.get(job.slurm_id, f"slurm {job.slurm_id} ({job.name})"),
                     user=job.user,
@@ -137,19 +138,19 @@ def unit_rows(
 
 def queue_rows(
     partition: str, jobs: list[SlurmQueueJob], orch_ids: Mapping[str, str]
-) -> list[dict[str, Any]]:
+) -> list[QueueRow]:
     """The partition's pending jobs, in squeue's order (Slurm's priority)."""
     pending = [j for j in jobs if j.state == "PENDING"]
     return [
-        {
-            "host": partition,
-            "position": i + 1,
-            "job": orch_ids.get(j.slurm_id, f"slurm {j.slurm_id} ({j.name})"),
-            "user": j.user,
-            "kind": "gpu" if j.gpus else "slot",
-            "count": j.gpus or j.cpus,
-            "since": j.since,
-        }
+        QueueRow(
+            partition,
+            i + 1,
+            orch_ids.get(j.slurm_id, f"slurm {j.slurm_id} ({j.name})"),
+            j.user,
+            "gpu" if j.gpus else "slot",
+            j.gpus or j.cpus,
+            j.since,
+        )
         for i, j in enumerate(pending)
     ]
 
@@ -203,12 +204,9 @@ def check_gpus(sj: SlurmJob, partition: str, nodes: list[SlurmNode]) -> None:
     raise InputError(f"{sj.inventory}: slurm.gpus_per_node: {what}, but {said}", hint)
 
 
-Rows = list[dict[str, Any]]
-
-
 def hosts(
     inventory: Inventory, notice: Callable[[str], None], store: JobDB | None = None
-) -> tuple[Rows, Rows, list[OrchError]]:
+) -> HostsView:
     """`orch status --hosts` of a Slurm inventory: the unit rows of its partition's
     nodes, the partition's pending jobs, and the error when the login node or Slurm did
     not answer (then no rows)."""
@@ -223,9 +221,9 @@ def hosts(
             nodes = partition_nodes(login, partition)
             jobs = partition_jobs(login, partition)
         except OrchError as exc:
-            return [], [], [exc]
+            return HostsView(errors=(exc,))
     ids = slurm_ids(store or JobDB())
-    return unit_rows(nodes, jobs, ids), queue_rows(partition, jobs, ids), []
+    return HostsView(tuple(unit_rows(nodes, jobs, ids)), tuple(queue_rows(partition, jobs, ids)))
 
 
 def slurm_ids(store: JobDB) -> dict[str, str]:

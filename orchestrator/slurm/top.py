@@ -23,7 +23,7 @@ from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.reporting.top import INTERVAL_S, SILENT_S, NodeView, TopView, ended_error
-from orchestrator.reporting.top_rates import node_view, top_view
+from orchestrator.reporting.top_rates import log_offsets, node_view, refreshes, top_view
 from orchestrator.slurm.follow import nodes_of, slurm_id_of
 from orchestrator.slurm.jobs import connected, refresh
 from orchestrator.slurm.login import LoginNode
@@ -68,6 +68,7 @@ class SlurmSampler:
     silent_s: float = SILENT_S
     last: dict[str, TopSample] = field(default_factory=dict)
     talked: set[tuple[str, str]] = field(default_factory=set)
+    view: TopView | None = None  # the last refresh
 
     def sample(self) -> TopView:
         """One refresh of every node (rates need a sample before it).
@@ -76,13 +77,7 @@ class SlurmSampler:
             HostError: srun could not sample the allocation (the job ended meanwhile, or
                 the login node failed).
         """
-        offsets = {
-            name: {
-                str(r.get("stream")): int((r.get("log") or {}).get("offset") or 0)
-                for r in sample.ranks
-            }
-            for name, sample in self.last.items()
-        }
+        offsets = {name: log_offsets(sample) for name, sample in self.last.items()}
         request = json.dumps({"job_id": self.record.id, "offsets": offsets})
         python = str(self.login.host.python)
         command = top_command(self.record, python, len(self.nodes), request)
@@ -99,7 +94,8 @@ class SlurmSampler:
                 self.last[name] = samples[name]
             else:
                 views.append(NodeView(name, node.node_rank, "unreachable", error="no sample"))
-        return top_view(self.record, views, self.interval_s, self.silent_s)
+        self.view = top_view(self.record, views, self.interval_s, self.silent_s)
+        return self.view
 
 
 def watch(
@@ -128,18 +124,21 @@ def watch(
         nodes = nodes_of(record, login.host, str(record.spec["slurm"].get("nodelist") or ""))
         sampler = SlurmSampler(record, login, nodes, interval_s, silent_s)
         view = sampler.sample()
-        yield view
-        while not view.ended:
-            time.sleep(max(0.0, view.time + interval_s - time.time()))
+
+        def sample() -> TopView:
+            """The next view; where srun finds no allocation because the job ended,
+            the last one with every node ended."""
             try:
-                view = sampler.sample()
+                return sampler.sample()
             except HostError:
                 final = refresh(store, record, login)
                 if not final.state.is_terminal():
                     raise
-                view = replace(view, state=final.state.value, time=time.time())
-                view = replace(view, nodes=tuple(replace(n, state="ended") for n in view.nodes))
-            if view.ended:
-                final = refresh(store, record, login)
-                view = replace(view, state=final.state.value)
-            yield view
+                before = sampler.view or view
+                ended = tuple(replace(n, state="ended") for n in before.nodes)
+                return replace(before, state=final.state.value, time=time.time(), nodes=ended)
+
+        def final() -> str:
+            return refresh(store, record, login).state.value
+
+        yield from refreshes(view, sample, final, interval_s)

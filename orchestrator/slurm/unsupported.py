@@ -1,6 +1,7 @@
-"""What orch cannot do on a Slurm cluster yet, in one list: each refusal's words and
-the way around it. Every such refusal goes through `refuse`, as one error
-(Unsupported, exit 2); a feature that comes to Slurm leaves this list."""
+"""What orch cannot do on a Slurm cluster, in one list: each verb's words, why, and the
+way around it. Every such refusal goes through `refuse`, as the protocol's one error
+(Unsupported, exit 2, naming the verb and the backend), before anything is
+contacted; a verb that comes to Slurm leaves this list."""
 
 from __future__ import annotations
 
@@ -8,29 +9,54 @@ from typing import NoReturn
 
 from orchestrator.models.errors import Unsupported
 
-# feature -> (what is refused, the way around it)
-NOT_YET: dict[str, tuple[str, str]] = {
+BACKEND = "slurm"
+_NO_WARM = (
+    "no warm interpreter waits on a Slurm cluster: each job gets an allocation of its "
+    "own, and nothing of a user runs on its nodes between jobs"
+)
+_COLD = "a Slurm job's ranks start cold; warm starts are for the inventory's SSH hosts"
+
+# verb -> (the verb as the user names it, why Slurm cannot, the way around it)
+NOT_YET: dict[str, tuple[str, str, str]] = {
     "plan": (
+        "api.plan",
         "a launch plan is not made for a Slurm cluster: Slurm picks the nodes at start",
         "orch submit --dry-run prints the batch script and the sbatch command",
     ),
-    "warm": (
-        "no warm interpreter waits on a Slurm cluster: each job gets an allocation of its "
-        "own, and nothing of a user runs on its nodes between jobs",
-        "a Slurm job's ranks start cold; warm starts are for the inventory's SSH hosts",
+    "warm_start": ("orch warm JOB", _NO_WARM, _COLD),
+    "warm_list": ("orch warm", _NO_WARM, _COLD),
+    "warm_stop": ("orch warm --stop", _NO_WARM, _COLD),
+    "gc": (
+        "orch gc",
+        "a Slurm job's code, logs and outputs are in its own job directory on the shared "
+        "home, not in a store on each node",
+        "remove the job directories you no longer need on the login node (orch status "
+        "JOB --json names each job's)",
+    ),
+    "exec": (
+        "orch exec",
+        "the partition's nodes are Slurm's to hand out, and only the login node is in the "
+        "inventory: a command would run there, not on the nodes",
+        "run it on the nodes through Slurm, on the login node: srun -N NODES COMMAND",
+    ),
+    "bench_allreduce": (
+        "orch bench allreduce",
+        "the sweep picks the inventory's hosts by name, and a Slurm inventory names only "
+        "its login node",
+        "run an all_reduce sweep of your own as a job: orch submit -i INVENTORY JOB.yaml",
     ),
 }
 
 
-def refuse(feature: str, where: str = "") -> NoReturn:
-    """Refuse what Slurm cannot do yet.
+def refuse(verb: str, where: str = "") -> NoReturn:
+    """Refuse what Slurm cannot do.
 
     Args:
-        feature: a key of NOT_YET.
-        where: the job file's key or the job that asked for it.
+        verb: a key of NOT_YET (the Backend protocol's method).
+        where: the inventory, or the job file's key, that asked for it.
 
     Raises:
         Unsupported: always.
     """
-    message, hint = NOT_YET[feature]
-    raise Unsupported(message, hint, where)
+    said, why, hint = NOT_YET[verb]
+    raise Unsupported.verb(said, BACKEND, why, hint, where)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
 
@@ -36,6 +37,7 @@ from orchestrator.models.states import JobState
 from orchestrator.nodes import agent, ops
 from orchestrator.nodes.group import HostGroup
 from orchestrator.records.db import JobDB
+from orchestrator.reporting.hosts import QueueRow, UnitRow
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.ssh.plan import LaunchPlan, NodeLaunch
 from orchestrator.transport import Transport
@@ -414,7 +416,7 @@ def host_views(group: HostGroup) -> tuple[dict[str, LeaseHosts], list[Any]]:
     return group.try_each(view)
 
 
-def unit_rows(host: Host, view: LeaseHosts) -> list[Reply]:
+def unit_rows(host: Host, view: LeaseHosts) -> list[UnitRow]:
     """One row per GPU (or slot) the inventory lets orch hand out on `host`: free, or
     who holds it since when; GPUs busy outside orch say by which pid and user."""
     kind = "gpu" if host.gpus else "slot"
@@ -423,28 +425,20 @@ def unit_rows(host: Host, view: LeaseHosts) -> list[Reply]:
     foreign = {int(f.gpu): f for f in view.foreign} if kind == "gpu" else {}
     rows = []
     for unit in pool:
-        row: Reply = {"host": host.name, "kind": kind, "unit": unit, "state": "free"}
+        row = UnitRow(host.name, kind, unit, "free")
         if unit in held:
             lease = held[unit]
-            row.update(state="held", job=lease.job, user=lease.user, since=lease.since)
+            row = replace(row, state="held", job=lease.job, user=lease.user, since=lease.since)
         elif unit in foreign:
-            row.update(state="busy", pid=foreign[unit].pid, user=foreign[unit].user)
+            row = replace(row, state="busy", pid=foreign[unit].pid, user=foreign[unit].user)
         rows.append(row)
     return rows
 
 
-def queue_rows(host: Host, view: LeaseHosts) -> list[Reply]:
+def queue_rows(host: Host, view: LeaseHosts) -> list[QueueRow]:
     """The host's line, first first."""
     return [
-        {
-            "host": host.name,
-            "position": i + 1,
-            "job": t.job,
-            "user": t.user,
-            "kind": t.kind,
-            "count": t.count,
-            "since": t.since,
-        }
+        QueueRow(host.name, i + 1, t.job, t.user, t.kind, t.count, t.since)
         for i, t in enumerate(view.tickets)
     ]
 

@@ -15,9 +15,8 @@ Who falls behind is reporting/top_rates.py's (`laggards`).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from orchestrator.agent.kernel.replies import TopSample
 from orchestrator.models.errors import HostError, MultiHostError, OrchError
@@ -27,7 +26,7 @@ from orchestrator.nodes.group import HostGroup, connect_reachable
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.reporting.top import INTERVAL_S, SILENT_S, NodeView, TopView, ended_error
-from orchestrator.reporting.top_rates import node_view, top_view
+from orchestrator.reporting.top_rates import log_offsets, node_view, refreshes, top_view
 from orchestrator.ssh.reconcile import SETTLED, reconcile
 from orchestrator.transport import Transport
 
@@ -77,10 +76,7 @@ class Sampler:
 
     def _ask(self, node: NodeRecord, host: Host, transport: Transport) -> TopSample:
         before = self.last.get(host.name)
-        offsets = {
-            str(r.get("stream")): int((r.get("log") or {}).get("offset") or 0)
-            for r in (before.ranks if before is not None else ())
-        }
+        offsets = log_offsets(before) if before is not None else {}
         request = json.dumps({"job_id": self.record.id, "offsets": offsets}).encode()
         reply = agent.run(
             host, transport, ["top", node.job_dir], stdin=[request], timeout=SAMPLE_TIMEOUT_S
@@ -117,16 +113,11 @@ def watch(
             raise _combined([HostError(n.host, n.error or "?") for n in view.nodes])
         if view.ended:
             raise ended_error(reconcile(store, record, reporter))
-        yield view
-        while True:
-            time.sleep(max(0.0, view.time + interval_s - time.time()))
-            view = sampler.sample()
-            if view.ended:
-                final = reconcile(store, record, reporter)
-                view = replace(view, state=final.state.value)
-            yield view
-            if view.ended:
-                return
+
+        def final() -> str:
+            return reconcile(store, record, reporter).state.value
+
+        yield from refreshes(view, sampler.sample, final, interval_s)
 
 
 def _combined(failures: Sequence[OrchError]) -> OrchError:

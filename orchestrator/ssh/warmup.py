@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.agent.kernel.replies import WarmAhead
+from orchestrator.agent.kernel.replies import WarmAhead, WarmRow
 from orchestrator.models.errors import HostError, InputError, OrchError
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
@@ -19,6 +19,7 @@ from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
 from orchestrator.nodes.warm import TIMEOUT_S
 from orchestrator.records.db import JobDB
+from orchestrator.reporting.hosts import WarmInterpreter
 from orchestrator.reporting.outcomes import WarmStart
 from orchestrator.reporting.reporter import Reporter, phase
 from orchestrator.transport import ConnectOptions, Transport
@@ -65,10 +66,25 @@ def warm_up(
                     f"no warm interpreter: {found.error or 'no answer'}",
                     "the job's ranks start cold there (docs/WARM.md)",
                 )
-            return WarmStart(found.pid, found.started)
+            return WarmStart(found.pid, found.started, tuple(job.preload))
 
         phase(reporter, f"starting warm interpreters on {len(nodes)} hosts")
         started, failures = group.try_each(one)
     # Outside any job's record: `orch kill --all` ends them too.
     JobDB().add_warm_hosts([h for h in sub.hosts if h.name in started])
     return started, failures
+
+
+def interpreter(host: str, row: WarmRow) -> WarmInterpreter:
+    """A warm interpreter as its host's agent listed it (`warm list`)."""
+    return WarmInterpreter(
+        host,
+        row.pid,
+        row.state,
+        tuple(map(str, row.preload)),
+        row.pss_kb,
+        row.idle_s,
+        row.key,
+        row.python,
+        row.expires_s,
+    )

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from orchestrator.agent.kernel import framing
 from orchestrator.agent.kernel.replies import GcReport
 from orchestrator.models.errors import HostError
-from orchestrator.models.inventory import Host, resolve_inventory
+from orchestrator.models.inventory import Host, Inventory
 from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
 from orchestrator.sync.store import host_key, snapshot_retention
@@ -17,7 +16,7 @@ from orchestrator.transport.base import ConnectOptions, Transport
 
 
 def gc(
-    inventory_path: Path | None,
+    inventory: Inventory,
     keep: int | None,
     notice: Callable[[str], None],
     outputs: bool = False,
@@ -33,11 +32,10 @@ def gc(
         names) are collected once, under the first name.
 
     Raises:
-        InputError: a bad inventory or retention.
+        InputError: a bad retention.
         HostError / MultiHostError: hosts that could not be reached or collected.
     """
     keep = snapshot_retention() if keep is None else keep
-    inventory = resolve_inventory(inventory_path, None)
     stores = {host_key(h): h.name for h in reversed(inventory.hosts)}  # one name per store
 
     def collect(host: Host, transport: Transport) -> GcReport:

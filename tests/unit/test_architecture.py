@@ -1,8 +1,9 @@
 """The layering of the package, checked on its imports (read with ast, nothing run):
 models import nothing else of orch but the states both ends name (agent/kernel/
 states.py); the agent only the standard library; only the
-transport touches paramiko and fabric; only the CLI typer and rich; no package
-imports one that imports it back, and the SSH and Slurm backends neither the other."""
+transport touches paramiko and fabric; only the CLI typer and rich; the CLI nothing
+of the package but the API; no package imports one that imports it back, and the SSH
+and Slurm backends neither the other."""
 
 from __future__ import annotations
 
@@ -191,9 +192,9 @@ def test_the_cycle_check_finds_a_circle_through_several_packages() -> None:
 # (never one beside it, never one above). A new package fails here until it is placed.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),  # typer and rich: parse, print, exit codes
-    ("api", "bench"),  # the same verbs for Python; orch bench's own job
+    ("api",),  # the same verbs for Python, and every other client
     ("backends",),  # the protocol, and the one place a backend is chosen
-    ("ssh", "slurm"),  # the SSH backend and the Slurm backend
+    ("ssh", "slurm", "bench"),  # the SSH backend and the Slurm backend; orch bench's job
     ("reporting", "onboard"),  # what both backends use; orch init
     ("sync",),  # the code push
     ("nodes",),  # agent commands over SSH, on many hosts at once
@@ -228,9 +229,19 @@ def test_each_part_imports_only_the_layers_below_its_own() -> None:
 
 def test_the_cli_and_the_api_reach_a_backend_only_through_the_protocol() -> None:
     def backend_code(name: str) -> bool:
-        parts = name.split(".")
-        if parts[:3] in (["orchestrator", "ssh", "check"], ["orchestrator", "ssh", "plan"]):
-            return False  # for now: the check's report and the plan's names reach the CLI
-        return parts[:2] in (["orchestrator", "ssh"], ["orchestrator", "slurm"])
+        return name.split(".")[:2] in (["orchestrator", "ssh"], ["orchestrator", "slurm"])
 
     assert offenders(files("cli", "api"), backend_code) == {}
+
+
+def test_the_cli_imports_nothing_of_the_package_but_the_api_and_itself() -> None:
+    """One front door: every verb the CLI has, a notebook or a web page has through the
+    same `api` calls, with the same typed results (errors and progress modes too)."""
+
+    def behind_the_door(name: str) -> bool:
+        if name == "orchestrator" or not name.startswith("orchestrator."):
+            return False
+        return not name.startswith(("orchestrator.api", "orchestrator.cli"))
+
+    assert offenders(files("cli"), behind_the_door) == {}
+    assert offenders([PACKAGE / "api" / "cluster.py"], behind_the_door)  # the check sees

@@ -20,12 +20,12 @@ from orchestrator.bench.allreduce import (
     format_row,
     parse_sizes,
 )
-from orchestrator.cli.check_view import host_cells
 from orchestrator.models.errors import InputError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
 from orchestrator.nodes.execute import PGID_MARK, remote_command
 from orchestrator.ssh.check.run import HostStatus
+from orchestrator.ssh.check.view import host_cells
 from tests.unit.conftest import Orch, WriteFile
 
 LOCAL_PAIR = """

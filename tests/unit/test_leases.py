@@ -513,12 +513,12 @@ def test_host_rows_show_each_inventory_gpu_free_held_or_busy_outside_orch() -> N
             ],
         },
     )
-    rows = {r["unit"]: r for r in unit_rows(host, view)}
+    rows = {r.unit: r for r in unit_rows(host, view)}
     assert sorted(rows) == [0, 2, 4]  # GPU 1 is not the inventory's to hand out
-    assert rows[0]["state"] == "free"
-    assert (rows[2]["state"], rows[2]["job"], rows[2]["user"]) == ("held", "a-1", "alice")
-    assert (rows[4]["state"], rows[4]["pid"], rows[4]["user"]) == ("busy", 4242, "carol")
-    assert queue_rows(host, view) == [
+    assert rows[0].as_json() == {"host": "gpu1", "kind": "gpu", "unit": 0, "state": "free"}
+    assert (rows[2].state, rows[2].job, rows[2].user) == ("held", "a-1", "alice")
+    assert (rows[4].state, rows[4].pid, rows[4].user) == ("busy", 4242, "carol")
+    assert [r.as_json() for r in queue_rows(host, view)] == [
         {
             "host": "gpu1",
             "position": 1,

@@ -54,7 +54,7 @@ def test_a_nodes_gpus_are_rows_held_by_the_job_slurm_runs_there_or_free() -> Non
     assert jobs[0].nodes == ("node2", "node3") and (jobs[0].gpus, jobs[0].cpus) == (1, 2)
     assert jobs[1].name == "wait|ing" and jobs[1].nodes == ()
     rows = nodes.unit_rows(found, jobs, {"41": "train-ab12"})
-    assert [(r["host"], r["unit"], r["state"], r.get("job")) for r in rows] == [
+    assert [(r.host, r.unit, r.state, r.job) for r in rows] == [
         ("node2", 0, "held", "train-ab12"),
         ("node2", 1, "free", None),
         ("node3", 0, "held", "train-ab12"),
@@ -62,9 +62,9 @@ def test_a_nodes_gpus_are_rows_held_by_the_job_slurm_runs_there_or_free() -> Non
         ("node4", 0, "down*", None),
         ("node4", 1, "down*", None),
     ]
-    assert rows[0]["user"] == "alice" and rows[0]["since"] is not None
+    assert rows[0].user == "alice" and rows[0].since is not None
     (waiting,) = nodes.queue_rows("debug", jobs, {})
-    assert waiting["job"] == "slurm 42 (wait|ing)" and (waiting["kind"], waiting["count"]) == (
+    assert waiting.job == "slurm 42 (wait|ing)" and (waiting.kind, waiting.count) == (
         "gpu",
         2,
     )
@@ -73,7 +73,7 @@ def test_a_nodes_gpus_are_rows_held_by_the_job_slurm_runs_there_or_free() -> Non
 def test_a_node_without_gpus_shows_its_cpus_as_slots() -> None:
     found = nodes.parse_nodes(SINFO, "other")
     rows = nodes.unit_rows(found, [], {})
-    assert {(r["kind"], r["state"]) for r in rows} == {("slot", "free")} and len(rows) == 8
+    assert {(r.kind, r.state) for r in rows} == {("slot", "free")} and len(rows) == 8
 
 
 def test_more_gpus_than_the_partitions_nodes_have_names_the_job_files_key(

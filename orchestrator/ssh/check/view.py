@@ -1,19 +1,14 @@
-"""How `orch check` looks: a row per host, the rendezvous line, the problems.
-
-Builds rich renderables and text lines; printing them is the CLI's job. Cells a
-problem concerns are red (error) or yellow (warning) on a terminal; every problem is
-also spelled out below the table, so nothing depends on colour.
-"""
+"""How `orch check` of SSH hosts reads: a row per host, the bandwidth with the master,
+the rendezvous line, the problems, as a CheckResult (reporting/check.py) that the CLI
+draws. Cells a problem concerns carry its mark (error, warning); every problem is also
+spelled out below the tables, so nothing depends on colour."""
 
 from __future__ import annotations
 
-from rich import box
-from rich.table import Table
-from rich.text import Text
-
 from orchestrator.models.errors import RemoteCommandError
+from orchestrator.reporting.check import Cell, CheckLine, CheckResult, CheckTable, Column, Mark
 from orchestrator.ssh.check.net import BANDWIDTH_S
-from orchestrator.ssh.check.rules import Problem, Severity, human_bytes
+from orchestrator.ssh.check.rules import Problem, human_bytes
 from orchestrator.ssh.check.run import CheckReport, HostStatus, describe_port
 from orchestrator.ssh.plan import IFNAME_VARS
 
@@ -29,25 +24,31 @@ COLUMNS = (
     ("clock", "clock"),
     ("route to master", "route"),
 )
-STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow"}
 
 
-def host_table(report: CheckReport) -> Table:
+def check_result(report: CheckReport) -> CheckResult:
+    """The report as `orch check` shows it."""
+    tables = [host_table(report)]
+    if report.throughput is not None:
+        tables.append(bandwidth_table(report))
+    return CheckResult(tuple(tables), tuple(summary_lines(report)), failed=bool(report.errors))
+
+
+def host_table(report: CheckReport) -> CheckTable:
     """One row per host; the first host is the master."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for title, _ in COLUMNS:
-        table.add_column(title, no_wrap=title in ("host", "ssh", "clock"))
+    columns = tuple(Column(t, no_wrap=t in ("host", "ssh", "clock")) for t, _ in COLUMNS)
     worst = _worst_by_cell(report.problems)
     master = report.hosts[0].host.name
+    rows = []
     for status in report.hosts:
         cells = host_cells(status, is_master=status.host.name == master)
-        table.add_row(
-            *(
-                Text(cell, style=_style(worst.get((status.host.name, topic))))
+        rows.append(
+            tuple(
+                Cell(cell, worst.get((status.host.name, topic)))
                 for cell, (_, topic) in zip(cells, COLUMNS, strict=True)
             )
         )
-    return table
+    return CheckTable(columns, tuple(rows))
 
 
 def host_cells(status: HostStatus, is_master: bool = False) -> list[str]:
@@ -95,69 +96,63 @@ def _route(status: HostStatus) -> str:
     return f"{text} ({', '.join(pinned)})" if pinned else text
 
 
-def _style(severity: Severity | None) -> str:
-    return STYLE[severity] if severity is not None else ""
-
-
-def _worst_by_cell(problems: tuple[Problem, ...]) -> dict[tuple[str, str], Severity]:
-    worst: dict[tuple[str, str], Severity] = {}
+def _worst_by_cell(problems: tuple[Problem, ...]) -> dict[tuple[str, str], Mark]:
+    worst: dict[tuple[str, str], Mark] = {}
     for p in problems:
         for host in p.hosts:
-            if worst.get((host, p.topic)) is not Severity.ERROR:
-                worst[(host, p.topic)] = p.severity
+            if worst.get((host, p.topic)) is not Mark.ERROR:
+                worst[(host, p.topic)] = Mark(p.severity.value)
     return worst
 
 
-def bandwidth_title(report: CheckReport) -> Text:
-    master = report.hosts[0].host.name
-    return Text(f"TCP throughput with the master {master} ({BANDWIDTH_S:g} s each way):")
-
-
-def bandwidth_table(report: CheckReport) -> Table:
+def bandwidth_table(report: CheckReport) -> CheckTable:
     """Gbit/s between each node and the master, each way."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for title in ("host", "to master", "from master"):
-        table.add_column(title, justify="left" if title == "host" else "right")
+    master = report.hosts[0].host.name
+    title = f"TCP throughput with the master {master} ({BANDWIDTH_S:g} s each way):"
+    columns = (Column("host"), Column("to master", right=True), Column("from master", right=True))
     worst = _worst_by_cell(report.problems)
+    rows = []
     for name, rate in (report.throughput or {}).items():
-        style = _style(worst.get((name, "bandwidth")))
+        mark = worst.get((name, "bandwidth"))
         if rate.error:
-            table.add_row(name, Text(rate.error, style="yellow"), "")
+            rows.append((Cell(name), Cell(rate.error, Mark.WARNING), Cell("")))
             continue
-        table.add_row(
-            name, Text(_gbits(rate.up_gbps), style=style), Text(_gbits(rate.down_gbps), style=style)
+        rows.append(
+            (Cell(name), Cell(_gbits(rate.up_gbps), mark), Cell(_gbits(rate.down_gbps), mark))
         )
-    return table
+    return CheckTable(columns, tuple(rows), title)
 
 
 def _gbits(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} Gbit/s"
 
 
-def summary_lines(report: CheckReport) -> list[Text]:
+def summary_lines(report: CheckReport) -> list[CheckLine]:
     """The rendezvous line, each problem as error/warning + hint, and the tally."""
     lines = []
     if report.rendezvous is not None:
-        lines.append(Text(describe_port(report.rendezvous)))
+        lines.append(CheckLine(describe_port(report.rendezvous)))
     for group in report.shared:
         lines.append(
-            Text(f"shared filesystem: {', '.join(group)} (one copy of the code, one setup)")
+            CheckLine(f"shared filesystem: {', '.join(group)} (one copy of the code, one setup)")
         )
     if report.relayed:
         master = report.hosts[0].host.name
-        lines.append(Text(f"code relay: {', '.join(report.relayed)} fetch the code from {master}"))
+        lines.append(
+            CheckLine(f"code relay: {', '.join(report.relayed)} fetch the code from {master}")
+        )
     for problem in report.problems:
         head, *hint = problem.lines()
         label, _, rest = head.partition(": ")
-        lines.append(Text.assemble((label, STYLE[problem.severity]), ": ", rest))
-        lines += [Text(h) for h in hint]
+        lines.append(CheckLine(rest, Mark(problem.severity.value), head=label))
+        lines += [CheckLine(h) for h in hint]
     errors, warnings = len(report.errors), len(report.warnings)
     hosts = f"{len(report.hosts)} host{'s' if len(report.hosts) != 1 else ''}"
     if not errors and not warnings:
-        lines.append(Text(f"{hosts}: all checks passed", style="green"))
+        lines.append(CheckLine(f"{hosts}: all checks passed", Mark.PASSED))
     else:
         counts = [_count(errors, "error"), _count(warnings, "warning")]
-        lines.append(Text(f"{hosts}: " + ", ".join(c for c in counts if c)))
+        lines.append(CheckLine(f"{hosts}: " + ", ".join(c for c in counts if c)))
     return lines
 
 

@@ -1,0 +1,109 @@
+"""orch from Python, what a client watches of one job while it runs: its outputs copied
+here (`pull`, `orch pull`) and refreshes of how each node and rank is doing (`top`,
+`orch top`), from wherever the job runs.
+
+```python
+from orchestrator.api import watch
+
+for view in watch.top("digits-ab12cd"):      # TopView: nodes, ranks, who is behind
+    print([(n.host, n.behind) for n in view.nodes])
+reports = watch.pull("digits-ab12cd")        # into ./orch-outputs/digits-ab12cd
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+from orchestrator import backends
+from orchestrator.api import PathLike, _owner_only, _path
+from orchestrator.api.lines import QuietReporter
+from orchestrator.backends import PullBars
+from orchestrator.records.db import JobDB
+from orchestrator.reporting.pull import Progress, PullReport, default_target
+from orchestrator.reporting.reporter import Reporter
+from orchestrator.reporting.top import (
+    INTERVAL_S,
+    SILENT_S,
+    GpuView,
+    NodeView,
+    RankView,
+    TopView,
+    pick_job,
+)
+
+__all__ = [
+    "INTERVAL_S",
+    "SILENT_S",
+    "GpuView",
+    "NodeView",
+    "Progress",
+    "PullBars",
+    "PullReport",
+    "RankView",
+    "TopView",
+    "pull",
+    "top",
+]
+
+
+def _quietly(run: Callable[[Progress | None], list[PullReport]]) -> list[PullReport]:
+    return run(None)
+
+
+def pull(
+    job_id: str,
+    paths: Sequence[str] = (),
+    target: PathLike | None = None,
+    *,
+    every_node: bool | None = None,
+    reporter: Reporter | None = None,
+    bars: PullBars = _quietly,
+) -> list[PullReport]:
+    """`orch pull`: copy a job's outputs (its ORCH_OUTPUT_DIR) here, also while it
+    runs; a second pull moves only what changed.
+
+    Args:
+        job_id: the job's id, or a unique prefix of it.
+        paths: paths or globs in its output directory (default: its `outputs:`, else all).
+        target: where they go (default ./orch-outputs/JOB_ID).
+        every_node: from every node (into HOST/ folders), or node rank 0's only
+            (None: as the job's `outputs:` say).
+        bars: runs the pull, handing it a progress callback (the CLI draws bars).
+
+    Returns:
+        A report per node: files, bytes, what was unchanged, where it went, errors.
+
+    Raises:
+        InputError: no such job.
+        InfraError: its hosts could not be reached.
+    """
+    with _owner_only():
+        record = JobDB().get(job_id)
+        where = _path(target) or default_target(record.id)
+        wanted = list(paths) or list(record.view.outputs)
+        backend = backends.for_record(record)
+        return backend.pull(record, where, wanted, every_node, reporter or QuietReporter(), bars)
+
+
+def top(
+    job_id: str | None = None,
+    interval_s: float = INTERVAL_S,
+    silent_s: float = SILENT_S,
+    reporter: Reporter | None = None,
+) -> Iterator[TopView]:
+    """`orch top`: refreshes of a running job (default: the newest that has not
+    ended), `interval_s` apart, until it ends (the last view says so) or the caller
+    stops. The first has no rates yet: they need two samples. `silent_s`: how long a
+    rank that prints may be silent before it is behind.
+
+    Raises:
+        InputError: no such job, it has ended, or none runs.
+        HostError / MultiHostError: no host of the job answers.
+    """
+    with _owner_only():
+        store = JobDB()
+        record = pick_job(store, job_id)
+        backend = backends.for_record(record)
+        views = backend.top(record, store, reporter or QuietReporter(), interval_s, silent_s)
+    yield from views
