@@ -8,6 +8,7 @@ shows its values as it would inside a test.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -20,7 +21,15 @@ from typing import IO, Any
 
 import yaml
 
-from tests.cluster import REPO_ROOT, Cluster, OrchRunner, orch_command
+from tests.cluster import (
+    REPO_ROOT,
+    Cluster,
+    ClusterError,
+    Host,
+    OrchRunner,
+    SlurmCluster,
+    orch_command,
+)
 
 JOBS = REPO_ROOT / "tests" / "integration" / "jobs"
 
@@ -56,6 +65,43 @@ def write_workdir_job(
     path = tmp_path / f"job-{time.monotonic_ns()}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def outputs_job(tmp_path: Path, *args: str, paths: list[str] | None = None) -> Path:
+    """The outputs job (jobs/outputs/write_outputs.py, launcher python, two nodes): each
+    node writes ``expected_data`` of its host, a log and a ``latest`` link to its output
+    directory, and the job keeps ``paths`` of them (every file by default)."""
+    return write_job(
+        tmp_path,
+        "outputs",
+        "write_outputs.py",
+        launcher="python",
+        nodes=2,
+        args=list(args),
+        outputs={"from": "all", "paths": paths or ["*"]},
+    )
+
+
+SPAWN_ARGS = ["-n", "{num_nodes}", "-g", "{nprocs_list}", "-i", "{node_rank}"]
+
+
+def spawn_job(tmp_path: Path, *extra: str, **keys: Any) -> Path:
+    """The self-spawning job (jobs/launchers/spawn.py, launcher python, two nodes): the
+    script starts its own processes from its -n/-g/-i arguments, then ``extra`` ones."""
+    return write_job(
+        tmp_path,
+        "launchers",
+        "spawn.py",
+        launcher="python",
+        nodes=2,
+        args=[*SPAWN_ARGS, *extra],
+        **keys,
+    )
+
+
+def expected_data(host: str) -> bytes:
+    """What the outputs job writes on ``host``: 1 MiB, different on every host."""
+    return hashlib.sha256(host.encode()).digest() * (1 << 15)
 
 
 def pushed_files(stderr: str) -> dict[str, int]:
@@ -223,3 +269,27 @@ def release(cluster: Cluster, hosts: Sequence[int], name: str) -> None:
     """Let a workload run with `--until ~/NAME` on these hosts go on to its end."""
     for i in hosts:
         (cluster.home(i) / name).touch()
+
+
+def slurm_job_root(slurm: SlurmCluster, job_id: str) -> Path:
+    """The job's directory in the Slurm cluster's shared home, as this machine sees it."""
+    assert slurm.home is not None, "slurm cluster not started"
+    return slurm.home / ".orch" / "jobs" / job_id
+
+
+def assert_slurm_clean(slurm: SlurmCluster) -> None:
+    """No allocation, pending or running, of any attempt, and on no compute node any
+    process but sshd and slurmd (slurmd takes a moment to reap a step's slurmstepd, and
+    slurmctld to let an allocation go, after the job ended)."""
+    slurm.wait_for(lambda: slurm.active_jobs() == [], "no allocation left", 60)
+    for host in slurm.compute:
+        left: list[tuple[int, str]] = []
+
+        def clean(host: Host = host, left: list[tuple[int, str]] = left) -> bool:
+            left[:] = slurm.job_processes(host)
+            return not left
+
+        try:
+            slurm.wait_for(clean, f"{host.name} clean", 30)
+        except ClusterError:
+            raise AssertionError(f"left on {host.name}: {left}") from None

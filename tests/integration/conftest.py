@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import Cluster, OrchRunner, require_cluster_support
+from tests.cluster import (
+    Cluster,
+    OrchRunner,
+    SlurmCluster,
+    require_cluster_support,
+    skip_or_fail,
+    slurm_unavailable_reason,
+)
 
 # The helpers the tests share check what they find with assert: show its values on
 # failure, as pytest does inside a test module. Must run before anything imports them.
@@ -22,6 +29,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "cluster: needs the test cluster of real sshd hosts (root, Linux namespaces); "
         "skipped where unavailable, except in CI (CI=true) where that fails",
+    )
+    config.addinivalue_line(
+        "markers",
+        "slurm(gpus_per_node=0): the module runs on a Slurm cluster of the session's hosts "
+        "(the slurm fixture), its compute nodes declaring gpus_per_node count-only GPUs",
     )
     _children_get_default_signals()
 
@@ -81,12 +93,18 @@ def _cluster_healthy(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture
-def orch(cluster: Cluster) -> OrchRunner:
+def orch(cluster: Cluster, request: pytest.FixtureRequest, tmp_path: Path) -> OrchRunner:
     """Run the real ``orch`` CLI: ``orch("submit", job, timeout=60) -> CompletedProcess``.
 
     Each test gets a fresh controller (HOME, ORCH_HOME, ORCH_KNOWN_HOSTS), so jobs
-    recorded by one test never show in another's ``orch status``.
+    recorded by one test never show in another's ``orch status``. In a module marked
+    ``slurm`` it runs in the test's tmp_path (where ``orch-outputs/`` lands), made once
+    the Slurm cluster is up: a controller trusts the hosts that exist when it is made,
+    and the Slurm cluster adds one.
     """
+    if request.node.get_closest_marker("slurm"):
+        slurm: SlurmCluster = request.getfixturevalue("slurm")
+        return OrchRunner(slurm.new_controller(), cwd=tmp_path)
     return OrchRunner(cluster.new_controller())
 
 
@@ -94,3 +112,23 @@ def orch(cluster: Cluster) -> OrchRunner:
 def inventory(cluster: Cluster, tmp_path: Path) -> Path:
     """An inventory file listing every host of the cluster."""
     return cluster.write_inventory(tmp_path / "inventory.yaml")
+
+
+@pytest.fixture(scope="module")
+def slurm(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
+    """The session's hosts, four of them sharing one home, running Slurm for one module
+    (tests/cluster/slurm.py): node1 the login node, node2..node4 the compute nodes, each
+    with the GPUs the module's ``slurm`` marker names."""
+    reason = slurm_unavailable_reason()
+    if reason:
+        skip_or_fail(reason)
+    marker = request.node.get_closest_marker("slurm")
+    gpus = marker.kwargs.get("gpus_per_node", 0) if marker else 0
+    with SlurmCluster(cluster, compute_nodes=3, gpus_per_node=gpus) as started:
+        yield started
+
+
+@pytest.fixture
+def hpc(slurm: SlurmCluster, tmp_path: Path) -> Path:
+    """An inventory of the Slurm cluster: its login node, its partition."""
+    return slurm.write_inventory(tmp_path / "hpc.yaml")

@@ -13,25 +13,18 @@ from tests.support import (
     assert_no_job_left,
     job_id_of,
     job_processes,
+    spawn_job,
     wait_for,
     write_job,
 )
 
 pytestmark = pytest.mark.cluster
 
-SPAWN_ARGS = ["-n", "{num_nodes}", "-g", "{nprocs_list}", "-i", "{node_rank}"]
-
 
 @pytest.fixture
 def two_and_one(cluster: Cluster, tmp_path: Path) -> Path:
     """node1 with 2 slots, node2 with 1."""
     return cluster.write_inventory(tmp_path / "two_and_one.yaml", [1, 2], node1={"slots": 2})
-
-
-def spawn_job(tmp_path: Path, *extra: str) -> Path:
-    return write_job(
-        tmp_path, "launchers", "spawn.py", launcher="python", nodes=2, args=[*SPAWN_ARGS, *extra]
-    )
 
 
 def results(stdout: str) -> list[str]:

@@ -4,32 +4,15 @@ runs, moving only what changed."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import pytest
 
 from tests.cluster import Cluster, OrchRunner
-from tests.support import job_id_of, wait_for, write_job
+from tests.support import expected_data, job_id_of, outputs_job, wait_for
 
 pytestmark = pytest.mark.cluster
-
-
-def expected_data(host: str) -> bytes:
-    return hashlib.sha256(host.encode()).digest() * (1 << 15)
-
-
-def outputs_job(tmp_path: Path, *args: str, paths: list[str] | None = None) -> Path:
-    return write_job(
-        tmp_path,
-        "outputs",
-        "write_outputs.py",
-        launcher="python",
-        nodes=2,
-        args=list(args),
-        outputs={"from": "all", "paths": paths or ["*"]},
-    )
 
 
 def assert_came_back(where: Path, hosts: list[str]) -> None:

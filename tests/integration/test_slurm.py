@@ -11,28 +11,18 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.cluster import (
-    PARTITION,
-    SUBNET,
-    Cluster,
-    ClusterError,
-    Host,
-    OrchRunner,
-    SlurmCluster,
-    skip_or_fail,
-    slurm_unavailable_reason,
-)
-from tests.support import Lines
+from tests.cluster import PARTITION, SUBNET, OrchRunner, SlurmCluster
+from tests.support import Lines, assert_slurm_clean, job_id_of, slurm_job_root
 
 pytestmark = [
     pytest.mark.cluster,
+    pytest.mark.slurm,
     pytest.mark.xdist_group("slurm"),
 ]  # one Slurm cluster serves the module
 
@@ -60,26 +50,6 @@ dist.barrier()
 """
 
 
-@pytest.fixture(scope="module")
-def slurm(cluster: Cluster) -> Iterator[SlurmCluster]:
-    """The session's hosts, four of them sharing one home, running Slurm."""
-    reason = slurm_unavailable_reason()
-    if reason:
-        skip_or_fail(reason)
-    with SlurmCluster(cluster, compute_nodes=3) as started:
-        yield started
-
-
-@pytest.fixture
-def orch(slurm: SlurmCluster) -> OrchRunner:
-    return OrchRunner(slurm.new_controller())
-
-
-@pytest.fixture
-def hpc(slurm: SlurmCluster, tmp_path: Path) -> Path:
-    return slurm.write_inventory(tmp_path / "hpc.yaml")
-
-
 def job_file(tmp_path: Path, name: str = "ddp", **keys: Any) -> Path:
     """A job file whose workdir holds TRAIN; `env` and other keys as given."""
     workdir = tmp_path / "work"
@@ -92,32 +62,9 @@ def job_file(tmp_path: Path, name: str = "ddp", **keys: Any) -> Path:
     return path
 
 
-def job_id_of(stdout: str) -> str:
-    first = stdout.splitlines()[0]
-    assert first.startswith("job "), stdout[:500]
-    return first.split()[1]
-
-
 def status_table(orch: OrchRunner) -> subprocess.CompletedProcess[str]:
     """`orch status`, wide enough that no row wraps."""
     return orch("status", env={"COLUMNS": "250"})
-
-
-def assert_nothing_left(slurm: SlurmCluster) -> None:
-    """No allocation in squeue, and on no compute node any process but sshd and slurmd
-    (slurmd takes a moment to reap a step's slurmstepd after the job ended)."""
-    assert slurm.active_jobs() == []
-    for host in slurm.compute:
-        left: list[tuple[int, str]] = []
-
-        def clean(host: Host = host, left: list[tuple[int, str]] = left) -> bool:
-            left[:] = slurm.job_processes(host)
-            return not left
-
-        try:
-            slurm.wait_for(clean, f"{host.name} clean", 30)
-        except ClusterError:
-            raise AssertionError(f"left on {host.name}: {left}") from None
 
 
 def test_three_node_job_streams_every_rank_prefixed_and_exits_0(
@@ -143,8 +90,7 @@ def test_three_node_job_streams_every_rank_prefixed_and_exits_0(
         for i in range(3):  # every line once: none lost, none doubled
             assert sum(line.endswith(f" line {i} of rank {rank}") for line in lines) == 1
     assert [j["state"] for j in slurm.squeue() if j["id"] == slurm_id[1]] == ["COMPLETED"]
-    assert slurm.home is not None
-    root = slurm.home / ".orch" / "jobs" / job_id
+    root = slurm_job_root(slurm, job_id)
     made = [root, *root.rglob("*")]
     assert len(made) > 10 and (root / "node4" / "logs" / "rank-2.log").exists()
     shared = [
@@ -160,7 +106,7 @@ def test_three_node_job_streams_every_rank_prefixed_and_exits_0(
     assert all(
         re.search(rf"node{i}\s+{i - 2}\s+{i - 2}\s+succeeded", one.stdout) for i in (2, 3, 4)
     )
-    assert_nothing_left(slurm)
+    assert_slurm_clean(slurm)
 
 
 def test_a_raising_rank_fails_the_job_and_slurm_frees_every_node(
@@ -176,7 +122,7 @@ def test_a_raising_rank_fails_the_job_and_slurm_frees_every_node(
     assert "last lines of [node3 r1]:" in result.stderr
     assert "RuntimeError: rank 1 fails on purpose" in result.stderr
     assert "Traceback" not in result.stderr.split("error:")[0].split("\n")[-1]
-    assert_nothing_left(slurm)
+    assert_slurm_clean(slurm)
     status = status_table(orch)
     assert re.search(r"boom\s+failed \(slurm \d+, FAILED\)", status.stdout), status.stdout
 
@@ -195,7 +141,7 @@ def test_ctrl_c_cancels_the_slurm_job_and_exits_130(
     os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=60) == 130, err.text()
     assert "cancelled, its allocation gone" in err.text()
-    assert_nothing_left(slurm)
+    assert_slurm_clean(slurm)
 
 
 def test_detached_job_is_followed_to_its_end_by_logs_f(
@@ -245,7 +191,7 @@ def test_second_job_waits_pending_while_the_first_holds_the_nodes_then_runs(
     status = status_table(orch)
     assert re.search(rf"{first_id}\s+first\s+killed \(slurm \d+, CANCELLED\)", status.stdout)
     assert re.search(rf"{second_id}\s+second\s+succeeded", status.stdout), status.stdout
-    assert_nothing_left(slurm)
+    assert_slurm_clean(slurm)
 
 
 def test_bad_inputs_are_refused_before_anything_is_queued(

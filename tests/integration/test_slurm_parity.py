@@ -11,31 +11,34 @@ tests' own (tests/integration/jobs/) where they fit.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.cluster import (
-    Cluster,
-    ClusterError,
-    Host,
-    OrchRunner,
-    SlurmCluster,
-    skip_or_fail,
-    slurm_unavailable_reason,
+from tests.cluster import OrchRunner, SlurmCluster
+from tests.support import (
+    Lines,
+    assert_slurm_clean,
+    expected_data,
+    job_id_of,
+    outputs_job,
+    slurm_job_root,
+    spawn_job,
+    wait_for,
+    write_job,
+    write_workdir_job,
 )
-from tests.support import Lines, job_id_of, wait_for, write_job, write_workdir_job
-
-pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("slurm-parity")]
 
 GPUS = 2  # count-only GRES per compute node
-SPAWN_ARGS = ["-n", "{num_nodes}", "-g", "{nprocs_list}", "-i", "{node_rank}"]
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.slurm(gpus_per_node=GPUS),
+    pytest.mark.xdist_group("slurm-parity"),
+]
 TALK = """\
 import os, socket, sys, time
 for i in range(int(os.environ.get("LINES", "3"))):
@@ -48,26 +51,6 @@ time.sleep(float(os.environ.get("SLEEP", "0")))
 """
 
 
-@pytest.fixture(scope="module")
-def slurm(cluster: Cluster) -> Iterator[SlurmCluster]:
-    """The session's hosts, four of them sharing one home, running Slurm with GPUs."""
-    reason = slurm_unavailable_reason()
-    if reason:
-        skip_or_fail(reason)
-    with SlurmCluster(cluster, compute_nodes=3, gpus_per_node=GPUS) as started:
-        yield started
-
-
-@pytest.fixture
-def orch(slurm: SlurmCluster, tmp_path: Path) -> OrchRunner:
-    return OrchRunner(slurm.new_controller(), cwd=tmp_path)
-
-
-@pytest.fixture
-def hpc(slurm: SlurmCluster, tmp_path: Path) -> Path:
-    return slurm.write_inventory(tmp_path / "hpc.yaml")
-
-
 def talk_job(tmp_path: Path, **keys: object) -> Path:
     workdir = tmp_path / "talk"
     workdir.mkdir(exist_ok=True)
@@ -75,45 +58,7 @@ def talk_job(tmp_path: Path, **keys: object) -> Path:
     return write_workdir_job(tmp_path, workdir, "talk.py", name="talk", **keys)
 
 
-def job_root(slurm: SlurmCluster, job_id: str) -> Path:
-    assert slurm.home is not None
-    return slurm.home / ".orch" / "jobs" / job_id
-
-
-def assert_nothing_left(slurm: SlurmCluster) -> None:
-    """No allocation in squeue, and on no compute node any process but sshd and slurmd."""
-    slurm.wait_for(lambda: slurm.active_jobs() == [], "no allocation left", 30)
-    for host in slurm.compute:
-        left: list[tuple[int, str]] = []
-
-        def clean(host: Host = host, left: list[tuple[int, str]] = left) -> bool:
-            left[:] = slurm.job_processes(host)
-            return not left
-
-        try:
-            slurm.wait_for(clean, f"{host.name} clean", 30)
-        except ClusterError:
-            raise AssertionError(f"left on {host.name}: {left}") from None
-
-
 # ---------------------------------------------------------------- outputs and pull
-
-
-def expected_data(host: str) -> bytes:
-    return hashlib.sha256(host.encode()).digest() * (1 << 15)
-
-
-def outputs_job(tmp_path: Path, *args: str, paths: list[str] | None = None) -> Path:
-    """test_outputs.py's job: launcher python, every node writing its files."""
-    return write_job(
-        tmp_path,
-        "outputs",
-        "write_outputs.py",
-        launcher="python",
-        nodes=2,
-        args=list(args),
-        outputs={"from": "all", "paths": paths or ["*"]},
-    )
 
 
 def writers(stdout: str) -> list[str]:
@@ -149,7 +94,7 @@ def test_outputs_come_back_after_a_failure_too(
     job_id = job_id_of(result.stdout)
     assert "outputs: 4 files" in result.stderr, result.stderr[-3000:]
     assert_came_back(tmp_path / "orch-outputs" / job_id, writers(result.stdout))
-    assert_nothing_left(slurm)
+    assert_slurm_clean(slurm)
 
 
 def test_pull_while_running_moves_only_the_change_and_kill_brings_the_rest(
@@ -159,7 +104,7 @@ def test_pull_while_running_moves_only_the_change_and_kill_brings_the_rest(
     submitted = orch("submit", "-d", job, "-i", hpc, timeout=120)
     assert submitted.returncode == 0, submitted.stderr
     job_id = job_id_of(submitted.stdout)
-    outputs = job_root(slurm, job_id) / "outputs"
+    outputs = slurm_job_root(slurm, job_id) / "outputs"
     wait_for(lambda: len(list(outputs.glob("data-*.bin"))) == 2, 60, "both nodes' outputs")
     hosts = sorted(p.name[5:-4] for p in outputs.glob("data-*.bin"))
 
@@ -184,7 +129,7 @@ def test_pull_while_running_moves_only_the_change_and_kill_brings_the_rest(
     assert killed.returncode == 0, killed.stderr
     assert "outputs: 6 files" in killed.stderr, killed.stderr
     assert (target / "more-late.txt").read_text() == "late\n"
-    assert_nothing_left(slurm)
+    assert_slurm_clean(slurm)
 
 
 # ---------------------------------------------------------------- launchers
@@ -201,15 +146,7 @@ def rank_lines(stdout: str) -> list[tuple[str, ...]]:
 def test_a_self_spawning_script_gets_its_node_arguments_and_master_under_slurm(
     slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
 ) -> None:
-    job = write_job(
-        tmp_path,
-        "launchers",
-        "spawn.py",
-        launcher="python",
-        nodes=2,
-        nproc_per_node=2,
-        args=SPAWN_ARGS,
-    )
+    job = spawn_job(tmp_path, nproc_per_node=2)
     result = orch("submit", job, "-i", hpc, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = rank_lines(result.stdout)
@@ -250,15 +187,7 @@ def test_a_legacy_script_gets_local_rank_as_an_argument_under_slurm(
 def test_kill_of_a_detached_self_spawning_job_leaves_nothing_on_any_node(
     slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
 ) -> None:
-    job = write_job(
-        tmp_path,
-        "launchers",
-        "spawn.py",
-        launcher="python",
-        nodes=2,
-        nproc_per_node=2,
-        args=[*SPAWN_ARGS, "--sleep", "120"],
-    )
+    job = spawn_job(tmp_path, "--sleep", "120", nproc_per_node=2)
     submitted = orch("submit", "-d", job, "-i", hpc, timeout=120)
     assert submitted.returncode == 0, submitted.stderr
     job_id = job_id_of(submitted.stdout)
@@ -277,7 +206,7 @@ def test_kill_of_a_detached_self_spawning_job_leaves_nothing_on_any_node(
     )
     killed = orch("kill", job_id, timeout=90)
     assert killed.returncode == 0, killed.stderr
-    assert_nothing_left(slurm)
+    assert_slurm_clean(slurm)
 
 
 # ---------------------------------------------------------------- reattach and watch
@@ -308,7 +237,7 @@ def test_after_an_attached_submit_is_killed_status_logs_and_kill_pick_the_job_up
     assert follower.wait(60) == 1, follower_err.text()
     after = orch("status", job_id, "--json", timeout=60)
     assert json.loads(after.stdout)[0]["state"] == "killed"
-    assert_nothing_left(slurm)
+    assert_slurm_clean(slurm)
 
 
 def test_top_shows_every_rank_of_a_running_job_and_hosts_shows_the_gpus_it_holds(
@@ -320,7 +249,7 @@ def test_top_shows_every_rank_of_a_running_job_and_hosts_shows_the_gpus_it_holds
     submitted = orch("submit", "-d", job, "-i", hpc, timeout=120)
     assert submitted.returncode == 0, submitted.stderr
     job_id = job_id_of(submitted.stdout)
-    root = job_root(slurm, job_id)
+    root = slurm_job_root(slurm, job_id)
     wait_for(lambda: len(list(root.glob("*/logs/rank-*.log"))) == 4, 60, "every rank's log")
     try:
         top = orch("top", job_id, "--once", "--json", "--interval", "1", timeout=90)
@@ -346,7 +275,7 @@ def test_top_shows_every_rank_of_a_running_job_and_hosts_shows_the_gpus_it_holds
         assert len(free) == GPUS and {u["state"] for u in free} == {"free"}
     finally:
         orch("kill", job_id, timeout=90)
-    assert_nothing_left(slurm)
+    assert_slurm_clean(slurm)
 
 
 # ---------------------------------------------------------------- GPUs
@@ -365,7 +294,7 @@ def test_gpus_per_node_is_slurms_gpu_request_and_the_ranks_see_what_slurm_gives(
         # GPUs have no device numbers, so Slurm names none in CUDA_VISIBLE_DEVICES, and
         # orch adds none of its own.
         assert f"SLURM_GPUS_ON_NODE={GPUS}" in env and "CUDA_VISIBLE_DEVICES=None" in env, env
-    batch = job_root(slurm, job_id_of(result.stdout)) / "slurm" / "batch.sh"
+    batch = slurm_job_root(slurm, job_id_of(result.stdout)) / "slurm" / "batch.sh"
     assert f"#SBATCH --gres=gpu:{GPUS}\n" in batch.read_text()
 
 

@@ -18,37 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import (
-    Cluster,
-    ClusterError,
-    Host,
-    OrchRunner,
-    SlurmCluster,
-    skip_or_fail,
-    slurm_unavailable_reason,
+from tests.cluster import Host, OrchRunner, SlurmCluster
+from tests.support import (
+    Lines,
+    assert_slurm_clean,
+    job_id_of,
+    slurm_job_root,
+    status_json,
+    write_job,
+    write_workdir_job,
 )
-from tests.support import Lines, job_id_of, status_json, write_job, write_workdir_job
 
-pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("slurm-restarts")]
-
-
-@pytest.fixture(scope="module")
-def slurm(cluster: Cluster) -> Iterator[SlurmCluster]:
-    reason = slurm_unavailable_reason()
-    if reason:
-        skip_or_fail(reason)
-    with SlurmCluster(cluster, compute_nodes=3) as started:
-        yield started
-
-
-@pytest.fixture
-def orch(slurm: SlurmCluster) -> OrchRunner:
-    return OrchRunner(slurm.new_controller())
-
-
-@pytest.fixture
-def hpc(slurm: SlurmCluster, tmp_path: Path) -> Path:
-    return slurm.write_inventory(tmp_path / "hpc.yaml")
+pytestmark = [pytest.mark.cluster, pytest.mark.slurm, pytest.mark.xdist_group("slurm-restarts")]
 
 
 @pytest.fixture
@@ -87,16 +68,6 @@ def running_nodes(slurm: SlurmCluster, name: str) -> list[Host]:
     return [h for name in listed for h in slurm.compute if h.name == name]
 
 
-def assert_nothing_left(slurm: SlurmCluster) -> None:
-    """No allocation, pending or running, of any attempt; no job process on any node."""
-    slurm.wait_for(lambda: slurm.active_jobs() == [], "no allocation left", 60)
-    for host in slurm.compute:
-        try:
-            slurm.wait_for(lambda h=host: not slurm.job_processes(h), f"{host.name} clean", 30)
-        except ClusterError:
-            raise AssertionError(f"left on {host.name}: {slurm.job_processes(host)}") from None
-
-
 def test_a_failed_node_restarts_the_job_as_attempt_2_without_that_node(
     slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path, revive: list[Host]
 ) -> None:
@@ -131,7 +102,7 @@ def test_a_failed_node_restarts_the_job_as_attempt_2_without_that_node(
     lines = logs.stdout.splitlines()
     step1 = next(i for i, line in enumerate(lines) if line.endswith("step 1 attempt 0 world 2"))
     assert step1 < next(i for i, line in enumerate(lines) if line.endswith("finished attempt 1"))
-    assert_nothing_left(slurm)
+    assert_slurm_clean(slurm)
 
 
 def test_a_detached_job_restarts_on_the_cluster_with_no_controller_running(
@@ -140,8 +111,7 @@ def test_a_detached_job_restarts_on_the_cluster_with_no_controller_running(
     submitted = orch("submit", restart_job(tmp_path), "-i", hpc, "--detach", timeout=60)
     assert submitted.returncode == 0, submitted.stderr
     job_id = job_id_of(submitted.stdout)
-    assert slurm.home is not None
-    root = slurm.home / ".orch" / "jobs" / job_id
+    root = slurm_job_root(slurm, job_id)
     first, victim = running_nodes(slurm, "restart")
     log = root / first.name / "logs" / "rank-0.log"
     slurm.wait_for(lambda: log.exists() and "step 2 attempt 0" in log.read_text(), "step 2", 90)
@@ -163,7 +133,7 @@ def test_a_detached_job_restarts_on_the_cluster_with_no_controller_running(
     assert "--- attempt 2 ---" in logs.stderr
     assert any(line.endswith("finished attempt 1") for line in logs.stdout.splitlines())
     assert any(line.endswith("step 1 attempt 0 world 2") for line in logs.stdout.splitlines())
-    assert_nothing_left(slurm)
+    assert_slurm_clean(slurm)
 
 
 def test_orch_kill_cancels_every_attempt_and_none_follows(
@@ -177,10 +147,9 @@ def test_orch_kill_cancels_every_attempt_and_none_follows(
     slurm.wait_for(lambda: len(slurm.active_jobs()) == 2, "attempt 2 queued", 30)
     killed = orch("kill", job_id, timeout=60)
     assert killed.returncode == 0, killed.stderr
-    assert_nothing_left(slurm)
+    assert_slurm_clean(slurm)
     assert status_json(orch, job_id)["state"] == "killed"
-    assert slurm.home is not None
-    assert not (slurm.home / ".orch" / "jobs" / job_id / "slurm" / "attempt-1.json").exists()
+    assert not (slurm_job_root(slurm, job_id) / "slurm" / "attempt-1.json").exists()
 
 
 def test_ctrl_c_cancels_every_attempt_and_exits_130(
@@ -193,7 +162,7 @@ def test_ctrl_c_cancels_every_attempt_and_exits_130(
     os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=60) == 130, err.text()
     assert "starting the job again" not in err.text()
-    assert_nothing_left(slurm)
+    assert_slurm_clean(slurm)
 
 
 def test_a_node_down_mid_job_without_restarts_is_one_error_and_frees_the_allocation(
@@ -213,7 +182,7 @@ def test_a_node_down_mid_job_without_restarts_is_one_error_and_frees_the_allocat
     assert victim.name in stderr.split("error:")[1], stderr
     assert "Traceback" not in stderr
     assert time.monotonic() - started < 90
-    assert_nothing_left(slurm)
+    assert_slurm_clean(slurm)
 
 
 def test_a_job_past_its_time_limit_is_one_error_naming_the_limit(
@@ -236,7 +205,7 @@ def test_a_job_past_its_time_limit_is_one_error_naming_the_limit(
     assert stderr.count("error:") == 1 and "TIMEOUT" in stderr, stderr
     assert "hint:" in stderr and "--time" in stderr.split("hint:")[1], stderr
     assert "starting the job again" not in stderr  # a restart would meet the same limit
-    assert_nothing_left(slurm)
+    assert_slurm_clean(slurm)
 
 
 def test_an_unreachable_login_node_is_exit_3_and_queues_nothing(
