@@ -34,8 +34,7 @@ from ..kernel.protocol import (
 )
 from ..leases import holder
 from . import spawn
-from .warm import interpreters as warm
-from .warm import launch
+from .warm import fork, interpreters, launch
 
 if TYPE_CHECKING:
     import subprocess
@@ -67,7 +66,7 @@ def main(args: list[str]) -> int:
 def supervise(spec: dict[str, Any], ready_fd: int) -> int:
     raise_open_files()  # torchrun's rendezvous store serves every rank of the job
     env = dict(os.environ)
-    env.update(spec["env"])  # what a warm process for this job is keyed by (warm.key_env)
+    env.update(spec["env"])  # a warm process for this job is keyed by it (key_env)
     # Beside the node's directory (protocol.outputs_dir): it outlives the code.
     outputs = os.path.join(os.path.dirname(os.getcwd()), OUTPUTS)
 
@@ -79,14 +78,14 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
     wants_warm = isinstance(spec.get("warm"), dict)
     asked = launch.launch_request(planned(spawn.WARM, {})) if wants_warm else None
     # Said in the first reply, which a node that waits in line sends before its turn.
-    said = warm.choose(spec, env, asked, check=True)[1] if asked is not None else None
+    said = fork.choose(spec, env, asked, check=True)[1] if asked is not None else None
     turn = holder.wait_turn(spec, ready_fd, [said] if said else [])  # waits in line if busy
     if turn is None:
         return 1
     forked, cold = None, None
     if asked is not None:  # now with the lease's devices
         asked = launch.launch_request(planned(spawn.WARM, turn.env()))
-        forked, cold = warm.request(spec, env, asked)
+        forked, cold = fork.request(spec, env, asked)
     if forked is not None:
         return supervise_warm(spec, forked, turn, ready_fd, env)
     if os.path.exists(KILLED):  # while it waited for the warm interpreter's import
@@ -157,7 +156,7 @@ def wait_child(child: subprocess.Popen[bytes], timeout: float) -> int | None:
 
 
 def supervise_warm(
-    spec: dict[str, Any], node: warm.Warm, turn: Any, ready_fd: int, base_env: dict[str, str]
+    spec: dict[str, Any], node: fork.Warm, turn: Any, ready_fd: int, base_env: dict[str, str]
 ) -> int:
     """As `supervise` once torchrun runs, for a launcher forked from a warm process:
     its pid is the node's process group; it says on its connection how it ended."""
@@ -197,4 +196,4 @@ def leave_warm(spec: dict[str, Any], env: dict[str, str]) -> None:
         return
     python = os.path.expanduser(str(spec["argv"][0]))
     with contextlib.suppress(OSError, ValueError):
-        warm.ensure(python, env, list(options.get("preload") or []), float(options["idle"]))
+        interpreters.ensure(python, env, list(options.get("preload") or []), float(options["idle"]))
