@@ -28,7 +28,7 @@ COMMANDS = {
     "gc": "store.gc",
     "lease": "leases.commands",
     "keeper": "keeper.commands",
-    "warm": "node.warm.interpreters",
+    "warm": "node.warm.commands",
     "torchrun": "node.torchrun",
 }
 USAGE = """usage: orch agent COMMAND ARGS...

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.kernel import placement
+from orchestrator.agent.node.warm import fork, launch
 from orchestrator.agent.node.warm import interpreters as warm
-from orchestrator.agent.node.warm import launch
 from orchestrator.models.job import Overrides, load_job, with_overrides
 from tests.unit.conftest import WriteFile, expect_input_error
 
@@ -169,22 +169,24 @@ def test_a_node_waits_for_a_warm_interpreter_still_importing_within_bounds(
     (tmp_path / "warm").mkdir()
     me = {"key": "k", "pid": os.getpid(), "start_time": proc.start_time(os.getpid())}
     starting = {**me, "state": "starting"}
-    write_json(warm._path("k", ".json"), starting)
-    later = threading.Timer(0.2, write_json, (warm._path("k", ".json"), {**me, "state": "ready"}))
+    write_json(warm.key_file("k", ".json"), starting)
+    later = threading.Timer(
+        0.2, write_json, (warm.key_file("k", ".json"), {**me, "state": "ready"})
+    )
     later.start()
-    assert warm.until_imported(starting) == ({**me, "state": "ready"}, None)
+    assert fork.until_imported(starting) == ({**me, "state": "ready"}, None)
 
-    write_json(warm._path("k", ".json"), {**starting, "pid": 1 << 22})  # another, dead
-    assert "ended while it imported" in str(warm.until_imported(starting)[1])
+    write_json(warm.key_file("k", ".json"), {**starting, "pid": 1 << 22})  # another, dead
+    assert "ended while it imported" in str(fork.until_imported(starting)[1])
 
-    monkeypatch.setattr(warm, "IMPORT_WAIT_S", 0.3)
-    write_json(warm._path("k", ".json"), starting)
-    assert warm.until_imported(starting) == (
+    monkeypatch.setattr(fork, "IMPORT_WAIT_S", 0.3)
+    write_json(warm.key_file("k", ".json"), starting)
+    assert fork.until_imported(starting) == (
         None,
         "cold start: the warm interpreter was still importing after 0 s",
     )
     open(KILLED, "w").close()
-    assert warm.until_imported(starting) == (None, None)
+    assert fork.until_imported(starting) == (None, None)
 
 
 def test_a_wait_status_reads_as_torchrun_reports_it() -> None:

@@ -87,7 +87,7 @@ class GcReport(Reply):
 
 
 class WarmRow(Message):
-    """One warm interpreter of this user on a host (agent/node/warm.py `listing`): its
+    """One warm interpreter of this user on a host (agent/node/warm/interpreters.py `listing`): its
     memory is its proportional set size, `idle_s` the seconds since it last launched."""
 
     pid: int

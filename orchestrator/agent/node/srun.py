@@ -14,7 +14,9 @@ an argv: it holds the job's env):
    directory of the job root with the agent's rank entry, each rank writing its own
    `logs/rank-N.log` (what `orch` follows over the login node); with launcher python
    the entry runs once per node under the interpreter alone, its output the node's
-   (`torchrun.log`), with MASTER_ADDR, MASTER_PORT and NODE_RANK as over SSH;
+   (`torchrun.log`), with MASTER_ADDR, MASTER_PORT and NODE_RANK as over SSH; how it
+   starts (command, environment, directory, session, output) is spawn.py's, as on an
+   SSH host;
 5. `exit.json` records how it ended, and the launcher exits with torchrun's code, so
    that `srun --kill-on-bad-exit=1` brings the allocation down on a failure. SIGTERM
    (scancel) reaches torchrun from Slurm itself, which signals every process of the
@@ -35,7 +37,7 @@ from typing import Any
 
 from ..host import probe
 from ..kernel.fileio import read_json, write_json
-from ..kernel.layout import AGENT, CODE, EXIT, LOGS, NODE_SPEC, OUTPUTS, TORCHRUN_LOG
+from ..kernel.layout import AGENT, CODE, EXIT, LOGS, NODE_SPEC, OUTPUTS
 from ..kernel.placement import (
     PYTHON,
     TORCHRUN,
@@ -46,7 +48,7 @@ from ..kernel.placement import (
 from ..kernel.replies import ExitRecord
 from ..kernel.slurm import SPEC, expand_nodelist, fill_marks, node_dir_name, rendezvous_record
 from ..kernel.slurm_chain import ATTEMPT_ENV, attempt_dir
-from . import torchrun
+from . import spawn
 
 PORT_WAIT_S = 120.0
 
@@ -152,19 +154,11 @@ def main(args: list[str]) -> int:
     set_ifname(env, iface)
     values = {"master_addr": master_addr, "master_port": str(port), "node_rank": str(node_rank)}
     set_launcher_env(env, launcher, values)
-    env.update(
-        ORCH_SLURM_JOB_ID=slurm_id,
-        ORCH_HOSTS=",".join(nodes),
-        ORCH_OUTPUT_DIR=os.path.join(root, OUTPUTS),
-        ORCH_ATTEMPT=str(attempt),
-    )
-    os.makedirs(env["ORCH_OUTPUT_DIR"], exist_ok=True)
+    env.update(ORCH_SLURM_JOB_ID=slurm_id, ORCH_HOSTS=",".join(nodes), ORCH_ATTEMPT=str(attempt))
+    start = spawn.plan(spawn.SRUN, argv, env, node_dir, os.path.join(root, OUTPUTS))
     # What ran here, for a person looking later.
-    write_json(NODE_SPEC, {"argv": argv, "slurm_node": name, "node_rank": node_rank})
-    with open(TORCHRUN_LOG, "ab") as out:
-        proc = subprocess.Popen(
-            torchrun.command(argv), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
-        )
+    write_json(NODE_SPEC, {"argv": start.argv, "slurm_node": name, "node_rank": node_rank})
+    proc = spawn.spawn(start)
 
     # Slurm signals every process of the step (scancel, --kill-on-bad-exit, a time
     # limit), torchrun included, whatever the proctrack plugin: a second SIGTERM sent

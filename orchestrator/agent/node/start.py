@@ -1,6 +1,7 @@
 """`start JOB_DIR` (stdin: the node spec): detach a supervisor from the SSH channel, start torchrun in
 its own session under it, record the pids; the supervisor waits for torchrun and
-records how it ended. Prints a Started reply once torchrun runs."""
+records how it ended. Prints a Started reply once torchrun runs. Whether torchrun
+starts cold or is forked from a warm interpreter (warm/), how it starts is spawn.py's."""
 
 from __future__ import annotations
 
@@ -26,14 +27,12 @@ from ..kernel.layout import (
     OUTPUTS,
     PIDS,
     SUPERVISOR_LOG,
-    TORCHRUN_LOG,
 )
 from ..kernel.limits import raise_open_files
 from ..kernel.replies import ExitRecord, Started
 from ..leases import holder
-from . import torchrun
-from .warm import interpreters as warm
-from .warm import launch
+from . import spawn
+from .warm import fork, interpreters, launch
 
 if TYPE_CHECKING:
     import subprocess
@@ -63,30 +62,30 @@ def main(args: list[str]) -> int:
 
 
 def supervise(spec: dict[str, Any], ready_fd: int) -> int:
-    import subprocess
-
     raise_open_files()  # torchrun's rendezvous store serves every rank of the job
     env = dict(os.environ)
-    env.update(spec["env"])
-    base_env = dict(env)  # what a warm process for this job is keyed by (warm.key_env)
+    env.update(spec["env"])  # a warm process for this job is keyed by it (key_env)
     # Beside the node's directory (protocol.outputs_dir): it outlives the code.
     outputs = os.path.join(os.path.dirname(os.getcwd()), OUTPUTS)
-    os.makedirs(outputs, exist_ok=True)
-    env["ORCH_OUTPUT_DIR"] = outputs
-    argv = list(spec["argv"])
-    argv[0] = os.path.expanduser(argv[0])
-    launch = launch_request(spec, argv, env)
+
+    def planned(way: str, lease: dict[str, str]) -> spawn.NodeStart:
+        return spawn.plan(way, spec["argv"], {**env, **lease}, os.getcwd(), outputs)
+
+    # A job that asks for warm starts sends their options; `warm: false` and `--cold`
+    # send them too, for the line that says why the node starts cold.
+    wants_warm = isinstance(spec.get("warm"), dict)
+    asked = launch.launch_request(planned(spawn.WARM, {})) if wants_warm else None
     # Said in the first reply, which a node that waits in line sends before its turn.
-    said = warm.choose(spec, base_env, launch, check=True)[1] if launch is not None else None
+    said = fork.choose(spec, env, asked, check=True)[1] if asked is not None else None
     turn = holder.wait_turn(spec, ready_fd, [said] if said else [])  # waits in line if busy
     if turn is None:
         return 1
-    env.update(turn.env())
-    if launch is not None:
-        launch["env"] = env
-    node, cold = warm.request(spec, base_env, launch) if launch is not None else (None, None)
-    if node is not None:
-        return supervise_warm(spec, node, turn, ready_fd, base_env)
+    forked, cold = None, None
+    if asked is not None:  # now with the lease's devices
+        asked = launch.launch_request(planned(spawn.WARM, turn.env()))
+        forked, cold = fork.request(spec, env, asked)
+    if forked is not None:
+        return supervise_warm(spec, forked, turn, ready_fd, env)
     if os.path.exists(KILLED):  # while it waited for the warm interpreter's import
         holder.release(turn)
         if turn.reported:
@@ -96,21 +95,15 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
         return 1
     if cold and cold not in turn.warnings:
         turn.warnings = [*turn.warnings, cold]
+    start = planned(spawn.COLD, turn.env())
     try:
-        with open(TORCHRUN_LOG, "ab") as out:
-            proc = subprocess.Popen(  # in the node's directory: each rank moves into code/
-                torchrun.command(argv),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        proc = spawn.spawn(start)
     except (OSError, ValueError) as exc:
         holder.release(turn)
         write_json(EXIT, ExitRecord(returncode=127, error=str(exc), ended=time.time()).as_dict())
         if not turn.reported:
-            os.write(ready_fd, json.dumps({"error": f"cannot start {argv[0]}: {exc}"}).encode())
+            error = f"cannot start {start.argv[0]}: {exc}"
+            os.write(ready_fd, json.dumps({"error": error}).encode())
         return 1
     # torchrun leads its own process group; the supervisor stays out of it so that it
     # survives a kill of the group and can record how torchrun ended.
@@ -136,8 +129,8 @@ def supervise(spec: dict[str, Any], ready_fd: int) -> int:
             os.utime(PIDS)
     holder.release(turn)  # before the exit record: a job waiting for it may start at once
     write_json(EXIT, ExitRecord(returncode=returncode, ended=time.time()).as_dict())
-    if launch is not None and not launch.get("cold"):
-        leave_warm(spec, base_env)
+    if asked is not None and not asked.get("cold"):
+        leave_warm(spec, env)
     return 0
 
 
@@ -160,21 +153,8 @@ def wait_child(child: subprocess.Popen[bytes], timeout: float) -> int | None:
         return None
 
 
-def launch_request(
-    spec: dict[str, Any], argv: list[str], env: dict[str, str]
-) -> dict[str, Any] | None:
-    """What the warm launcher needs for this node; None where the job does not ask
-    for warm starts (`warm: false` and `--cold` ask for the line that says so)."""
-    options = spec.get("warm")
-    if not isinstance(options, dict):
-        return None
-    request = launch.node_request(argv)
-    request.update(env=env, cwd=os.getcwd())
-    return request
-
-
 def supervise_warm(
-    spec: dict[str, Any], node: warm.Warm, turn: Any, ready_fd: int, base_env: dict[str, str]
+    spec: dict[str, Any], node: fork.Warm, turn: Any, ready_fd: int, base_env: dict[str, str]
 ) -> int:
     """As `supervise` once torchrun runs, for a launcher forked from a warm process:
     its pid is the node's process group; it says on its connection how it ended."""
@@ -214,4 +194,4 @@ def leave_warm(spec: dict[str, Any], env: dict[str, str]) -> None:
         return
     python = os.path.expanduser(str(spec["argv"][0]))
     with contextlib.suppress(OSError, ValueError):
-        warm.ensure(python, env, list(options.get("preload") or []), float(options["idle"]))
+        interpreters.ensure(python, env, list(options.get("preload") or []), float(options["idle"]))

@@ -1,9 +1,12 @@
 """Warm starts: a node's ranks forked from an interpreter that imported torch already,
 instead of each importing it.
 
-- `interpreters`: the warm interpreters of this user on this host (where they live,
-  their key, start, list, stop) and the `warm` command; the supervisor's side that
-  asks one to fork a node's launcher;
+- `interpreters`: the warm interpreters of this user on this host: where they live,
+  their key, start (`ensure`), list, stop;
+- `commands`: the agent's `warm ahead|list|stop|serve` command;
 - `serve`: the warm interpreter itself, which forks a launcher per request;
-- `launch`: the forked launcher, which does torchrun's job for one node.
+- `fork`: the node supervisor's side, which asks one to fork the node's launcher, or
+  says why the node starts cold;
+- `launch`: the forked launcher, which takes the node's start (spawn.py) on itself
+  and does torchrun's job for the node.
 """

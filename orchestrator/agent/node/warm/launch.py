@@ -42,7 +42,8 @@ import time
 from typing import Any
 
 from ...host import proc
-from ...kernel.layout import AGENT, RUN_SCRIPT, TORCHRUN_LOG
+from ...kernel.layout import AGENT, RUN_SCRIPT
+from .. import spawn
 from ..rank import to_own_log
 from .interpreters import version_dir
 
@@ -96,6 +97,12 @@ def node_request(argv: list[str]) -> dict[str, Any]:
     for name in ("nnodes", "node_rank", "nproc", "master_port", "max_restarts"):
         given[name] = int(given.get(name) or 0)
     return given
+
+
+def launch_request(start: spawn.NodeStart) -> dict[str, Any]:
+    """What the supervisor sends a warm interpreter for this node: the node's start as
+    spawn.py planned it, and its torchrun command read back (`node_request`)."""
+    return {**node_request(start.argv), **start.as_dict()}
 
 
 def rank_env(
@@ -155,11 +162,10 @@ def run_node(conn: socket.socket, request: dict[str, Any]) -> RankRun:
     """In the launcher forked from the warm process: start the node's ranks, watch
     them, answer on `conn` how the node ended and exit. Returns only in a rank."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    os.setsid()  # the node's process group, as torchrun's under the supervisor
-    os.chdir(request["cwd"])
-    _redirect(TORCHRUN_LOG)
-    env, said = node_env(dict(request["env"]), int(request["nproc"]))
-    os.environ.clear()  # first: the C environment then no longer points into the room
+    # The node's session, directory, environment and output, as a cold start's torchrun
+    # under its supervisor has them (spawn.py decides them for both).
+    spawn.enter(spawn.NodeStart.from_dict(request))
+    env, said = node_env(dict(os.environ), int(request["nproc"]))
     os.environ.update(env)
     retitle(request["argv"], env)
     conn.sendall(
@@ -422,18 +428,6 @@ def run_script(path: str) -> int:
         sys.excepthook(type(exc), exc, trace.tb_next if trace else None)
         raise SystemExit(1) from None
     return 0
-
-
-def _redirect(log_name: str) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(log_name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    os.close(devnull)
 
 
 def _unbuffered() -> None:
