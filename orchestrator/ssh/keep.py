@@ -19,6 +19,7 @@ follows the newest epoch; the spec's `keeper.at` names the host that keeps the j
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.agent.kernel import layout, messages, placement, states
+from orchestrator.agent.kernel.requests import LeaseUnits, MemberConfig, NodeTemplate
 from orchestrator.models.errors import OrchError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
@@ -79,8 +81,10 @@ def start_keeper(
     from orchestrator.ssh.plan import node_count  # (see the imports above)
 
     job, master = plan.job, plan.master
-    templates = {n.host.name: dict(n.template) for n in plan.nodes}
-    templates[master.host.name]["addr"] = plan.master_addr
+    templates = {n.host.name: n.template for n in plan.nodes}
+    # The master's peers reach it at the plan's address, whatever its probe said.
+    templates[master.host.name] = copy.copy(master.template)
+    templates[master.host.name].addr = plan.master_addr
     homes = {n.host.name: n.job_dir for n in plan.nodes}
     spares = [h for h in candidates if h.name not in homes] if job.restarts else []
     with HostGroup(spares, group.options) as spare_group:
@@ -109,7 +113,7 @@ def start_keeper(
                 {
                     "host": h.name,
                     "nproc": node_count(job, h),
-                    "addr": templates[h.name]["addr"],
+                    "addr": templates[h.name].addr,
                     "workdir": h.workdir,
                 }
                 for h in hosts
@@ -133,23 +137,18 @@ def start_keeper(
 
         def member(host: Host, transport: Transport) -> None:
             node_dir = homes[host.name] if host.name in {n.host.name for n in plan.nodes} else None
-            _run(
-                host,
-                transport,
-                homes[host.name],
-                "member",
-                {
-                    "secret": secret,
-                    "addr": plan.master_addr,
-                    "port": started["port"],
-                    "template": templates[host.name],
-                    "store": layout.store_dir(host.workdir),
-                    "digest": digest,
-                    "node_dir": node_dir,
-                    "lost_after": lost_after,
-                    "lease": leases[host.name],
-                },
+            config = MemberConfig(
+                secret=secret,
+                addr=plan.master_addr,
+                port=int(started["port"]),
+                template=templates[host.name],
+                store=layout.store_dir(host.workdir),
+                digest=digest,
+                node_dir=node_dir,
+                lost_after=lost_after,
+                lease=leases[host.name],
             )
+            _run(host, transport, homes[host.name], "member", config.as_dict())
 
         try:
             group.each(member)
@@ -173,7 +172,7 @@ def _prepare_spares(
     spares: Sequence[Host],
     group: HostGroup,
     push: Push,
-    templates: dict[str, dict[str, Any]],
+    templates: dict[str, NodeTemplate],
     homes: dict[str, str],
     reporter: Reporter,
 ) -> None:
@@ -206,7 +205,7 @@ def _prepare_spares(
         homes[node.host.name] = node.job_dir
 
 
-def _lease_units(plan: LaunchPlan, hosts: Sequence[Host]) -> dict[str, dict[str, Any] | None]:
+def _lease_units(plan: LaunchPlan, hosts: Sequence[Host]) -> dict[str, LeaseUnits | None]:
     """What a later attempt's node leases on each host (queue.lease_units): where any
     host is shared, the others lease nothing but still wait for their turn together."""
     from orchestrator.ssh.plan import node_count
@@ -218,7 +217,7 @@ def _lease_units(plan: LaunchPlan, hosts: Sequence[Host]) -> dict[str, dict[str,
     }
     if not any(units.values()):
         return units
-    return {name: u or dict(NO_UNITS) for name, u in units.items()}
+    return {name: u or NO_UNITS for name, u in units.items()}
 
 
 def _recorded(host: Host, lost_after: int | None) -> Host:

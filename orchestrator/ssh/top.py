@@ -14,12 +14,12 @@ Who falls behind is reporting/top_rates.py's (`laggards`).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from orchestrator.agent.kernel.replies import TopSample
+from orchestrator.agent.kernel.requests import TopRequest
 from orchestrator.models.errors import HostError, MultiHostError, OrchError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
@@ -81,7 +81,7 @@ class Sampler:
             str(r.get("stream")): int((r.get("log") or {}).get("offset") or 0)
             for r in (before.ranks if before is not None else ())
         }
-        request = json.dumps({"job_id": self.record.id, "offsets": offsets}).encode()
+        request = TopRequest(job_id=self.record.id, offsets=offsets).to_json().encode()
         reply = agent.run(
             host, transport, ["top", node.job_dir], stdin=[request], timeout=SAMPLE_TIMEOUT_S
         )

@@ -29,7 +29,9 @@ from ..kernel.layout import (
     TORCHRUN_LOG,
 )
 from ..kernel.limits import raise_open_files
+from ..kernel.messages import MessageError, parse_message
 from ..kernel.replies import ExitRecord, Started
+from ..kernel.requests import StartRequest
 from ..leases import holder
 from . import launch, torchrun, warm
 
@@ -44,9 +46,14 @@ def main(args: list[str]) -> int:
     given = sys.stdin.read()
     if given.strip():
         write_json(NODE_SPEC, json.loads(given))
-    spec = read_json(NODE_SPEC)
-    if spec is None:
+    found = read_json(NODE_SPEC)
+    if found is None:
         print(json.dumps({"error": "node.json missing or unreadable"}))
+        return 2
+    try:
+        spec = parse_message(StartRequest, found)
+    except MessageError as exc:  # a controller of another version
+        print(json.dumps({"error": f"the node's start spec: {exc}"}))
         return 2
     if not os.path.isdir(CODE):
         where = os.path.join(os.getcwd(), CODE)
@@ -60,18 +67,18 @@ def main(args: list[str]) -> int:
     )
 
 
-def supervise(spec: dict[str, Any], ready_fd: int) -> int:
+def supervise(spec: StartRequest, ready_fd: int) -> int:
     import subprocess
 
     raise_open_files()  # torchrun's rendezvous store serves every rank of the job
     env = dict(os.environ)
-    env.update(spec["env"])
+    env.update(spec.env)
     base_env = dict(env)  # what a warm process for this job is keyed by (warm.key_env)
     # Beside the node's directory (protocol.outputs_dir): it outlives the code.
     outputs = os.path.join(os.path.dirname(os.getcwd()), OUTPUTS)
     os.makedirs(outputs, exist_ok=True)
     env["ORCH_OUTPUT_DIR"] = outputs
-    argv = list(spec["argv"])
+    argv = list(spec.argv)
     argv[0] = os.path.expanduser(argv[0])
     launch = launch_request(spec, argv, env)
     # Said in the first reply, which a node that waits in line sends before its turn.
@@ -159,12 +166,11 @@ def wait_child(child: subprocess.Popen[bytes], timeout: float) -> int | None:
 
 
 def launch_request(
-    spec: dict[str, Any], argv: list[str], env: dict[str, str]
+    spec: StartRequest, argv: list[str], env: dict[str, str]
 ) -> dict[str, Any] | None:
     """What the warm launcher needs for this node; None where the job does not ask
     for warm starts (`warm: false` and `--cold` ask for the line that says so)."""
-    options = spec.get("warm")
-    if not isinstance(options, dict):
+    if spec.warm is None:
         return None
     request = launch.node_request(argv)
     request.update(env=env, cwd=os.getcwd())
@@ -172,7 +178,7 @@ def launch_request(
 
 
 def supervise_warm(
-    spec: dict[str, Any], node: warm.Warm, turn: Any, ready_fd: int, base_env: dict[str, str]
+    spec: StartRequest, node: warm.Warm, turn: Any, ready_fd: int, base_env: dict[str, str]
 ) -> int:
     """As `supervise` once torchrun runs, for a launcher forked from a warm process:
     its pid is the node's process group; it says on its connection how it ended."""
@@ -204,12 +210,12 @@ def supervise_warm(
     return 0
 
 
-def leave_warm(spec: dict[str, Any], env: dict[str, str]) -> None:
+def leave_warm(spec: StartRequest, env: dict[str, str]) -> None:
     """Once the node ended: a warm process for the next submit of this job, where it
     asks for one and none runs (started detached; the supervisor does not wait)."""
-    options = spec.get("warm")
-    if not isinstance(options, dict) or options.get("off"):
+    options = spec.warm
+    if options is None or options.off:
         return
-    python = os.path.expanduser(str(spec["argv"][0]))
+    python = os.path.expanduser(str(spec.argv[0]))
     with contextlib.suppress(OSError, ValueError):
-        warm.ensure(python, env, list(options.get("preload") or []), float(options["idle"]))
+        warm.ensure(python, env, list(options.preload), float(options.idle))

@@ -39,6 +39,8 @@ from typing import Any
 from ..host import proc
 from ..kernel.fileio import read_json, write_json
 from ..kernel.layout import KILLED, RUN_SCRIPT
+from ..kernel.messages import parse_message
+from ..kernel.requests import StartRequest, WarmOptions
 from .warm_serve import ANSWER_S, serve
 
 WARM = "warm"  # beside agent/ and jobs/ in the user's orch directory
@@ -70,8 +72,12 @@ def main(args: list[str]) -> int:
         # In the forked launcher: returns only in a forked rank, which runs the user's code.
         return launcher.run_node(*launch).run()
     if verb == "ahead":
-        given = json.loads(sys.stdin.read() or "{}")
-        print(json.dumps(ahead(given["argv"], given["env"], given["warm"])))
+        try:
+            given = parse_message(StartRequest, json.loads(sys.stdin.read() or "{}"))
+        except ValueError as exc:  # bad JSON, or a MessageError: a controller of another version
+            print(json.dumps({"error": f"warm ahead: {exc}"}))
+            return 2
+        print(json.dumps(ahead(list(given.argv), given.env, given.warm or WarmOptions())))
         return 0
     if verb == "list":
         print(json.dumps({"warm": listing()}))
@@ -219,7 +225,7 @@ def ensure(python: str, env: dict[str, str], preload: list[str], idle: float) ->
     return {"key": key, "pid": child.pid, "started": True}
 
 
-def ahead(argv: list[str], env: dict[str, str], options: dict[str, Any]) -> dict[str, Any]:
+def ahead(argv: list[str], env: dict[str, str], options: WarmOptions) -> dict[str, Any]:
     """`orch warm JOB`: start the warm process that this node of the job will be forked
     from, before its first submit. `argv` and `env` are the node's (stdin: the env may
     hold secrets); its supervisor's environment is this session's with the node's on
@@ -228,15 +234,15 @@ def ahead(argv: list[str], env: dict[str, str], options: dict[str, Any]) -> dict
     Returns:
         As `ensure`; `{"error"}` where the node would start cold whatever runs.
     """
-    if options.get("off"):
-        return {"error": f"the job starts cold: {options['off']}"}
+    if options.off:
+        return {"error": f"the job starts cold: {options.off}"}
     from . import launch
 
     request = launch.node_request([os.path.expanduser(argv[0]), *argv[1:]])
     if request.get("cold"):
         return {"error": f"the job starts cold: {request['cold']}"}
-    preload = [str(name) for name in options.get("preload") or []]
-    return ensure(request["python"], {**os.environ, **env}, preload, float(options["idle"]))
+    preload = [str(name) for name in options.preload]
+    return ensure(request["python"], {**os.environ, **env}, preload, float(options.idle))
 
 
 def listing() -> list[dict[str, Any]]:
@@ -313,23 +319,23 @@ class Warm:
 
 
 def choose(
-    spec: dict[str, Any], env: dict[str, str], launch: dict[str, Any], check: bool = False
+    spec: StartRequest, env: dict[str, str], launch: dict[str, Any], check: bool = False
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The warm process this node may ask, else why it starts cold: a line for the
     user, or None where there is nothing to say (warm never asked for, or this user
     has no warm process on this host, as on a first submit). `check`: ask it
     whether it is still the same (before a node waits in line, so that the first
     reply can say why not)."""
-    options = spec.get("warm")
+    options = spec.warm
     gone: list[dict[str, Any]] = []
     found = records(gone)
-    if not isinstance(options, dict) or not (found or gone):
+    if options is None or not (found or gone):
         return None, None
-    if options.get("off"):
-        return None, f"cold start: {options['off']}"
+    if options.off:
+        return None, f"cold start: {options.off}"
     if launch.get("cold"):
         return None, f"cold start: {launch['cold']}"
-    key = key_of(launch["python"], env, list(options.get("preload") or []))
+    key = key_of(launch["python"], env, list(options.preload))
     mine = next((r for r in found if r.get("key") == key), None)
     dead = next((r for r in gone if r.get("key") == key), None)
     if mine is None and dead is not None:
@@ -388,7 +394,7 @@ def until_imported(mine: dict[str, Any]) -> tuple[dict[str, Any] | None, str | N
 
 
 def request(
-    spec: dict[str, Any], env: dict[str, str], launch: dict[str, Any]
+    spec: StartRequest, env: dict[str, str], launch: dict[str, Any]
 ) -> tuple[Warm | None, str | None]:
     """Ask this user's warm process for the job's environment to fork the node's
     launcher.
