@@ -28,8 +28,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.agent.kernel import layout, messages, placement, states
-from orchestrator.agent.kernel.requests import LeaseUnits, MemberConfig, NodeTemplate
+from orchestrator.agent.kernel import layout, messages, states
+from orchestrator.agent.kernel.requests import (
+    Candidate,
+    KeeperConfig,
+    LeaseUnits,
+    MemberConfig,
+    NodeTemplate,
+    Placement,
+    Request,
+)
 from orchestrator.models.errors import OrchError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
@@ -94,31 +102,32 @@ def start_keeper(
         leases = _lease_units(plan, hosts)
         secret = secrets.token_hex(32)
         lost_after = float(job.lost_after or max(h.lost_after or LOST_AFTER_S for h in hosts))
-        config = {
-            "secret": secret,
-            "job_id": plan.job_id,
-            "restarts": job.restarts,
-            "lost_after": lost_after,
-            "rendezvous_port": job.rendezvous_port,
-            "bind": plan.master_addr,
-            "host": master.host.name,
-            "line": line,
-            "place": placement.placement(
-                [n.host.name for n in plan.nodes],
-                [n.nproc for n in plan.nodes],
-                plan.master_addr,
-                plan.master_port,
+        config = KeeperConfig(
+            secret=secret,
+            job_id=plan.job_id,
+            restarts=job.restarts,
+            lost_after=lost_after,
+            rendezvous_port=job.rendezvous_port,
+            bind=plan.master_addr,
+            host=master.host.name,
+            line=line,
+            place=Placement(
+                hosts=[n.host.name for n in plan.nodes],
+                nprocs=[n.nproc for n in plan.nodes],
+                master_addr=plan.master_addr,
+                master_port=plan.master_port,
+                attempt=0,
             ),
-            "candidates": [
-                {
-                    "host": h.name,
-                    "nproc": node_count(job, h),
-                    "addr": templates[h.name].addr,
-                    "workdir": h.workdir,
-                }
+            candidates=[
+                Candidate(
+                    host=h.name,
+                    nproc=node_count(job, h),
+                    addr=templates[h.name].addr,
+                    workdir=h.workdir,
+                )
                 for h in hosts
             ],
-        }
+        )
         keeper_dir = master.job_dir
         started = _run(master.host, group.transports[master.host.name], keeper_dir, "start", config)
         log.info("[job=%s] keeper on %s, port %s", plan.job_id, master.host.name, started["port"])
@@ -148,7 +157,7 @@ def start_keeper(
                 lost_after=lost_after,
                 lease=leases[host.name],
             )
-            _run(host, transport, homes[host.name], "member", config.as_dict())
+            _run(host, transport, homes[host.name], "member", config)
 
         try:
             group.each(member)
@@ -225,7 +234,7 @@ def _recorded(host: Host, lost_after: int | None) -> Host:
 
 
 def _run(
-    host: Host, transport: Transport, directory: str, verb: str, config: dict[str, Any]
+    host: Host, transport: Transport, directory: str, verb: str, config: Request
 ) -> dict[str, Any]:
     """Run `keeper VERB DIR` with the job's pinned agent, its config (and secret) on
     stdin, never in an argv.
@@ -234,7 +243,7 @@ def _run(
         RemoteCommandError: it did not start; names the host and what it said.
     """
     command = agent.job_command(host, directory, "keeper", verb, ".")
-    result = transport.run(command, stdin=json.dumps(config).encode(), timeout=60)
+    result = transport.run(command, stdin=config.to_json().encode(), timeout=60)
     reply = messages.last_json(result.stdout) or {}
     if not result.ok or "pid" not in reply:
         raise RemoteCommandError(

@@ -44,7 +44,8 @@ from typing import Any
 from ..host import proc
 from ..host.daemonize import daemonize
 from ..kernel.fileio import read_json, write_json
-from ..kernel.messages import Message
+from ..kernel.messages import Message, parse_message
+from ..kernel.requests import KeeperConfig
 from .decisions import STOP_WAIT_S, Keeping
 from .wire import HB_S, Channel, Heartbeat, Hello, State, greet, read_messages, ready
 
@@ -58,15 +59,22 @@ KEEPER_LOG = "keeper.log"
 
 def start_keeper(directory: str) -> int:
     """`keeper start DIR` (stdin: the config, its secret in hex): the keeper daemon,
-    listening on config["bind"]; prints {"port", "pid"}."""
+    listening on its `bind` address; prints {"port", "pid"}."""
     os.chdir(directory)
-    config = json.loads(sys.stdin.read())
-    secret = bytes.fromhex(str(config.pop("secret")))
     try:
-        family = socket.AF_INET6 if ":" in str(config["bind"]) else socket.AF_INET
-        listener = socket.create_server((str(config["bind"]), 0), family=family, backlog=64)
+        given = parse_message(KeeperConfig, json.loads(sys.stdin.read()))
+    except ValueError as exc:  # bad JSON, or a MessageError: a controller of another version
+        print(json.dumps({"error": f"keeper start: {exc}"}))
+        return 2
+    secret = bytes.fromhex(given.secret)
+    # The keeper keeps its state as its records and snapshots hold it: plain JSON.
+    config = given.as_dict()
+    del config["secret"]
+    try:
+        family = socket.AF_INET6 if ":" in given.bind else socket.AF_INET
+        listener = socket.create_server((given.bind, 0), family=family, backlog=64)
     except OSError as exc:
-        print(json.dumps({"error": f"cannot listen on {config['bind']}: {exc}"}))
+        print(json.dumps({"error": f"cannot listen on {given.bind}: {exc}"}))
         return 1
     port = int(listener.getsockname()[1])
 

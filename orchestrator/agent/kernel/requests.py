@@ -132,6 +132,49 @@ class GcRequest(Request):
     outputs: bool = False
 
 
+class Placement(Request):
+    """Where a job's nodes go (placement.py `placement`): its hosts in node order (the
+    first is the master), their process counts, the master's address and port, the
+    attempt, and its ticket in the hosts' lines (a restart's: submit time, job id)."""
+
+    hosts: Sequence[str]
+    nprocs: Sequence[int]
+    master_addr: str
+    master_port: int | None
+    attempt: int = 0
+    ticket: Sequence[float | str] | None = None
+
+
+class Candidate(Request):
+    """A host a detached job's keeper may start a node on: its process count, the
+    address its peers reach it at, its workdir."""
+
+    host: str
+    nproc: int
+    addr: str | None = None
+    workdir: str
+
+
+class KeeperConfig(Request):
+    """`keeper start` (stdin): a detached job's keeper (agent/keeper/decisions.py
+    `Keeping`): its secret (hex), the job, how many restarts and how long a silent
+    member counts as lost, the pinned rendezvous port (None: ask the master), the
+    address it listens on (`bind`), its own host, whether attempt 0 waits in line
+    ("together" or "alone"), attempt 0's placement, and the hosts it may use, in the
+    selection's order."""
+
+    secret: str
+    job_id: str
+    restarts: int
+    lost_after: float
+    rendezvous_port: int | None = None
+    bind: str
+    host: str | None = None
+    line: str | None = None
+    place: Placement
+    candidates: Sequence[Candidate]
+
+
 class MemberConfig(Request):
     """`keeper member` (stdin): how this host's member of a detached job reaches its
     keeper (`addr`, `port`, `secret` in hex), what it renders a later attempt's node
@@ -163,6 +206,39 @@ class ProbeOptions(Request):
     modules: Sequence[str] = ()
     mark: str | None = None
     look: Sequence[str] = ()
+
+
+class SlurmNode(Request):
+    """One node of a Slurm job, by node rank: its process count, and its args and env
+    with the job's placeholders expanded, the master's address and port left as marks
+    (kernel/slurm.py) for the node to fill."""
+
+    nproc: int
+    args: Sequence[str]
+    env: dict[str, str]
+
+
+class SlurmSpec(Request):
+    """`slurm-node` (the job root's spec file, written by slurm/script.py): what every
+    node of a Slurm job runs under srun: the job, its interpreter, launcher, pinned
+    rendezvous port (None: the master picks one), max_restarts, the entry before the
+    user's args, and each node's part."""
+
+    job_id: str
+    python: str
+    launcher: str = "torchrun"
+    port: int | None = None
+    max_restarts: int = 0
+    entry: Sequence[str]
+    nodes: Sequence[SlurmNode]
+
+
+class SlurmChain(Request):
+    """`slurm-attempt` (slurm_chain.CHAIN, written at submit): how many restarts a Slurm
+    job has, and the inventory's sbatch options to queue the next attempt with."""
+
+    restarts: int = 0
+    sbatch: Sequence[str] = ()
 
 
 # ---------------------------------------------------------------- the code push (sync)
