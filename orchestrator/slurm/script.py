@@ -109,15 +109,10 @@ def node_specs(sj: SlurmJob) -> SlurmSpec:
         )
         args = [placeholders.expand(a, values) for a in job.args]
         nodes.append(SlurmNode(nproc=sj.nproc, args=args, env=env))
-    return SlurmSpec(
-        job_id=sj.job_id,
-        python=sj.python,
-        launcher=job.launcher,
-        port=job.rendezvous_port,
-        max_restarts=job.max_restarts,
-        entry=entry,
-        nodes=nodes,
-    )
+    spec = SlurmSpec(job_id=sj.job_id, python=sj.python, entry=entry, nodes=nodes)
+    spec.launcher, spec.max_restarts = job.launcher, job.max_restarts
+    spec.port = job.rendezvous_port  # None: the master picks one
+    return spec
 
 
 def spec_json(sj: SlurmJob) -> str:

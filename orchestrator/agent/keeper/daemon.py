@@ -36,7 +36,6 @@ import os
 import queue
 import signal
 import socket
-import sys
 import threading
 import time
 from typing import Any
@@ -44,10 +43,20 @@ from typing import Any
 from ..host import proc
 from ..host.daemonize import daemonize
 from ..kernel.fileio import read_json, write_json
-from ..kernel.messages import Message, parse_message
+from ..kernel.messages import Message
 from ..kernel.requests import KeeperConfig
 from .decisions import STOP_WAIT_S, Keeping
-from .wire import HB_S, Channel, Heartbeat, Hello, State, greet, read_messages, ready
+from .wire import (
+    HB_S,
+    Channel,
+    Heartbeat,
+    Hello,
+    State,
+    greet,
+    read_config,
+    read_messages,
+    ready,
+)
 
 TICK_S = 0.2
 KEEPER_FILE = "keeper.json"  # in the master's node directory of attempt 0
@@ -61,10 +70,8 @@ def start_keeper(directory: str) -> int:
     """`keeper start DIR` (stdin: the config, its secret in hex): the keeper daemon,
     listening on its `bind` address; prints {"port", "pid"}."""
     os.chdir(directory)
-    try:
-        given = parse_message(KeeperConfig, json.loads(sys.stdin.read()))
-    except ValueError as exc:  # bad JSON, or a MessageError: a controller of another version
-        print(json.dumps({"error": f"keeper start: {exc}"}))
+    given = read_config(KeeperConfig, "start")
+    if given is None:
         return 2
     secret = bytes.fromhex(given.secret)
     # The keeper keeps its state as its records and snapshots hold it: plain JSON.

@@ -9,7 +9,6 @@ keeper is lost, finds or becomes the next one (takeover.py)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import socket
@@ -24,7 +23,7 @@ from ..host.daemonize import daemonize
 from ..kernel.fileio import write_json
 from ..kernel.layout import AGENT, HEARTBEAT_S, MEMBER_FILE, RUN_SCRIPT
 from ..kernel.line import REPLY_WAIT_S
-from ..kernel.messages import Message, last_json, parse_message
+from ..kernel.messages import Message, last_json
 from ..kernel.placement import render
 from ..kernel.requests import LeaseRequest, MemberConfig, SnapshotRequest, StartRequest
 from ..node import state
@@ -47,6 +46,7 @@ from .wire import (
     Stop,
     Stopped,
     join,
+    read_config,
     read_messages,
     ready,
 )
@@ -61,10 +61,8 @@ def start_member(directory: str) -> int:
     """`keeper member DIR` (stdin: the config, its secret in hex): the member daemon of
     this host, once connected to the keeper; prints {"pid"}."""
     os.chdir(directory)
-    try:
-        config = parse_message(MemberConfig, json.loads(sys.stdin.read()))
-    except ValueError as exc:  # bad JSON, or a MessageError: a controller of another version
-        print(json.dumps({"error": f"keeper member: {exc}"}))
+    config = read_config(MemberConfig, "member")
+    if config is None:
         return 2
     secret = bytes.fromhex(config.secret)
     host = config.template.host

@@ -1,6 +1,9 @@
-"""What the controller asks of a node's agent, each a message built by name on one side
+"""What the controller asks of a host's agent, each a message built by name on one side
 and parsed by name on the other (messages.py): the node template a plan renders, the
-start spec, setup, top, outputs and gc.
+start spec, setup, top, outputs, gc, the probe's options, a detached job's keeper and
+members, a Slurm job's spec and restart chain, and the code push's H, R and S frames.
+(The push's P frames stay the plain four keys in framing.py's table: one a piece, on
+the push's hot path.)
 
 The agent parses each at the boundary (`parse_message`): a field it lacks is an error
 that names the request and the field; a field a newer controller adds is ignored. A
