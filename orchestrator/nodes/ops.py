@@ -11,11 +11,17 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from orchestrator.agent.kernel import layout, messages
 from orchestrator.agent.kernel.lease_wire import LeaseStart, printable
 from orchestrator.agent.kernel.replies import KillReport, StatusReply
+from orchestrator.agent.kernel.requests import (
+    LeaseRequest,
+    NodeTemplate,
+    SetupRequest,
+    StartRequest,
+)
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
@@ -40,17 +46,24 @@ class NodeRef(Protocol):
     def job_dir(self) -> str: ...
 
 
-class NodeStart(NodeRef, Protocol):
+class NodeEnv(NodeRef, Protocol):
+    """A node and its environment: what its setup runs with."""
+
+    @property
+    def env(self) -> dict[str, str]: ...
+
+
+class NodeStart(NodeEnv, Protocol):
     """What starting a node needs beyond a NodeRef: a plan's node (ssh/plan.py's NodeLaunch)."""
 
     @property
     def argv(self) -> tuple[str, ...]: ...
 
     @property
-    def env(self) -> dict[str, str]: ...
+    def template(self) -> NodeTemplate: ...
 
 
-def start(node: NodeStart, transport: Transport, lease: dict[str, Any] | None = None) -> LeaseStart:
+def start(node: NodeStart, transport: Transport, lease: LeaseRequest | None = None) -> LeaseStart:
     """Start torchrun under a detached supervisor in the node's job directory, whose
     code snapshot `push.push` built there: the one start command of every path.
 
@@ -66,18 +79,14 @@ def start(node: NodeStart, transport: Transport, lease: dict[str, Any] | None = 
         HostError: the host's lease directory cannot be used.
         RemoteCommandError: the supervisor could not start torchrun.
     """
-    warm = getattr(node, "template", {}).get("warm")
-    spec = json.dumps(
-        {
-            "argv": list(node.argv),
-            "env": node.env,
-            **({"lease": lease} if lease else {}),
-            **({"warm": warm} if warm else {}),
-        }
-    )
+    spec = StartRequest(argv=list(node.argv), env=node.env)
+    if lease:
+        spec.lease = lease
+    if node.template.warm:
+        spec.warm = node.template.warm
     command = agent.job_command(node.host, node.job_dir, "start", ".")
     # On stdin: the env may hold secrets, and every user of a host can read an argv.
-    result = transport.run(command, stdin=spec.encode(), timeout=START_TIMEOUT_S)
+    result = transport.run(command, stdin=spec.to_json().encode(), timeout=START_TIMEOUT_S)
     reply = messages.last_json(result.stdout) or {}
     if any(reply.get(key) is not None for key in ("pid", "queued", "busy")):
         started = agent.parse(node.host, LeaseStart, reply)
@@ -137,7 +146,7 @@ def node_status(node: NodeRef, transport: Transport) -> StatusReply:
 
 
 def setup(
-    node: NodeStart,
+    node: NodeEnv,
     transport: Transport,
     script: str,
     key: str,
@@ -153,9 +162,9 @@ def setup(
             last lines of its output.
     """
     store = layout.store_dir(node.host.workdir)
-    spec = {"script": script, "env": node.env, "store": store, "key": key, "manifest": digest}
+    spec = SetupRequest(script=script, env=node.env, store=store, key=key, manifest=digest)
     process = transport.stream(
-        agent.job_command(node.host, node.job_dir, "setup", "."), stdin=json.dumps(spec).encode()
+        agent.job_command(node.host, node.job_dir, "setup", "."), stdin=spec.to_json().encode()
     )
     tail: list[str] = []
     try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Sequence
@@ -10,6 +9,7 @@ from dataclasses import dataclass
 
 from orchestrator.agent.kernel import messages
 from orchestrator.agent.kernel.host_wire import GpuFacts, PortHolder, ProbeFacts
+from orchestrator.agent.kernel.requests import ProbeOptions
 from orchestrator.models.clocks import HostClock
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.facts import HostFacts
@@ -83,17 +83,13 @@ def probe_host(
             object, or a field of the wrong type).
         RemoteCommandError: the probe itself failed.
     """
-    options = {
-        "master": master,
-        "port": port,
-        "workdir": host.workdir,
-        "gpus": gpus,
-        "modules": list(modules),
-    }
+    options = ProbeOptions(
+        master=master, port=port, workdir=host.workdir, gpus=gpus, modules=list(modules)
+    )
     if marks is not None and host.name in marks.of:
-        options.update(mark=marks.of[host.name], look=list(marks.of.values()))
+        options.mark, options.look = marks.of[host.name], list(marks.of.values())
     # Not isolated: torch may come from site-packages, the user's site or PYTHONPATH.
-    args = ["probe", json.dumps(options)]
+    args = ["probe", options.to_json()]
     sent = time.time()
     result = agent.execute(host, transport, args, timeout=PROBE_TIMEOUT_S, isolated=False)
     received = time.time()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from orchestrator.agent.kernel import framing, layout
+from orchestrator.agent.kernel.requests import OutputsRequest
 from orchestrator.models.errors import HostError, InputError
 from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
@@ -78,9 +79,9 @@ def receive_from(
     progress: Progress | None,
 ) -> None:
     """Run the node's `outputs` command and write what it sends."""
-    request = {"paths": paths, "have": tree.listing()}
+    request = OutputsRequest(paths=paths, have=tree.listing())
     command, archive = agent.invocation(node.host, "outputs", layout.outputs_dir(node.job_dir))
-    process = transport.stream(command, stdin=archive + json.dumps(request).encode())
+    process = transport.stream(command, stdin=archive + request.to_json().encode())
     try:
         for kind, meta, chunks in frames(process.stdout):
             if kind == b"F":

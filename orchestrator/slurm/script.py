@@ -20,6 +20,7 @@ import shlex
 from dataclasses import dataclass
 
 from orchestrator.agent.kernel import layout
+from orchestrator.agent.kernel.requests import SlurmChain, SlurmNode, SlurmSpec
 from orchestrator.agent.kernel.slurm import MASTER_ADDR_MARK, MASTER_PORT_MARK, SLURM_DIR
 from orchestrator.agent.kernel.slurm_chain import ATTEMPT_ENV
 from orchestrator.models import placeholders
@@ -73,7 +74,7 @@ class SlurmJob:
         return self.nodes * self.nproc
 
 
-def node_specs(sj: SlurmJob) -> dict[str, object]:
+def node_specs(sj: SlurmJob) -> SlurmSpec:
     """The launcher's spec: per node rank, its args and env with the job's placeholders
     expanded, the master's address and port left as marks for the node to fill."""
     job = sj.job
@@ -107,20 +108,15 @@ def node_specs(sj: SlurmJob) -> dict[str, object]:
             PYTHONUNBUFFERED="1",
         )
         args = [placeholders.expand(a, values) for a in job.args]
-        nodes.append({"nproc": sj.nproc, "args": args, "env": env})
-    return {
-        "job_id": sj.job_id,
-        "python": sj.python,
-        "launcher": job.launcher,
-        "port": job.rendezvous_port,
-        "max_restarts": job.max_restarts,
-        "entry": entry,
-        "nodes": nodes,
-    }
+        nodes.append(SlurmNode(nproc=sj.nproc, args=args, env=env))
+    spec = SlurmSpec(job_id=sj.job_id, python=sj.python, entry=entry, nodes=nodes)
+    spec.launcher, spec.max_restarts = job.launcher, job.max_restarts
+    spec.port = job.rendezvous_port  # None: the master picks one
+    return spec
 
 
 def spec_json(sj: SlurmJob) -> str:
-    return json.dumps(node_specs(sj), indent=1)
+    return json.dumps(node_specs(sj).as_dict(), indent=1)
 
 
 def batch_script(sj: SlurmJob) -> str:
@@ -187,7 +183,7 @@ def restart_steps(sj: SlurmJob) -> tuple[list[str], list[str], list[str]]:
 
 def chain_json(sj: SlurmJob) -> str:
     """slurm/chain.json: what a later attempt's sbatch needs (kernel/slurm_chain.py)."""
-    return json.dumps({"restarts": sj.job.restarts, "sbatch": list(sj.slurm.sbatch)})
+    return SlurmChain(restarts=sj.job.restarts, sbatch=list(sj.slurm.sbatch)).to_json()
 
 
 def sbatch_argv(sj: SlurmJob) -> list[str]:
@@ -216,7 +212,7 @@ def describe(sj: SlurmJob) -> list[str]:
         "",
         f"cd {sj.job_root} && {shlex.join(sbatch_argv(sj))}",
     ]
-    env = node_specs(sj)["nodes"][0]["env"]  # type: ignore[index]
+    env = node_specs(sj).nodes[0].env
     lines.append("")
     lines.append("# each node's environment (node rank 0 shown), beside Slurm's own:")
     for key in sorted(env):

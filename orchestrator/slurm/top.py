@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from orchestrator.agent.kernel import layout
 from orchestrator.agent.kernel.messages import parse_message
 from orchestrator.agent.kernel.replies import TopSample
+from orchestrator.agent.kernel.requests import SlurmTopRequest
 from orchestrator.models.errors import HostError, InputError
 from orchestrator.models.states import JobState
 from orchestrator.nodes.shell import sh_path
@@ -78,7 +79,7 @@ class SlurmSampler:
                 the login node failed).
         """
         offsets = {name: log_offsets(sample) for name, sample in self.last.items()}
-        request = json.dumps({"job_id": self.record.id, "offsets": offsets})
+        request = SlurmTopRequest(job_id=self.record.id, offsets=offsets).to_json()
         python = str(self.login.host.python)
         command = top_command(self.record, python, len(self.nodes), request)
         result = self.login.transport.run(command, timeout=SAMPLE_TIMEOUT_S)

@@ -19,6 +19,7 @@ follows the newest epoch; the spec's `keeper.at` names the host that keeps the j
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -27,7 +28,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.agent.kernel import layout, messages, placement, states
+from orchestrator.agent.kernel import layout, messages, states
+from orchestrator.agent.kernel.requests import (
+    Candidate,
+    KeeperConfig,
+    LeaseUnits,
+    MemberConfig,
+    NodeTemplate,
+    Placement,
+    Request,
+)
 from orchestrator.models.errors import OrchError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.models.states import JobState
@@ -79,8 +89,10 @@ def start_keeper(
     from orchestrator.ssh.plan import node_count  # (see the imports above)
 
     job, master = plan.job, plan.master
-    templates = {n.host.name: dict(n.template) for n in plan.nodes}
-    templates[master.host.name]["addr"] = plan.master_addr
+    templates = {n.host.name: n.template for n in plan.nodes}
+    # The master's peers reach it at the plan's address, whatever its probe said.
+    templates[master.host.name] = copy.copy(master.template)
+    templates[master.host.name].addr = plan.master_addr
     homes = {n.host.name: n.job_dir for n in plan.nodes}
     spares = [h for h in candidates if h.name not in homes] if job.restarts else []
     with HostGroup(spares, group.options) as spare_group:
@@ -90,31 +102,32 @@ def start_keeper(
         leases = _lease_units(plan, hosts)
         secret = secrets.token_hex(32)
         lost_after = float(job.lost_after or max(h.lost_after or LOST_AFTER_S for h in hosts))
-        config = {
-            "secret": secret,
-            "job_id": plan.job_id,
-            "restarts": job.restarts,
-            "lost_after": lost_after,
-            "rendezvous_port": job.rendezvous_port,
-            "bind": plan.master_addr,
-            "host": master.host.name,
-            "line": line,
-            "place": placement.placement(
-                [n.host.name for n in plan.nodes],
-                [n.nproc for n in plan.nodes],
-                plan.master_addr,
-                plan.master_port,
+        config = KeeperConfig(
+            secret=secret,
+            job_id=plan.job_id,
+            restarts=job.restarts,
+            lost_after=lost_after,
+            rendezvous_port=job.rendezvous_port,
+            bind=plan.master_addr,
+            host=master.host.name,
+            line=line,
+            place=Placement(
+                hosts=[n.host.name for n in plan.nodes],
+                nprocs=[n.nproc for n in plan.nodes],
+                master_addr=plan.master_addr,
+                master_port=plan.master_port,
+                attempt=0,
             ),
-            "candidates": [
-                {
-                    "host": h.name,
-                    "nproc": node_count(job, h),
-                    "addr": templates[h.name]["addr"],
-                    "workdir": h.workdir,
-                }
+            candidates=[
+                Candidate(
+                    host=h.name,
+                    nproc=node_count(job, h),
+                    addr=templates[h.name].addr,
+                    workdir=h.workdir,
+                )
                 for h in hosts
             ],
-        }
+        )
         keeper_dir = master.job_dir
         started = _run(master.host, group.transports[master.host.name], keeper_dir, "start", config)
         log.info("[job=%s] keeper on %s, port %s", plan.job_id, master.host.name, started["port"])
@@ -131,23 +144,18 @@ def start_keeper(
 
         def member(host: Host, transport: Transport) -> None:
             node_dir = homes[host.name] if host.name in {n.host.name for n in plan.nodes} else None
-            _run(
-                host,
-                transport,
-                homes[host.name],
-                "member",
-                {
-                    "secret": secret,
-                    "addr": plan.master_addr,
-                    "port": started["port"],
-                    "template": templates[host.name],
-                    "store": layout.store_dir(host.workdir),
-                    "digest": digest,
-                    "node_dir": node_dir,
-                    "lost_after": lost_after,
-                    "lease": leases[host.name],
-                },
+            config = MemberConfig(
+                secret=secret,
+                addr=plan.master_addr,
+                port=int(started["port"]),
+                template=templates[host.name],
+                store=layout.store_dir(host.workdir),
+                digest=digest,
+                node_dir=node_dir,
+                lost_after=lost_after,
+                lease=leases[host.name],
             )
+            _run(host, transport, homes[host.name], "member", config)
 
         try:
             group.each(member)
@@ -171,7 +179,7 @@ def _prepare_spares(
     spares: Sequence[Host],
     group: HostGroup,
     push: Push,
-    templates: dict[str, dict[str, Any]],
+    templates: dict[str, NodeTemplate],
     homes: dict[str, str],
     reporter: Reporter,
 ) -> None:
@@ -204,7 +212,7 @@ def _prepare_spares(
         homes[node.host.name] = node.job_dir
 
 
-def _lease_units(plan: LaunchPlan, hosts: Sequence[Host]) -> dict[str, dict[str, Any] | None]:
+def _lease_units(plan: LaunchPlan, hosts: Sequence[Host]) -> dict[str, LeaseUnits | None]:
     """What a later attempt's node leases on each host (queue.lease_units): where any
     host is shared, the others lease nothing but still wait for their turn together."""
     from orchestrator.ssh.plan import node_count
@@ -216,7 +224,7 @@ def _lease_units(plan: LaunchPlan, hosts: Sequence[Host]) -> dict[str, dict[str,
     }
     if not any(units.values()):
         return units
-    return {name: u or dict(NO_UNITS) for name, u in units.items()}
+    return {name: u or NO_UNITS for name, u in units.items()}
 
 
 def _recorded(host: Host, lost_after: int | None) -> Host:
@@ -224,7 +232,7 @@ def _recorded(host: Host, lost_after: int | None) -> Host:
 
 
 def _run(
-    host: Host, transport: Transport, directory: str, verb: str, config: dict[str, Any]
+    host: Host, transport: Transport, directory: str, verb: str, config: Request
 ) -> dict[str, Any]:
     """Run `keeper VERB DIR` with the job's pinned agent, its config (and secret) on
     stdin, never in an argv.
@@ -233,7 +241,7 @@ def _run(
         RemoteCommandError: it did not start; names the host and what it said.
     """
     command = agent.job_command(host, directory, "keeper", verb, ".")
-    result = transport.run(command, stdin=json.dumps(config).encode(), timeout=60)
+    result = transport.run(command, stdin=config.to_json().encode(), timeout=60)
     reply = messages.last_json(result.stdout) or {}
     if not result.ok or "pid" not in reply:
         raise RemoteCommandError(

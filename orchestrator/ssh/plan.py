@@ -10,9 +10,9 @@ import ipaddress
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from orchestrator.agent.kernel import layout, placement
+from orchestrator.agent.kernel.requests import NodeTemplate, WarmOptions
 from orchestrator.models.errors import HostChoiceError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, Inventory, pick_hosts
@@ -33,13 +33,13 @@ class NodeLaunch:
     job_dir: str  # on the host; may start with ~
     argv: tuple[str, ...]  # run from job_dir (each rank in its code/), no shell involved
     env: dict[str, str] = field(hash=False)
+    # What it was rendered from (node_template): a detached job's keeper renders the
+    # host's node of a later attempt from it.
+    template: NodeTemplate = field(hash=False, compare=False)
     # The nodes whose hosts share this one's workdir filesystem, in node order, this
     # one included: they share one snapshot, which the first one's push builds. Empty
     # when the host shares it with no other node of the job.
     shares: tuple[str, ...] = ()
-    # What it was rendered from (node_template): a detached job's keeper renders the
-    # host's node of a later attempt from it.
-    template: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def ranks(self) -> range:
@@ -202,15 +202,15 @@ def build_plan(
         shares = tuple(h.name for h in hosts if h.name in group)
         nodes.append(
             NodeLaunch(
-                host,
-                node_rank,
-                nproc,
-                sum(counts[:node_rank]),
-                job_dir,
-                tuple(argv),
-                env,
-                shares if len(shares) > 1 else (),
-                template,
+                host=host,
+                node_rank=node_rank,
+                nproc=nproc,
+                first_rank=sum(counts[:node_rank]),
+                job_dir=job_dir,
+                argv=tuple(argv),
+                env=env,
+                template=template,
+                shares=shares if len(shares) > 1 else (),
             )
         )
     return LaunchPlan(job_id, job, master_addr, master_port, tuple(nodes))
@@ -226,35 +226,35 @@ def _static_addr(host: Host) -> str | None:
         return None
 
 
-def node_template(job: JobSpec, host: Host, facts: HostFacts, job_id: str) -> dict[str, Any]:
+def node_template(job: JobSpec, host: Host, facts: HostFacts, job_id: str) -> NodeTemplate:
     """What one host of the job runs wherever it stands in the job (agent/kernel/placement.py:
     `render` places it): the job's command and env with placeholders unexpanded, and
     the host's python, workdir, env, GPUs, interface and address. A detached job's
     keeper renders the next attempt from these, on the hosts."""
-    return {
-        "job_id": job_id,
-        "launcher": job.launcher,
-        "entry": ["script", job.script] if job.script else ["module", str(job.module)],
-        "local_rank_arg": job.local_rank_arg,
-        "max_restarts": job.max_restarts,
-        "args": list(job.args),
-        "env": dict(job.env),
-        "host": host.name,
-        "python": host.python,
-        "workdir": host.workdir,
-        "host_env": dict(host.env),
-        "gpus": list(host.gpus),
-        "iface": facts.iface,
-        "addr": facts.local_addr or _static_addr(host),
-        "warm": warm_options(job),
-    }
+    return NodeTemplate(
+        job_id=job_id,
+        launcher=job.launcher,
+        entry=["script", job.script] if job.script else ["module", str(job.module)],
+        local_rank_arg=job.local_rank_arg,
+        max_restarts=job.max_restarts,
+        args=list(job.args),
+        env=dict(job.env),
+        host=host.name,
+        python=host.python,
+        workdir=host.workdir,
+        host_env=dict(host.env),
+        gpus=list(host.gpus),
+        iface=facts.iface,
+        addr=facts.local_addr or _static_addr(host),
+        warm=warm_options(job),
+    )
 
 
-def warm_options(job: JobSpec) -> dict[str, Any]:
+def warm_options(job: JobSpec) -> WarmOptions:
     """What a node's supervisor needs to start warm (agent/node/warm/), or why not."""
     if job.cold:
-        return {"off": job.cold}
-    return {"preload": list(job.preload), "idle": job.warm_idle}
+        return WarmOptions(off=job.cold)
+    return WarmOptions(preload=list(job.preload), idle=job.warm_idle)
 
 
 def describe(plan: LaunchPlan) -> list[str]:

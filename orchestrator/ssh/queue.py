@@ -30,6 +30,7 @@ from orchestrator.agent.kernel.lease_wire import (
 )
 from orchestrator.agent.kernel.line import Line, Outcome
 from orchestrator.agent.kernel.messages import MessageError, parse_message
+from orchestrator.agent.kernel.requests import LeaseRequest, LeaseUnits
 from orchestrator.models.errors import HostError, InfraError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.models.job import JobSpec
@@ -44,7 +45,7 @@ from orchestrator.transport import Transport
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often a waiting controller asks its hosts
-Reply = dict[str, Any]
+Row = dict[str, Any]  # a line of `orch status --hosts`, as the CLI shows it
 
 
 class QueueBusy(InfraError):
@@ -57,7 +58,7 @@ class QueueBusy(InfraError):
         )
 
 
-def lease_units(job: JobSpec, host: Host, nproc: int, first_slot: int = 0) -> Reply | None:
+def lease_units(job: JobSpec, host: Host, nproc: int, first_slot: int = 0) -> LeaseUnits | None:
     """What a node of `nproc` processes leases on `host`: GPUs where the inventory
     lists them (the job's gpus_per_node, else one per process), else slots (one per
     process) numbered from `first_slot` (`slot_offsets`); None where the inventory says
@@ -70,7 +71,7 @@ def lease_units(job: JobSpec, host: Host, nproc: int, first_slot: int = 0) -> Re
     else:
         kind, count = "slot", nproc
         pool = list(range(first_slot, first_slot + host.slots))
-    return {"kind": kind, "pool": pool, "count": count}
+    return LeaseUnits(kind=kind, pool=pool, count=count)
 
 
 def lease_request(
@@ -80,18 +81,20 @@ def lease_request(
     wait: bool,
     self_start: bool,
     first_slot: int = 0,
-) -> Reply | None:
+) -> LeaseRequest | None:
     """The node's `lease_units`, as its supervisor's start asks for them."""
     units = lease_units(job, node.host, node.nproc, first_slot)
     if units is None:
         return None
-    return {
-        **units,
-        "job": ticket[1],
-        "ticket": list(ticket),
-        "wait": wait,
-        "self_start": self_start,
-    }
+    return LeaseRequest(
+        kind=units.kind,
+        pool=units.pool,
+        count=units.count,
+        job=ticket[1],
+        ticket=list(ticket),
+        wait=wait,
+        self_start=self_start,
+    )
 
 
 def slot_offsets(hosts: Sequence[Host]) -> dict[str, int]:
@@ -145,8 +148,15 @@ def start_nodes(
         node = nodes[host.name]
         request = lease_request(plan.job, node, ticket, wait, single, offsets[host.name])
         if request is None:  # a host that is not shared, in a job with some that are
-            request = {**NO_UNITS, "job": plan.job_id, "ticket": list(ticket), "wait": wait}
-            request["self_start"] = single
+            request = LeaseRequest(
+                kind=NO_UNITS.kind,
+                pool=NO_UNITS.pool,
+                count=NO_UNITS.count,
+                job=plan.job_id,
+                ticket=list(ticket),
+                wait=wait,
+                self_start=single,
+            )
         return ops.start(node, transport, request)
 
     replies = group.each(start)
@@ -179,14 +189,15 @@ def start_nodes(
     return False
 
 
-NO_UNITS = {"kind": "slot", "pool": [], "count": 0}  # waits its turn, holds nothing
+NO_UNITS = LeaseUnits(kind="slot", pool=[], count=0)  # waits its turn, holds nothing
 
 
-def lease_reply(node: NodeLaunch, transport: Transport, verb: str) -> Reply:
-    """One of the node's `lease` commands (poll, take, untake, go), its reply as sent.
+def lease_command(node: NodeLaunch, transport: Transport, verb: str) -> LeaseState:
+    """One of the node's `lease` commands (poll, take, untake, go), its reply parsed.
 
     Raises:
         RemoteCommandError: the command answered nothing.
+        HostError: the reply lacks a field this controller needs.
     """
     command = agent.job_command(node.host, node.job_dir, "lease", verb, ".")
     result = transport.run(command, timeout=ops.STATUS_TIMEOUT_S + 60)
@@ -195,18 +206,13 @@ def lease_reply(node: NodeLaunch, transport: Transport, verb: str) -> Reply:
         raise RemoteCommandError(
             node.host.name, f"orch agent lease {verb}", result.exit_code, result.stderr
         )
-    return reply
-
-
-def lease_command(node: NodeLaunch, transport: Transport, verb: str) -> LeaseState:
-    """`lease_reply`, parsed."""
-    return _parsed(node.host.name, LeaseState, lease_reply(node, transport, verb))
+    return _parsed(node.host.name, LeaseState, reply)
 
 
 R = TypeVar("R", bound=replies.Reply)
 
 
-def _parsed(host: str, cls: type[R], reply: Reply) -> R:
+def _parsed(host: str, cls: type[R], reply: dict[str, Any]) -> R:
     """A host's reply as `cls`.
 
     Raises:

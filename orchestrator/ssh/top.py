@@ -14,11 +14,11 @@ Who falls behind is reporting/top_rates.py's (`laggards`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.agent.kernel.replies import TopSample
+from orchestrator.agent.kernel.requests import TopRequest
 from orchestrator.models.errors import HostError, MultiHostError, OrchError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
@@ -77,7 +77,7 @@ class Sampler:
     def _ask(self, node: NodeRecord, host: Host, transport: Transport) -> TopSample:
         before = self.last.get(host.name)
         offsets = log_offsets(before) if before is not None else {}
-        request = json.dumps({"job_id": self.record.id, "offsets": offsets}).encode()
+        request = TopRequest(job_id=self.record.id, offsets=offsets).to_json().encode()
         reply = agent.run(
             host, transport, ["top", node.job_dir], stdin=[request], timeout=SAMPLE_TIMEOUT_S
         )

@@ -9,9 +9,8 @@ started here is the one the submit asks for.
 
 from __future__ import annotations
 
-import json
-
 from orchestrator.agent.kernel.replies import WarmAhead, WarmRow
+from orchestrator.agent.kernel.requests import StartRequest
 from orchestrator.models.errors import HostError, InputError, OrchError
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
@@ -54,10 +53,10 @@ def warm_up(
 
         def one(host: Host, transport: Transport) -> WarmStart:
             node = nodes[host.name]
-            given = {"argv": list(node.argv), "env": node.env, "warm": node.template["warm"]}
+            given = StartRequest(argv=list(node.argv), env=node.env, warm=node.template.warm)
             # On stdin: the env may hold secrets.
             reply = agent.run(
-                host, transport, ["warm", "ahead"], [json.dumps(given).encode()], TIMEOUT_S
+                host, transport, ["warm", "ahead"], [given.to_json().encode()], TIMEOUT_S
             )
             found = agent.parse(host, WarmAhead, reply)
             if found.error or found.pid is None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from orchestrator.agent.kernel import framing
 from orchestrator.agent.kernel.replies import GcReport
+from orchestrator.agent.kernel.requests import GcRequest
 from orchestrator.models.errors import HostError
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.nodes import agent
@@ -59,12 +59,12 @@ def collect_garbage(
     Raises:
         HostError: the host could not collect.
     """
-    options: dict[str, Any] = {"workdir": host.workdir, "keep": keep}
+    options = GcRequest(workdir=host.workdir, keep=keep)
     if grace_s is not None:
-        options["grace"] = grace_s
+        options.grace = grace_s
     if outputs:
-        options["outputs"] = True
-    header = framing.json_frame(b"H", options)
+        options.outputs = True
+    header = framing.json_frame(b"H", options.as_dict())
     report = agent.parse(host, GcReport, agent.run(host, transport, ["gc"], [header], 600))
     if report.error is not None:
         raise HostError(host.name, f"gc failed: {report.error}")

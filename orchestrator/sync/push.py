@@ -29,10 +29,10 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from orchestrator.agent.kernel import framing, layout
 from orchestrator.agent.kernel.replies import SyncReply
+from orchestrator.agent.kernel.requests import PushHeader, RelayOrder, SnapshotRequest
 from orchestrator.models.errors import (
     HostError,
     InfraError,
@@ -244,7 +244,7 @@ class _HostPush:
     def run(
         self,
         plan: HostPlan,
-        relay: dict[str, Any] | None = None,
+        relay: RelayOrder | None = None,
         notice: Callable[[str], None] | None = None,
     ) -> PushResult:
         """Push until the host's snapshot is built: what it lacks fetched from the
@@ -290,13 +290,13 @@ class _HostPush:
             reply.relayed_bytes,
         )
 
-    def _fetch(self, relay: dict[str, Any], manifest: bool) -> SyncReply:
+    def _fetch(self, relay: RelayOrder, manifest: bool) -> SyncReply:
         """One round trip that carries no content: the host fetches from the relay,
         then builds the snapshot if it has everything."""
-        frames = [framing.json_frame(b"R", relay)]
+        frames = [framing.json_frame(b"R", relay.as_dict())]
         if manifest:
             frames.append(self.shared.manifest_frame)
-        frames.append(framing.json_frame(b"S", self._snapshot_request()))
+        frames.append(framing.json_frame(b"S", self._snapshot_request().as_dict()))
         return self._round_trip(frames, ())
 
     def _send(self, todo: list[wire.Piece], manifest: bool, ask: bool) -> SyncReply:
@@ -321,7 +321,7 @@ class _HostPush:
                     frames.append(self.shared.manifest_frame)
                     manifest = False
                 if last or ask:
-                    frames.append(framing.json_frame(b"S", self._snapshot_request()))
+                    frames.append(framing.json_frame(b"S", self._snapshot_request().as_dict()))
                 size = next(sizes, size)
                 following = wire.batch_end(todo, end, size)
                 encoded = helper.submit(self._encode_all, todo[end:following])
@@ -378,23 +378,24 @@ class _HostPush:
                 "fix its permissions, or add it to the job's exclude: list",
             ) from None
 
-    def _snapshot_request(self) -> dict[str, Any]:
-        request = {
-            "digest": self.shared.tree.digest,
-            "job_dir": self.job_dir,
-            "setup": self.setup,
-            "keep": self.shared.keep,
-        }
-        return {**request, "nodes": self.nodes} if self.nodes else request
+    def _snapshot_request(self) -> SnapshotRequest:
+        request = SnapshotRequest(
+            digest=self.shared.tree.digest,
+            job_dir=self.job_dir,
+            setup=self.setup,
+            keep=self.shared.keep,
+        )
+        if self.nodes:
+            request.nodes = self.nodes
+        return request
 
     def _round_trip(self, frames: list[bytes], batch: Sequence[wire.Piece]) -> SyncReply:
         """Send one stream and read the host's answer. The frames go as they are, never
         joined: every host of the push sends the same (cached) piece frames. The first
         len(batch) frames are those pieces', counted into the progress as they go."""
-        header = framing.json_frame(
-            b"H", {"store": layout.store_dir(self.host.workdir), "push": self.token}
-        )
-        ends = [self.archive, header, framing.frame(b"Z")]
+        header = PushHeader(store=layout.store_dir(self.host.workdir), push=self.token)
+        header_frame = framing.json_frame(b"H", header.as_dict())
+        ends = [self.archive, header_frame, framing.frame(b"Z")]
         size = sum(len(part) for part in ends) + sum(len(frame) for frame in frames)
         stream = itertools.chain(ends[:2], self._counted(frames, batch), ends[2:])
         self.round_trips += 1

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.agent.kernel import layout
+from orchestrator.agent.kernel.requests import RelayConfig, RelayOrder
 from orchestrator.models.errors import HostError
 from orchestrator.nodes import agent
 from orchestrator.nodes.group import HostGroup
@@ -79,11 +80,11 @@ class RelayServer:
         goes to every host directly."""
         host = next(h for h in group.hosts if h.name == relay.seed)
         secret = secrets.token_hex(32)
-        config = {"store": layout.store_dir(host.workdir), "secret": secret, "expect": expect}
+        config = RelayConfig(store=layout.store_dir(host.workdir), secret=secret, expect=expect)
         try:
             command, archive = agent.invocation(host, "relay")
             process = group.transports[host.name].stream(
-                command, idle_timeout=RELAY_END_S, stdin=archive + json.dumps(config).encode()
+                command, idle_timeout=RELAY_END_S, stdin=archive + config.to_json().encode()
             )
             port = int(json.loads(next(process.lines(), ""))["port"])
         except (HostError, OSError, ValueError, KeyError, TypeError) as exc:
@@ -94,9 +95,9 @@ class RelayServer:
         log.debug("[host=%s] relay on port %d for %d hosts", host.name, port, expect)
         return cls(relay, process, port, secret, group.options.notice)
 
-    def request(self, keys: list[str]) -> dict[str, Any]:
+    def request(self, keys: list[str]) -> RelayOrder:
         """The R frame's content for a host that lacks (at most) `keys`."""
-        return {"addr": self.relay.addr, "port": self.port, "secret": self.secret, "keys": keys}
+        return RelayOrder(addr=self.relay.addr, port=self.port, secret=self.secret, keys=keys)
 
     def missed(self, message: str) -> None:
         """A host could not fetch from the relay: say so; the relay will not see it."""

@@ -334,12 +334,14 @@ def test_a_detached_restart_on_shared_hosts_leases_its_slots_as_the_first_attemp
 TWO_USERS = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
+from orchestrator.agent.kernel.messages import parse_message
+from orchestrator.agent.kernel.requests import StartRequest
 from orchestrator.agent.leases import holder, storage
 os.chdir(sys.argv[2])
 read_fd, write_fd = os.pipe()
 req = {"kind": "slot", "pool": [0, 1, 2, 3], "count": 2, "ticket": [time.time(), sys.argv[3]],
        "job": sys.argv[3]}
-turn = holder.wait_turn({"lease": req}, write_fd)
+turn = holder.wait_turn(parse_message(StartRequest, {"argv": [], "env": {}, "lease": req}), write_fd)
 root = storage.lease_dir()
 others = [n for n in os.listdir(root) if n.startswith("L-") and not n.startswith(f"L-{os.getuid()}-")]
 tried = {}
@@ -473,13 +475,15 @@ if line.startswith("lock"):
 VICTIM = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
+from orchestrator.agent.kernel.messages import parse_message
+from orchestrator.agent.kernel.requests import StartRequest
 from orchestrator.agent.leases import holder
 os.chdir(sys.argv[2])
 read_fd, write_fd = os.pipe()
 req = {"kind": "slot", "pool": [0, 1, 2, 3], "count": int(sys.argv[3]),
        "ticket": [time.time(), "alice-job"], "job": "alice-job"}
 started = time.monotonic()
-turn = holder.wait_turn({"lease": req}, write_fd)
+turn = holder.wait_turn(parse_message(StartRequest, {"argv": [], "env": {}, "lease": req}), write_fd)
 if turn is not None and not turn.reported:
     os.close(write_fd)
 said = os.read(read_fd, 65536)

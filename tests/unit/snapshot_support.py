@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent.kernel.requests import SnapshotRequest
 from orchestrator.agent.store.content import ContentStore
 from orchestrator.agent.store.sync import make_snapshot
 
@@ -37,7 +38,7 @@ def store_tree(
 
 def snapshot(store: ContentStore, digest: str, job_dir: Path) -> Path:
     """Build job_dir/code from a stored manifest, as the agent's `sync` does."""
-    reply = make_snapshot(store, {"digest": digest, "job_dir": str(job_dir)})
+    reply = make_snapshot(store, SnapshotRequest(digest=digest, job_dir=str(job_dir)))
     assert reply.get("snapshot") is True, reply
     return job_dir / "code"
 

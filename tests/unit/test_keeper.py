@@ -55,8 +55,8 @@ def test_a_keeper_renders_the_next_attempt_as_the_plan_does(job: JobSpec) -> Non
 
 def test_a_template_is_json_and_holds_placeholders_unexpanded(job: JobSpec) -> None:
     template = node_template(job, HOSTS[1], HostFacts(), "j-1")
-    assert "{node_rank}" in template["args"] and template["env"]["WORLD"] == "{world_size}"
-    assert template["addr"] == "10.77.0.12"
+    assert "{node_rank}" in template.args and template.env["WORLD"] == "{world_size}"
+    assert template.addr == "10.77.0.12"
 
 
 @pytest.mark.parametrize(

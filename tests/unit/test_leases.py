@@ -20,6 +20,7 @@ from orchestrator.agent.kernel.fileio import read_json
 from orchestrator.agent.kernel.layout import EXIT
 from orchestrator.agent.kernel.lease_wire import LeaseHosts, Waiting
 from orchestrator.agent.kernel.messages import parse_message
+from orchestrator.agent.kernel.requests import StartRequest
 from orchestrator.agent.leases import holder, policy, storage
 from orchestrator.models.inventory import Host
 from orchestrator.ssh.plan import build_plan
@@ -355,12 +356,14 @@ import json, os, sys
 from orchestrator.agent.leases import holder
 os.makedirs(sys.argv[1]); os.chdir(sys.argv[1])
 read_fd, write_fd = os.pipe()
+from orchestrator.agent.kernel.messages import parse_message
+from orchestrator.agent.kernel.requests import StartRequest
 req = {"kind": "slot", "pool": [0, 1], "count": 2, "ticket": [2.0, "b"], "job": "b"}
 turn = None
 pid = os.fork()
 if pid == 0:
     os.close(read_fd)
-    turn = holder.wait_turn({"lease": req}, write_fd)
+    turn = holder.wait_turn(parse_message(StartRequest, {"argv": [], "env": {}, "lease": req}), write_fd)
     holder.release(turn)
     os._exit(0 if turn and turn.units == [0, 1] else 1)
 os.close(write_fd)
@@ -379,7 +382,8 @@ def wait_turn(
     job_dir.mkdir(exist_ok=True)
     os.chdir(job_dir)
     read_fd, write_fd = os.pipe()
-    turn = holder.wait_turn({"lease": lease_req}, write_fd)
+    start = parse_message(StartRequest, {"argv": [], "env": {}, "lease": lease_req})
+    turn = holder.wait_turn(start, write_fd)
     if turn is not None and not turn.reported:
         os.close(write_fd)
     said = os.read(read_fd, 65536)
@@ -435,7 +439,7 @@ def test_gpus_per_node_defaults_to_one_per_process(write: WriteFile, tmp_path: P
     plan = build_plan(job, [host], "j-1", "10.0.0.1", 29500)
     req = lease_request(job, plan.nodes[0], (1.0, "j-1"), True, True)
     assert req is not None
-    assert (req["kind"], req["pool"], req["count"]) == ("gpu", [0, 2, 4, 6], 2)
+    assert (req.kind, req.pool, req.count) == ("gpu", [0, 2, 4, 6], 2)
 
 
 def test_a_host_without_gpus_or_slots_in_the_inventory_leases_nothing(
@@ -584,7 +588,7 @@ def test_the_two_local_nodes_of_the_demo_lease_different_slots(
     pools = [
         lease_request(job, n, (1.0, "j-1"), True, False, offsets[n.host.name]) for n in plan.nodes
     ]
-    assert [p["pool"] for p in pools if p] == [[0], [1]]
+    assert [p.pool for p in pools if p] == [[0], [1]]
 
 
 def test_an_older_ticket_keeps_back_only_units_of_its_own_pool() -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.kernel import framing, layout
+from orchestrator.agent.kernel.requests import RelayConfig, RelayOrder
 from orchestrator.agent.store.content import ContentStore
 from orchestrator.agent.store.relay import GREETING, NONCE_BYTES, fetch
 from orchestrator.models.inventory import Host
@@ -99,9 +100,9 @@ def test_a_small_change_goes_directly_as_before(
 
 
 def start_relay(host: Host, group: HostGroup, secret: str) -> tuple[object, int]:
-    config = json.dumps({"store": layout.store_dir(host.workdir), "secret": secret})
+    config = RelayConfig(store=layout.store_dir(host.workdir), secret=secret)
     process = group.transports[host.name].stream(
-        agent.command(host, "relay"), stdin=agent.packed() + config.encode()
+        agent.command(host, "relay"), stdin=agent.packed() + config.to_json().encode()
     )
     return process, int(json.loads(next(process.lines()))["port"])
 
@@ -117,11 +118,12 @@ def test_a_host_without_the_push_secret_gets_nothing(
     process, port = start_relay(made[0], group, "ab" * 32)
     try:
         store = ContentStore(str(tmp_path / "thief"))
-        request = {"addr": "127.0.0.1", "port": port, "secret": "cd" * 32, "keys": [key]}
+        request = RelayOrder(addr="127.0.0.1", port=port, secret="cd" * 32, keys=[key])
         report = fetch(store, request, "p")
         assert report["relayed"] == 0 and "relay_error" in report
         assert not os.path.exists(store.object_path(key))
-        report = fetch(store, {**request, "secret": "ab" * 32}, "p")
+        request.secret = "ab" * 32
+        report = fetch(store, request, "p")
         assert report["relayed"] == 1 and "relay_error" not in report
         assert Path(store.object_path(key)).read_bytes() == data
     finally:
@@ -162,12 +164,9 @@ def test_a_relay_that_sends_other_bytes_changes_nothing(tmp_path: Path) -> None:
 
     threading.Thread(target=lie, daemon=True).start()
     store = ContentStore(str(tmp_path / "store"))
-    request = {
-        "addr": "127.0.0.1",
-        "port": listener.getsockname()[1],
-        "secret": "ab" * 32,
-        "keys": [key],
-    }
+    request = RelayOrder(
+        addr="127.0.0.1", port=listener.getsockname()[1], secret="ab" * 32, keys=[key]
+    )
     report = fetch(store, request, "p")
     listener.close()
     assert report["relayed"] == 0 and "does not match its hash" in report["relay_error"]

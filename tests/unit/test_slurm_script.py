@@ -220,11 +220,11 @@ def test_launcher_python_runs_the_entry_once_per_node_with_the_output_the_nodes(
     write: WriteFile, workdir: Path
 ) -> None:
     spec = script.node_specs(slurm_of(write, "launcher: python\nargs: [-i, '{node_rank}']\n"))
-    assert spec["launcher"] == "python"
-    assert spec["entry"] == ["agent/run.py", "rank", "-", "code", "script", "train.py", "--"]
+    assert spec.launcher == "python"
+    assert spec.entry == ["agent/run.py", "rank", "-", "code", "script", "train.py", "--"]
     described = script.describe(slurm_of(write, "launcher: python\n"))
     assert "  MASTER_ADDR=<master>, MASTER_PORT=<port>, NODE_RANK=<node rank>" in described
-    assert [n["args"] for n in spec["nodes"]] == [["-i", "0"], ["-i", "1"], ["-i", "2"]]  # type: ignore[index, union-attr]
+    assert [n.args for n in spec.nodes] == [["-i", "0"], ["-i", "1"], ["-i", "2"]]
 
 
 def test_the_jobs_gpus_per_node_is_slurms_gres_request_and_wins_over_the_inventorys(

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.host import proc
+from orchestrator.agent.kernel.requests import SnapshotRequest
 from orchestrator.agent.store import gc as agent_gc
 from orchestrator.agent.store.content import ContentStore, remove_tree
 from orchestrator.agent.store.sync import build_tree, copy_private, make_snapshot
@@ -44,7 +45,9 @@ def test_as_root_writing_into_one_snapshot_changes_no_other_and_the_store_notice
     assert (a / "config.txt").read_bytes() == b"lr = 9.9\n"
     assert (b / "config.txt").read_bytes() == CONFIG
     # The next job: the store checks what it lent, drops what changed, asks for it again.
-    reply = make_snapshot(store, {"digest": digest, "job_dir": str(tmp_path / "jobs" / "c")})
+    reply = make_snapshot(
+        store, SnapshotRequest(digest=digest, job_dir=str(tmp_path / "jobs" / "c"))
+    )
     assert reply == {"missing": [key(CONFIG)]}
     assert not os.path.exists(store.object_path(key(CONFIG)))
     store_tree(store, {"config.txt": CONFIG, "run.sh": RUN}, executable=("run.sh",))

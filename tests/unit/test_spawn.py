@@ -129,6 +129,7 @@ def test_srun_s_launcher_starts_the_node_as_planned_in_the_step_s_session(tmp_pa
     (root / "code").mkdir()
     seen = tmp_path / "seen.json"
     spec = {
+        "job_id": "j-7",
         "python": sys.executable,
         "launcher": "python",
         "entry": ["-c", OBSERVE],

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent.kernel.requests import SnapshotRequest
 from orchestrator.agent.store import takeover
 from orchestrator.agent.store.content import ContentStore
 from orchestrator.agent.store.sync import make_snapshot
@@ -254,7 +255,9 @@ def test_a_snapshot_hosts_shared_gives_its_files_one_by_one(
     digest = store_tree(store, TREE)
     snapshot(store, digest, tmp_path / "jobs" / "a" / "here")  # holds the lent objects
     shared = tmp_path / "jobs" / "b"
-    reply = make_snapshot(store, {"digest": digest, "job_dir": str(shared), "nodes": ["h1", "h2"]})
+    reply = make_snapshot(
+        store, SnapshotRequest(digest=digest, job_dir=str(shared), nodes=["h1", "h2"])
+    )
     assert reply.get("snapshot") is True, reply
     for node in ("h1", "h2"):
         (shared / node / "exit.json").write_text("{}")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.kernel import placement
+from orchestrator.agent.kernel.requests import NodeTemplate
 from orchestrator.agent.node.warm import fork, launch
 from orchestrator.agent.node.warm import interpreters as warm
 from orchestrator.models.job import Overrides, load_job, with_overrides
@@ -53,22 +54,22 @@ def test_bad_warm_keys_are_input_errors_at_their_line(
 
 
 def node_argv(max_restarts: int = 0, launcher: str = "torchrun") -> list[str]:
-    template = {
-        "job_id": "j-1",
-        "launcher": launcher,
-        "entry": ["script", "train.py"],
-        "local_rank_arg": None,
-        "max_restarts": max_restarts,
-        "args": ["--lr", "{node_rank}"],
-        "env": {},
-        "host": "b",
-        "python": "/venv/bin/python",
-        "workdir": "~/.orch",
-        "host_env": {},
-        "gpus": [],
-        "iface": "eth0",
-        "addr": "10.0.0.2",
-    }
+    template = NodeTemplate(
+        job_id="j-1",
+        launcher=launcher,
+        entry=["script", "train.py"],
+        local_rank_arg=None,
+        max_restarts=max_restarts,
+        args=["--lr", "{node_rank}"],
+        env={},
+        host="b",
+        python="/venv/bin/python",
+        workdir="~/.orch",
+        host_env={},
+        gpus=[],
+        iface="eth0",
+        addr="10.0.0.2",
+    )
     place = placement.placement(["a", "b"], [2, 3], "10.0.0.1", 29500)
     return placement.render(template, place)[0]
 

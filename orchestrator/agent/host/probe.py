@@ -8,10 +8,12 @@ import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..kernel.host_wire import GpuFacts, GpuRow, PortFacts, PortHolder, ProbeFacts
 from ..kernel.layout import FS_MARKS, TOKEN_RE
+from ..kernel.messages import parse_message
+from ..kernel.requests import ProbeOptions
 from . import nvidia, proc
 
 if TYPE_CHECKING:
@@ -32,8 +34,12 @@ def main(args: list[str]) -> int:
     """
     import socket
 
-    opts = probe_options(args)
-    want_gpus = bool(opts.get("gpus", True))
+    try:
+        opts = probe_options(args)
+    except ValueError as exc:  # a MessageError: a controller of another version
+        print(json.dumps({"error": f"probe: {exc}"}))
+        return 2
+    want_gpus = opts.gpus
     # nvidia-smi can take a second on a big box: it runs while the rest is read.
     gpu_query = start_gpu_query() if want_gpus else None
     build = torch_build()
@@ -52,20 +58,20 @@ def main(args: list[str]) -> int:
     )
     own = own_addresses()
     facts.addresses = own
-    if opts.get("master"):
-        route = route_facts(str(opts["master"]), own)
+    if opts.master:
+        route = route_facts(opts.master, own)
         facts.iface, facts.local_addr = route["iface"], route["local_addr"]
         facts.route_error = route["route_error"]
-    if opts.get("port"):
-        facts.port = port_status(int(opts["port"]))
-    if opts.get("workdir"):
-        facts.disk_free = disk_free(str(opts["workdir"]))
-    if opts.get("mark"):
-        workdir = str(opts.get("workdir") or "~/.orch")
-        facts.fs_seen = fs_marks(workdir, str(opts["mark"]), list(opts.get("look") or ()))
-        facts.fs_mark = opts["mark"] if facts.fs_seen is not None else None
-    if opts.get("modules"):
-        facts.modules = {name: module_found(name) for name in opts["modules"]}
+    if opts.port:
+        facts.port = port_status(opts.port)
+    if opts.workdir:
+        facts.disk_free = disk_free(opts.workdir)
+    if opts.mark:
+        workdir = opts.workdir or "~/.orch"
+        facts.fs_seen = fs_marks(workdir, opts.mark, list(opts.look))
+        facts.fs_mark = opts.mark if facts.fs_seen is not None else None
+    if opts.modules:
+        facts.modules = {name: module_found(name) for name in opts.modules}
     if gpu_query is not None:
         facts.gpus = finish_gpu_query(gpu_query)
     elif want_gpus:  # no nvidia-smi: the device nodes still tell the count
@@ -75,13 +81,18 @@ def main(args: list[str]) -> int:
     return 0
 
 
-def probe_options(args: list[str]) -> dict[str, Any]:
+def probe_options(args: list[str]) -> ProbeOptions:
+    """The probe's options: none, one JSON object, or a bare master address.
+
+    Raises:
+        MessageError: an option of the wrong type.
+    """
     if not args:
-        return {}
+        return ProbeOptions()
     if args[0].startswith("{"):
         opts = json.loads(args[0])
-        return opts if isinstance(opts, dict) else {}
-    return {"master": args[0]}
+        return parse_message(ProbeOptions, opts) if isinstance(opts, dict) else ProbeOptions()
+    return ProbeOptions(master=args[0])
 
 
 def fs_marks(workdir: str, mine: str, look: list[str]) -> list[str] | None:

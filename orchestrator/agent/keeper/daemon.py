@@ -36,7 +36,6 @@ import os
 import queue
 import signal
 import socket
-import sys
 import threading
 import time
 from typing import Any
@@ -45,8 +44,19 @@ from ..host import proc
 from ..host.daemonize import daemonize
 from ..kernel.fileio import read_json, write_json
 from ..kernel.messages import Message
+from ..kernel.requests import KeeperConfig
 from .decisions import STOP_WAIT_S, Keeping
-from .wire import HB_S, Channel, Heartbeat, Hello, State, greet, read_messages, ready
+from .wire import (
+    HB_S,
+    Channel,
+    Heartbeat,
+    Hello,
+    State,
+    greet,
+    read_config,
+    read_messages,
+    ready,
+)
 
 TICK_S = 0.2
 KEEPER_FILE = "keeper.json"  # in the master's node directory of attempt 0
@@ -58,15 +68,20 @@ KEEPER_LOG = "keeper.log"
 
 def start_keeper(directory: str) -> int:
     """`keeper start DIR` (stdin: the config, its secret in hex): the keeper daemon,
-    listening on config["bind"]; prints {"port", "pid"}."""
+    listening on its `bind` address; prints {"port", "pid"}."""
     os.chdir(directory)
-    config = json.loads(sys.stdin.read())
-    secret = bytes.fromhex(str(config.pop("secret")))
+    given = read_config(KeeperConfig, "start")
+    if given is None:
+        return 2
+    secret = bytes.fromhex(given.secret)
+    # The keeper keeps its state as its records and snapshots hold it: plain JSON.
+    config = given.as_dict()
+    del config["secret"]
     try:
-        family = socket.AF_INET6 if ":" in str(config["bind"]) else socket.AF_INET
-        listener = socket.create_server((str(config["bind"]), 0), family=family, backlog=64)
+        family = socket.AF_INET6 if ":" in given.bind else socket.AF_INET
+        listener = socket.create_server((given.bind, 0), family=family, backlog=64)
     except OSError as exc:
-        print(json.dumps({"error": f"cannot listen on {config['bind']}: {exc}"}))
+        print(json.dumps({"error": f"cannot listen on {given.bind}: {exc}"}))
         return 1
     port = int(listener.getsockname()[1])
 

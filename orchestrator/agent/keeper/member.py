@@ -9,7 +9,6 @@ keeper is lost, finds or becomes the next one (takeover.py)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import socket
@@ -26,6 +25,7 @@ from ..kernel.layout import AGENT, HEARTBEAT_S, MEMBER_FILE, RUN_SCRIPT
 from ..kernel.line import REPLY_WAIT_S
 from ..kernel.messages import Message, last_json
 from ..kernel.placement import render
+from ..kernel.requests import LeaseRequest, MemberConfig, SnapshotRequest, StartRequest
 from ..node import state
 from .decisions import DONE, START_WAIT_S, STOP_WAIT_S
 from .takeover import Successor, standby
@@ -46,6 +46,7 @@ from .wire import (
     Stop,
     Stopped,
     join,
+    read_config,
     read_messages,
     ready,
 )
@@ -60,18 +61,20 @@ def start_member(directory: str) -> int:
     """`keeper member DIR` (stdin: the config, its secret in hex): the member daemon of
     this host, once connected to the keeper; prints {"pid"}."""
     os.chdir(directory)
-    config = json.loads(sys.stdin.read())
-    secret = bytes.fromhex(str(config.pop("secret")))
-    host = str(config["template"]["host"])
-    successor = Successor(host, secret, standby(str(config["template"].get("addr") or "")), ".")
+    config = read_config(MemberConfig, "member")
+    if config is None:
+        return 2
+    secret = bytes.fromhex(config.secret)
+    host = config.template.host
+    successor = Successor(host, secret, standby(config.template.addr or ""), ".")
 
     def body(ready_fd: int) -> int:
         successor.home = os.getcwd()
         try:
-            channel = join(str(config["addr"]), int(config["port"]), secret)
+            channel = join(config.addr, config.port, secret)
             channel.tell(Hello(host=host, port=successor.port))
         except (OSError, EOFError, ValueError) as exc:
-            where = f"{config['addr']}:{config['port']}"
+            where = f"{config.addr}:{config.port}"
             ready(ready_fd, {"error": f"cannot reach the job's keeper at {where}: {exc}"})
             return 1
         ready(ready_fd, {"pid": os.getpid()})
@@ -88,17 +91,17 @@ class Member:
     """One host's member (point 3): reports its node, does what the keeper asks."""
 
     def __init__(
-        self, config: dict[str, Any], channel: Channel, successor: Successor | None = None
+        self, config: MemberConfig, channel: Channel, successor: Successor | None = None
     ) -> None:
         self.config, self.channel, self.successor = config, channel, successor
-        self.template: dict[str, Any] = config["template"]
-        given = config.get("node_dir")
+        self.template = config.template
+        given = config.node_dir
         self.node_dir = os.path.expanduser(given) if given else None
-        self.attempt = int(config.get("attempt") or 0)
+        self.attempt = config.attempt
         self.reported = False
         self.queued = False  # the node of the last start waits in line
         self.inbox: queue.Queue[tuple[Channel, Message | None]] = queue.Queue()
-        self.lost_after = float(config.get("lost_after") or 0)
+        self.lost_after = config.lost_after
         self.patience = max(PATIENCE_S, 3 * self.lost_after)
         self.heard = time.monotonic()  # the keeper's last word, any
         self.snapshot: dict[str, Any] | None = None  # the keeper's latest (takeover.py)
@@ -235,7 +238,7 @@ class Member:
     def kill(self) -> None:
         """Stop the node as a teardown does: the agent's kill, in its directory."""
         assert self.node_dir is not None
-        job_id = str(self.template["job_id"])
+        job_id = self.template.job_id
         command = self.agent(self.node_dir, "kill", self.node_dir, str(KILL_GRACE_S), job_id)
         try:
             subprocess.run(command, capture_output=True, timeout=STOP_WAIT_S)
@@ -263,28 +266,37 @@ class Member:
 
         argv, env, job_dir = render(self.template, place)
         job_dir = os.path.expanduser(job_dir)
-        store = ContentStore(os.path.expanduser(str(self.config["store"])))
+        store = ContentStore(os.path.expanduser(self.config.store))
         try:
-            built = make_snapshot(store, {"digest": self.config["digest"], "job_dir": job_dir})
+            built = make_snapshot(
+                store, SnapshotRequest(digest=self.config.digest, job_dir=job_dir)
+            )
         except (OSError, ValueError) as exc:
             return f"cannot build the job's code in {job_dir}: {exc}"
         if not built.get("snapshot"):
             return f"the job's code is not whole in this host's store ({store.root})"
         self.node_dir, self.attempt, self.reported = job_dir, int(place["attempt"]), False
-        spec: dict[str, Any] = {"argv": argv, "env": env}
-        if self.template.get("warm"):
-            spec["warm"] = self.template["warm"]
-        units = self.config.get("lease")
+        spec = StartRequest(argv=argv, env=env)
+        if self.template.warm:
+            spec.warm = self.template.warm
+        units = self.config.lease
         if units:  # a shared host: the node waits its turn (the keeper's line says go)
             alone = len(place["hosts"]) == 1
-            ticket = place.get("ticket") or [time.time(), self.template["job_id"]]
-            lease = {"job": ticket[1], "ticket": ticket, "wait": True, "self_start": alone}
-            spec["lease"] = {**units, **lease}
+            ticket = place.get("ticket") or [time.time(), self.template.job_id]
+            spec.lease = LeaseRequest(
+                kind=units.kind,
+                pool=units.pool,
+                count=units.count,
+                job=str(ticket[1]),
+                ticket=ticket,
+                wait=True,
+                self_start=alone,
+            )
         try:
             done = subprocess.run(
                 self.agent(job_dir, "start", "."),
                 cwd=job_dir,
-                input=json.dumps(spec).encode(),
+                input=spec.to_json().encode(),
                 capture_output=True,
                 timeout=START_WAIT_S,
             )

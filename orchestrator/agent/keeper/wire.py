@@ -23,7 +23,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ..kernel.messages import Message, MessageError, parse_message
 from ..kernel.replies import ExitRecord
@@ -35,6 +35,7 @@ HEADER = struct.Struct(">I")
 MAX_MESSAGE = 1 << 20
 HB_S = 1.0  # heartbeats, both ways
 IO_TIMEOUT_S = 5.0
+C = TypeVar("C", bound=Message)
 
 
 class WireMessage(Message):
@@ -303,3 +304,15 @@ def read_messages(channel: Channel, put: Callable[[Channel, Message | None], Non
 def ready(fd: int, reply: dict[str, Any]) -> None:
     os.write(fd, json.dumps(reply).encode())
     os.close(fd)
+
+
+def read_config(cls: type[C], verb: str) -> C | None:
+    """A keeper command's config, on stdin, as `cls`; None where it is not one (bad
+    JSON, or a MessageError: a controller of another version), said as its reply."""
+    import sys
+
+    try:
+        return parse_message(cls, json.loads(sys.stdin.read()))
+    except ValueError as exc:
+        print(json.dumps({"error": f"keeper {verb}: {exc}"}))
+        return None

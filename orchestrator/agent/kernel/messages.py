@@ -15,9 +15,14 @@ import json
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
 if TYPE_CHECKING:
-    from typing import Any, TypeVar
+    from typing import Any, TypeVar, dataclass_transform
 
     M = TypeVar("M", bound="Message")
+else:
+
+    def dataclass_transform(**_: object) -> object:
+        """The checker's alone: at run time a message class stays as written."""
+        return lambda cls: cls
 
 
 def last_json(stdout: str) -> dict[str, Any] | None:
@@ -39,6 +44,7 @@ _FIELDS: dict[type[Message], dict[str, str]] = {}
 _CHECKS: dict[type[Message], dict[str, Any]] = {}  # per class: field -> check(value)
 
 
+@dataclass_transform(kw_only_default=True)
 class Message:
     """A message of the wire, built on one side (`as_dict`) and parsed on the other
     (`parse_message`). A subclass's annotated names are its fields; those with a
@@ -47,7 +53,14 @@ class Message:
     message's class name in an annotation parses that field as that message. (Not a
     dataclass and no `typing.get_type_hints`: importing dataclasses costs every host
     command 6 ms; the checks are compiled from the strings once per class, on first
-    parse.)"""
+    parse.)
+
+    To the type checker every subclass is a dataclass whose fields are keywords
+    (`dataclass_transform`): the code that builds a message is checked, a misspelt or
+    missing field, or a value of the wrong type, is an error there. At run time the
+    constructor takes what it is given, as it always did (the agent builds some
+    replies from its own records, `**record`, whose extra keys `as_dict` leaves out);
+    the parser is the run-time check."""
 
     def __init__(self, **values: Any) -> None:
         for name, value in values.items():
@@ -90,6 +103,8 @@ def _plain(value: Any) -> Any:
         return value.as_dict()
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
     return value
 
 

@@ -4,14 +4,15 @@ attempt on other hosts without the laptop.
 
 A node's command is rendered from two parts:
 
-- a **template** (plan.node_template): what is known of the job and of one host before
+- a **template** (requests.NodeTemplate, plan.node_template): what is known of the job and of one host before
   anyone knows where the host stands in the job: job id, launcher, entry, max_restarts,
   args and env with their placeholders unexpanded; the host's name, python, workdir,
   env, GPUs, the interface (`iface`) and address (`addr`) its peers reach it at;
 - a **placement** (`placement()`): the job's hosts in node order, every node's process
   count, the master's address and port, and the attempt.
 
-Both are plain JSON-able dicts: they travel to the keeper and to each host's member.
+The template is a message and the placement a plain JSON-able dict: both travel to
+the keeper and to each host's member.
 
 Standard library only, valid on Python 3.8 (the agent runs it on the hosts). The same
 module holds the pure rules of restarts (`next_hosts`, `restart_delay`), so that an
@@ -25,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .layout import AGENT, CODE, LOGS, RUN_SCRIPT, job_dir
+from .requests import NodeTemplate
 from .states import FAILED, LOST
 
 TORCHRUN, PYTHON, LEGACY_LAUNCH = "torchrun", "python", "torch.distributed.launch"
@@ -86,46 +88,44 @@ def values_of(place: dict[str, Any], node_rank: int) -> dict[str, str]:
     }
 
 
-def render(
-    template: dict[str, Any], place: dict[str, Any]
-) -> tuple[list[str], dict[str, str], str]:
+def render(template: NodeTemplate, place: dict[str, Any]) -> tuple[list[str], dict[str, str], str]:
     """The node's torchrun (or python) command, its environment and its job directory,
     for the template's host at its place.
 
     Raises:
         ValueError: the template's host is not in the placement.
     """
-    name = template["host"]
+    name = template.host
     if name not in place["hosts"]:
         raise ValueError(f"host {name!r} is not in the placement")
     node_rank = place["hosts"].index(name)
     values = values_of(place, node_rank)
-    args = [expand(a, values) for a in template["args"]]
-    if template["launcher"] == PYTHON:
-        argv = [template["python"], *_entry_argv(template, "-", args)]
+    args = [expand(a, values) for a in template.args]
+    if template.launcher == PYTHON:
+        argv = [template.python, *_entry_argv(template, "-", args)]
     else:
         argv = _torchrun_argv(template, place, node_rank, values, args)
     env = _node_env(template, values, ",".join(place["hosts"]))
     env["ORCH_ATTEMPT"] = str(place["attempt"])
-    return argv, env, job_dir(template["workdir"], template["job_id"], name, place["attempt"])
+    return argv, env, job_dir(template.workdir, template.job_id, name, place["attempt"])
 
 
 def _torchrun_argv(
-    template: dict[str, Any],
+    template: NodeTemplate,
     place: dict[str, Any],
     node_rank: int,
     values: Mapping[str, str],
     args: list[str],
 ) -> list[str]:
     argv = torchrun_argv(
-        template["python"],
+        template.python,
         num_nodes=values["num_nodes"],
         node_rank=values["node_rank"],
         nproc=values["nproc"],
         master_addr=values["master_addr"],
         master_port=values["master_port"],
-        max_restarts=template["max_restarts"],
-        local_addr=place["master_addr"] if node_rank == 0 else template.get("addr"),
+        max_restarts=template.max_restarts,
+        local_addr=place["master_addr"] if node_rank == 0 else template.addr,
     )
     return argv + _entry_argv(template, LOGS, args)
 
@@ -165,29 +165,29 @@ def torchrun_argv(
     return argv
 
 
-def _entry_argv(template: dict[str, Any], logs: str, args: list[str]) -> list[str]:
+def _entry_argv(template: NodeTemplate, logs: str, args: list[str]) -> list[str]:
     """The agent's `rank` entry, which starts the user's code: under torchrun once per
     rank, it sends the rank's stdout and stderr to its own log file (`logs`); with
     launcher python once per node, `-` leaves them in the node's output. It moves into
     the code snapshot (shared by the nodes of a shared filesystem) and execs the
     user's code with the job pinned agent version. Paths are the node directory's,
     where the node's command runs."""
-    argv = [f"{AGENT}/{RUN_SCRIPT}", "rank", logs, CODE, *template["entry"]]
-    if template["launcher"] == LEGACY_LAUNCH and template.get("local_rank_arg"):
-        argv.append(template["local_rank_arg"])  # the rank adds =LOCAL_RANK before the args
+    argv = [f"{AGENT}/{RUN_SCRIPT}", "rank", logs, CODE, *template.entry]
+    if template.launcher == LEGACY_LAUNCH and template.local_rank_arg:
+        argv.append(template.local_rank_arg)  # the rank adds =LOCAL_RANK before the args
     return [*argv, "--", *args]
 
 
-def _node_env(template: dict[str, Any], values: Mapping[str, str], names: str) -> dict[str, str]:
-    env = dict(template["host_env"])
-    env.update({k: expand(v, values) for k, v in template["env"].items()})
-    set_ifname(env, template.get("iface"))
-    gpus = list(template.get("gpus") or ())
+def _node_env(template: NodeTemplate, values: Mapping[str, str], names: str) -> dict[str, str]:
+    env = dict(template.host_env)
+    env.update({k: expand(v, values) for k, v in template.env.items()})
+    set_ifname(env, template.iface)
+    gpus = list(template.gpus)
     if gpus and gpus != list(range(len(gpus))):
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
-    set_launcher_env(env, template["launcher"], values)
+    set_launcher_env(env, template.launcher, values)
     env.update(
-        ORCH_JOB_ID=template["job_id"],
+        ORCH_JOB_ID=template.job_id,
         ORCH_NODE_RANK=values["node_rank"],
         ORCH_NUM_NODES=values["num_nodes"],
         ORCH_NPROC=values["nproc"],

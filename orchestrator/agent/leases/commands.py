@@ -14,7 +14,16 @@ import time
 from ..kernel.fileio import read_json
 from ..kernel.framing import send_record
 from ..kernel.layout import EXIT, PIDS
-from ..kernel.lease_wire import LeaseDir, LeaseHosts, LeaseState, lease_record
+from ..kernel.lease_wire import (
+    BusyGpu,
+    LeaseDir,
+    LeaseHosts,
+    LeaseRecord,
+    LeaseState,
+    Waiting,
+    lease_record,
+)
+from ..kernel.replies import ExitRecord
 from .gpus import busy_units, foreign_gpus
 from .holder import GO, QUEUED
 from .policy import Record, foreign_warning, grant, public, why_waiting
@@ -72,7 +81,7 @@ def poll(take_it: bool = False) -> LeaseState:
         return LeaseState(state="started", **started)
     ended = read_json(EXIT)
     if ended is not None:
-        return LeaseState(state="ended", ended=ended)
+        return LeaseState(state="ended", ended=ExitRecord(**ended))
     found = in_line()
     if found is None:
         return LeaseState(state="starting")
@@ -104,7 +113,7 @@ def _look(queued: Record, root: str, take_it: bool) -> LeaseState:
         units = grant(request, ticket, leases, tickets, busy, now)
         if units is None:
             info = why_waiting(request, ticket, leases, tickets, busy)
-            return LeaseState(state="waiting", info=info, warnings=seen.warnings)
+            return LeaseState(state="waiting", info=Waiting(**info), warnings=seen.warnings)
         if not take_it:
             return LeaseState(state="ready", warnings=seen.warnings)
         lease = {k: v for k, v in ticket.items() if k not in ("name", "order", "claim", "claimed")}
@@ -139,7 +148,7 @@ def go() -> LeaseState:
         ended = read_json(EXIT)
         if ended is not None:
             why = ended.get("error") or "the node ended before it started"
-            return LeaseState(state="ended", ended=ended, error=why)
+            return LeaseState(state="ended", ended=ExitRecord(**ended), error=why)
         time.sleep(0.02)
     return LeaseState(state="gone", error="torchrun did not start within 60 s of go")
 
@@ -154,9 +163,9 @@ def host_view() -> LeaseHosts:
     unsafe = owner_warning(root)
     return LeaseHosts(
         dir=root,
-        leases=[public(r) for r in seen.leases],
-        tickets=[public(r) for r in seen.tickets],
-        foreign=list(foreign_gpus(seen.leases).values()),
+        leases=[LeaseRecord(**public(r)) for r in seen.leases],
+        tickets=[LeaseRecord(**public(r)) for r in seen.tickets],
+        foreign=[BusyGpu(**f) for f in foreign_gpus(seen.leases).values()],
         warnings=([unsafe] if unsafe else []) + seen.warnings,
     )
 

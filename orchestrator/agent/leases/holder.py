@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from ..host import proc
 from ..kernel.fileio import write_json
 from ..kernel.layout import EXIT, KILLED
-from ..kernel.lease_wire import LeaseStart, lease_record
+from ..kernel.lease_wire import LeaseStart, Waiting, lease_record
+from ..kernel.requests import StartRequest
 from .gpus import busy_units
 from .policy import Record, foreign_warning, grant, why_waiting
 from .storage import (
@@ -93,7 +94,7 @@ class Turn:
         remove(self.root, self.claim_name)
 
 
-def wait_turn(spec: Record, ready_fd: int, warnings: Sequence[str] = ()) -> Turn | None:
+def wait_turn(spec: StartRequest, ready_fd: int, warnings: Sequence[str] = ()) -> Turn | None:
     """The supervisor's wait in line, before torchrun starts: None when the node is
     not to start (busy with `wait` false, killed or given up while in line; its exit
     record says why and the start reply went out). `warnings`: the supervisor's own,
@@ -102,7 +103,8 @@ def wait_turn(spec: Record, ready_fd: int, warnings: Sequence[str] = ()) -> Turn
     A node that must wait says `queued` in the start reply at once (the controller
     may go away: a detached job's node takes its turn alone), then waits.
     """
-    turn = Turn(spec.get("lease"))
+    # The lease code keeps records as the host's lease files hold them: plain JSON.
+    turn = Turn(spec.lease.as_dict() if spec.lease else None)
     turn.warnings.extend(warnings)
     if turn.request is None:
         return turn
@@ -143,7 +145,7 @@ def wait_turn(spec: Record, ready_fd: int, warnings: Sequence[str] = ()) -> Turn
             refuse(turn, ready_fd, "busy", info)
             return None
         if not turn.reported:
-            reply = LeaseStart(queued=info, warnings=turn.warnings)
+            reply = LeaseStart(queued=Waiting(**info), warnings=turn.warnings)
             os.write(ready_fd, json.dumps(lease_record(reply)).encode())
             os.close(ready_fd)
             turn.reported = True
@@ -214,7 +216,9 @@ def gave_up(turn: Turn, stop: list[int]) -> str:
 
 
 def refuse(turn: Turn, ready_fd: int, why: str, info: Record | None = None) -> None:
-    reply = LeaseStart(busy=info, warnings=turn.warnings) if info else LeaseStart(error=why)
+    reply = (
+        LeaseStart(busy=Waiting(**info), warnings=turn.warnings) if info else LeaseStart(error=why)
+    )
     os.write(ready_fd, json.dumps(lease_record(reply)).encode())
     os.close(ready_fd)
     turn.reported = True

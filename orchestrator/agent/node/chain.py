@@ -27,6 +27,8 @@ from typing import Any
 from ..host import proc
 from ..kernel.fileio import read_json, write_json
 from ..kernel.layout import EXIT
+from ..kernel.messages import parse_message
+from ..kernel.requests import SlurmChain
 from ..kernel.slurm import expand_nodelist, node_dir_name
 from ..kernel.slurm_chain import (
     ATTEMPT_ENV,
@@ -72,14 +74,14 @@ def job_state(slurm_id: str) -> str | None:
     return match.group(1) if match else None
 
 
-def _queue_next(root: str, chain: dict[str, Any], attempt: int, slurm_id: str) -> dict[str, Any]:
+def _queue_next(root: str, chain: SlurmChain, attempt: int, slurm_id: str) -> dict[str, Any]:
     """Queue attempt `attempt`, to start once this job ends in a failed state."""
     argv = [
         "sbatch",
         "--parsable",
         "--dependency=afternotok:" + slurm_id,
         "--kill-on-invalid-dep=yes",
-        *[str(a) for a in chain.get("sbatch", [])],
+        *[str(a) for a in chain.sbatch],
         BATCH,
         str(attempt),
         slurm_id,
@@ -117,8 +119,8 @@ def begin(root: str, attempt: int, previous: str) -> int:
             return 1
     record["started"] = time.time()
     record["nodelist"] = os.environ.get("SLURM_JOB_NODELIST", "")
-    chain = read_json(os.path.join(root, CHAIN)) or {}
-    if attempt < int(chain.get("restarts", 0)):
+    chain = parse_message(SlurmChain, read_json(os.path.join(root, CHAIN)) or {})
+    if attempt < chain.restarts:
         record.update(_queue_next(root, chain, attempt + 1, record["slurm_id"]))
     write_json(path, record)
     return 0

@@ -24,19 +24,26 @@ from typing import Any
 
 from ..kernel.fileio import describe_error
 from ..kernel.framing import frame, json_frame
+from ..kernel.messages import parse_message
+from ..kernel.requests import OutputsRequest
 
 CHUNK_BYTES = 1 << 20
 
 
 def main(args: list[str]) -> int:
     root = os.path.expanduser(args[0])
-    request = json.loads(sys.stdin.read() or "{}")
+    try:
+        request = parse_message(OutputsRequest, json.loads(sys.stdin.read() or "{}"))
+    except ValueError as exc:  # bad JSON, or a MessageError: a controller of another version
+        sys.stderr.write(f"orch agent outputs: {exc}\n")
+        return 2
     out = sys.stdout.buffer
     sent = {"files": 0, "bytes": 0}
+    have = dict(request.have or {})
     try:
-        for path, st in walk(root, list(request.get("paths") or [])):
+        for path, st in walk(root, list(request.paths)):
             try:
-                send(out, root, path, st, request.get("have") or {}, sent)
+                send(out, root, path, st, have, sent)
             except OSError as exc:  # that file only: the rest still comes
                 out.write(json_frame(b"E", {"path": path, "error": describe_error(exc)}))
     except OSError as exc:

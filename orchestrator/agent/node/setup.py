@@ -10,6 +10,8 @@ import time
 
 from ..kernel.fileio import write_json
 from ..kernel.layout import CODE, SETUP_LOG, setup_marker
+from ..kernel.messages import parse_message
+from ..kernel.requests import SetupRequest
 
 
 def main(args: list[str]) -> int:
@@ -19,14 +21,18 @@ def main(args: list[str]) -> int:
     import subprocess
 
     os.chdir(os.path.expanduser(args[0]))
-    spec = json.loads(sys.stdin.read())
+    try:
+        spec = parse_message(SetupRequest, json.loads(sys.stdin.read()))
+    except ValueError as exc:  # bad JSON, or a MessageError: a controller of another version
+        sys.stderr.write(f"orch agent setup: {exc}\n")
+        return 2
     env = dict(os.environ)
-    env.update(spec.get("env", {}))
+    env.update(spec.env)
     # `pip install ...` should mean the pip of the interpreter that runs the job.
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     with open(SETUP_LOG, "ab") as log:
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", spec["script"]],
+            ["/bin/sh", "-c", spec.script],
             cwd=CODE,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -40,7 +46,7 @@ def main(args: list[str]) -> int:
             sys.stdout.buffer.flush()
         code = proc.wait()
     if code == 0:
-        marker = setup_marker(os.path.expanduser(spec["store"]), spec["key"])
+        marker = setup_marker(os.path.expanduser(spec.store), spec.key)
         os.makedirs(os.path.dirname(marker), exist_ok=True)
-        write_json(marker, {"manifest": spec["manifest"], "done": time.time()})
+        write_json(marker, {"manifest": spec.manifest, "done": time.time()})
     return code

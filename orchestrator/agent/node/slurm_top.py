@@ -18,22 +18,24 @@ import sys
 
 from ..kernel.fileio import read_json
 from ..kernel.layout import EXIT, NODE_SPEC
+from ..kernel.messages import parse_message
 from ..kernel.replies import TopSample
+from ..kernel.requests import SlurmTopRequest
 from ..kernel.slurm import node_dir_name
 from . import state, top
 
 
 def main(args: list[str]) -> int:
     root = os.path.abspath(os.path.expanduser(args[0]))
-    request = json.loads(args[1]) if len(args) > 1 else {}
+    request = parse_message(SlurmTopRequest, json.loads(args[1]) if len(args) > 1 else {})
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     node_dir = os.path.join(root, node_dir_name(name))
     if not os.path.isdir(node_dir):
         found = TopSample(exists=False, started=False, running=False)
     else:
         os.chdir(node_dir)
-        offsets = (request.get("offsets") or {}).get(name) or {}
-        found = top.sample(request.get("job_id"), offsets)
+        offsets = (request.offsets or {}).get(name) or {}
+        found = top.sample(request.job_id, offsets)
         ended = state.exit_record() if os.path.exists(EXIT) else None
         found.started = "argv" in (read_json(NODE_SPEC) or {})  # the controller's is {}
         found.running = found.started and ended is None

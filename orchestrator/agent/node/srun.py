@@ -33,19 +33,19 @@ import signal
 import socket
 import subprocess
 import time
-from typing import Any
 
 from ..host import probe
 from ..kernel.fileio import read_json, write_json
 from ..kernel.layout import AGENT, CODE, EXIT, LOGS, NODE_SPEC, OUTPUTS
+from ..kernel.messages import parse_message
 from ..kernel.placement import (
     PYTHON,
-    TORCHRUN,
     set_ifname,
     set_launcher_env,
     torchrun_argv,
 )
 from ..kernel.replies import ExitRecord
+from ..kernel.requests import SlurmSpec
 from ..kernel.slurm import SPEC, expand_nodelist, fill_marks, node_dir_name, rendezvous_record
 from ..kernel.slurm_chain import ATTEMPT_ENV, attempt_dir
 from . import spawn
@@ -97,7 +97,7 @@ def rendezvous_port(root: str, slurm_id: str, node_rank: int, master_addr: str) 
 
 
 def node_launcher_argv(
-    spec: dict[str, Any],
+    spec: SlurmSpec,
     launcher: str,
     node_rank: int,
     master_addr: str,
@@ -107,15 +107,15 @@ def node_launcher_argv(
     """What starts the node's entry: torchrun (torch.distributed.launch's entry takes its
     --local_rank flag from the spec), or with launcher python the interpreter alone."""
     if launcher == PYTHON:
-        return [spec["python"]]
+        return [spec.python]
     return torchrun_argv(
-        spec["python"],
-        num_nodes=str(len(spec["nodes"])),
+        spec.python,
+        num_nodes=str(len(spec.nodes)),
         node_rank=str(node_rank),
-        nproc=str(spec["nodes"][node_rank]["nproc"]),
+        nproc=str(spec.nodes[node_rank].nproc),
         master_addr=master_addr,
         master_port=str(port),
-        max_restarts=spec["max_restarts"],
+        max_restarts=spec.max_restarts,
         local_addr=local_addr,
     )
 
@@ -129,13 +129,13 @@ def _link(target: str, name: str) -> None:
 def main(args: list[str]) -> int:
     root = os.path.abspath(os.path.expanduser(args[0]))
     with open(os.path.join(root, SPEC)) as f:
-        spec = json.load(f)
+        spec = parse_message(SlurmSpec, json.load(f))
     node_rank = int(os.environ["SLURM_NODEID"])
     slurm_id = os.environ.get("SLURM_JOB_ID", "0")
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     nodes = expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
     master_addr = node_addr(nodes[0])
-    port = spec["port"] or rendezvous_port(root, slurm_id, node_rank, master_addr)
+    port = spec.port or rendezvous_port(root, slurm_id, node_rank, master_addr)
     local_addr, iface = route_to(master_addr)
 
     # A restart's attempt (ORCH_ATTEMPT from the batch script) has its own directory.
@@ -145,12 +145,12 @@ def main(args: list[str]) -> int:
     os.chdir(node_dir)
     _link(os.path.join(os.pardir, CODE), CODE)
     _link(os.path.join(os.pardir, AGENT), AGENT)
-    mine = spec["nodes"][node_rank]
-    launcher = spec.get("launcher", TORCHRUN)
+    mine = spec.nodes[node_rank]
+    launcher = spec.launcher
     argv = node_launcher_argv(spec, launcher, node_rank, master_addr, port, local_addr)
-    argv += [fill_marks(a, master_addr, port) for a in spec["entry"] + mine["args"]]
+    argv += [fill_marks(a, master_addr, port) for a in [*spec.entry, *mine.args]]
     env = dict(os.environ)
-    env.update({k: fill_marks(v, master_addr, port) for k, v in mine["env"].items()})
+    env.update({k: fill_marks(v, master_addr, port) for k, v in mine.env.items()})
     set_ifname(env, iface)
     values = {"master_addr": master_addr, "master_port": str(port), "node_rank": str(node_rank)}
     set_launcher_env(env, launcher, values)

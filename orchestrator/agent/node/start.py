@@ -29,7 +29,9 @@ from ..kernel.layout import (
     SUPERVISOR_LOG,
 )
 from ..kernel.limits import raise_open_files
+from ..kernel.messages import MessageError, parse_message
 from ..kernel.replies import ExitRecord, Started
+from ..kernel.requests import StartRequest
 from ..leases import holder
 from . import spawn
 from .warm import fork, interpreters, launch
@@ -45,9 +47,14 @@ def main(args: list[str]) -> int:
     given = sys.stdin.read()
     if given.strip():
         write_json(NODE_SPEC, json.loads(given))
-    spec = read_json(NODE_SPEC)
-    if spec is None:
+    found = read_json(NODE_SPEC)
+    if found is None:
         print(json.dumps({"error": "node.json missing or unreadable"}))
+        return 2
+    try:
+        spec = parse_message(StartRequest, found)
+    except MessageError as exc:  # a controller of another version
+        print(json.dumps({"error": f"the node's start spec: {exc}"}))
         return 2
     if not os.path.isdir(CODE):
         where = os.path.join(os.getcwd(), CODE)
@@ -61,19 +68,19 @@ def main(args: list[str]) -> int:
     )
 
 
-def supervise(spec: dict[str, Any], ready_fd: int) -> int:
+def supervise(spec: StartRequest, ready_fd: int) -> int:
     raise_open_files()  # torchrun's rendezvous store serves every rank of the job
     env = dict(os.environ)
-    env.update(spec["env"])  # a warm process for this job is keyed by it (key_env)
-    # Beside the node's directory (protocol.outputs_dir): it outlives the code.
+    env.update(spec.env)  # a warm process for this job is keyed by it (key_env)
+    # Beside the node's directory (layout.outputs_dir): it outlives the code.
     outputs = os.path.join(os.path.dirname(os.getcwd()), OUTPUTS)
 
     def planned(way: str, lease: dict[str, str]) -> spawn.NodeStart:
-        return spawn.plan(way, spec["argv"], {**env, **lease}, os.getcwd(), outputs)
+        return spawn.plan(way, list(spec.argv), {**env, **lease}, os.getcwd(), outputs)
 
     # A job that asks for warm starts sends their options; `warm: false` and `--cold`
     # send them too, for the line that says why the node starts cold.
-    wants_warm = isinstance(spec.get("warm"), dict)
+    wants_warm = spec.warm is not None
     asked = launch.launch_request(planned(spawn.WARM, {})) if wants_warm else None
     # Said in the first reply, which a node that waits in line sends before its turn.
     said = fork.choose(spec, env, asked, check=True)[1] if asked is not None else None
@@ -154,7 +161,7 @@ def wait_child(child: subprocess.Popen[bytes], timeout: float) -> int | None:
 
 
 def supervise_warm(
-    spec: dict[str, Any], node: fork.Warm, turn: Any, ready_fd: int, base_env: dict[str, str]
+    spec: StartRequest, node: fork.Warm, turn: Any, ready_fd: int, base_env: dict[str, str]
 ) -> int:
     """As `supervise` once torchrun runs, for a launcher forked from a warm process:
     its pid is the node's process group; it says on its connection how it ended."""
@@ -186,12 +193,12 @@ def supervise_warm(
     return 0
 
 
-def leave_warm(spec: dict[str, Any], env: dict[str, str]) -> None:
+def leave_warm(spec: StartRequest, env: dict[str, str]) -> None:
     """Once the node ended: a warm process for the next submit of this job, where it
     asks for one and none runs (started detached; the supervisor does not wait)."""
-    options = spec.get("warm")
-    if not isinstance(options, dict) or options.get("off"):
+    options = spec.warm
+    if options is None or options.off:
         return
-    python = os.path.expanduser(str(spec["argv"][0]))
+    python = os.path.expanduser(str(spec.argv[0]))
     with contextlib.suppress(OSError, ValueError):
-        interpreters.ensure(python, env, list(options.get("preload") or []), float(options["idle"]))
+        interpreters.ensure(python, env, list(options.preload), float(options.idle))

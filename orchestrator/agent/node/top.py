@@ -22,7 +22,7 @@ every few seconds beside the ranks:
   `gpu_error`. nvidia-smi is the one cost here that is not a few reads of /proc
   (tens of ms on a GPU host): it runs only where it exists.
 
-Request: `{"job_id": ID, "offsets": {STREAM: BYTES}}`. Reply (protocol.TopSample): the
+Request: `{"job_id": ID, "offsets": {STREAM: BYTES}}`. Reply (replies.TopSample): the
 node's status, `clock`, and `ranks`, `launcher`, `gpus` as plain JSON. Under launcher
 python there are no rank logs: one rank entry (`rank` null, stream `node`) stands for the
 node's process and its output.
@@ -40,7 +40,9 @@ from ..host import nvidia, proc
 from ..kernel.fileio import read_json
 from ..kernel.framing import send_record
 from ..kernel.layout import LOGS, NODE_SPEC, PIDS, TORCHRUN_LOG
+from ..kernel.messages import parse_message
 from ..kernel.replies import TopSample, WarmRow
+from ..kernel.requests import TopRequest
 from . import state
 from .warm import interpreters as warm
 
@@ -53,13 +55,17 @@ NODE_STREAM = "node"
 
 def main(args: list[str]) -> int:
     job_dir = os.path.expanduser(args[0])
-    request = json.loads(sys.stdin.read() or "{}")
+    try:
+        request = parse_message(TopRequest, json.loads(sys.stdin.read() or "{}"))
+    except ValueError as exc:  # bad JSON, or a MessageError: a controller of another version
+        sys.stderr.write(f"orch agent top: {exc}\n")
+        return 2
     if not os.path.isdir(job_dir):
         absent = TopSample(exists=False, started=False, running=False)
         send_record(sys.stdout.buffer, absent.as_dict())
         return 0
     os.chdir(job_dir)
-    found = sample(request.get("job_id"), request.get("offsets") or {})
+    found = sample(request.job_id, request.offsets or {})
     send_record(sys.stdout.buffer, found.as_dict())
     return 0
 

@@ -27,7 +27,9 @@ from ..kernel.layout import (
     SNAPSHOT,
     entry_key,
 )
+from ..kernel.messages import parse_message
 from ..kernel.replies import GcReport
+from ..kernel.requests import GcRequest
 from .content import PRISTINE_NS, ContentStore, remove_tree
 
 GC_GRACE_S = 600.0  # younger store files may belong to a push in flight
@@ -241,16 +243,16 @@ def main(args: list[str]) -> int:
     collect now; with "outputs", ended jobs' output directories go too."""
     try:
         _, payload = read_frame(sys.stdin.buffer)
-        options = json.loads(payload)
+        options = parse_message(GcRequest, json.loads(payload))
         report = collect_garbage(
-            os.path.expanduser(options["workdir"]),
-            int(options["keep"]),
-            float(options.get("grace", GC_GRACE_S)),
+            os.path.expanduser(options.workdir),
+            options.keep,
+            options.grace if options.grace is not None else GC_GRACE_S,
             sweep=True,
         )
-        if options.get("outputs"):
-            report.update(drop_outputs(os.path.expanduser(options["workdir"])))
-    except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
+        if options.outputs:
+            report.update(drop_outputs(os.path.expanduser(options.workdir)))
+    except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:  # ValueError: MessageError
         report = {"error": describe_error(exc)}
     print(GcReport(**report).to_json())
     return 1 if "error" in report else 0

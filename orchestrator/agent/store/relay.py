@@ -35,6 +35,8 @@ from typing import Any
 from ..kernel.fileio import describe_error
 from ..kernel.framing import frame, json_frame, read_exact, read_frame
 from ..kernel.layout import KEY_RE
+from ..kernel.messages import parse_message
+from ..kernel.requests import RelayConfig, RelayOrder
 from .content import ContentStore
 
 GREETING = b"orch-relay-1\n"
@@ -49,10 +51,14 @@ HEARTBEAT_S = 1.0  # how often the server looks at the clock, at most
 def main(args: list[str]) -> int:
     """`relay`: serve the store named on stdin to `expect` clients (0: any number), or
     until the channel closes."""
-    config = json.loads(sys.stdin.read())
-    store = ContentStore(os.path.expanduser(str(config["store"])))
-    secret = bytes.fromhex(str(config["secret"]))
-    expect = int(config.get("expect") or 0)
+    try:
+        config = parse_message(RelayConfig, json.loads(sys.stdin.read()))
+    except ValueError as exc:  # bad JSON, or a MessageError: a controller of another version
+        sys.stderr.write(f"orch agent relay: {exc}\n")
+        return 2
+    store = ContentStore(os.path.expanduser(config.store))
+    secret = bytes.fromhex(config.secret)
+    expect = config.expect
     dual = socket.has_dualstack_ipv6()  # IPv4 and IPv6 peers alike, where it can
     listener = socket.create_server(
         ("", 0), family=socket.AF_INET6 if dual else socket.AF_INET, backlog=64, dualstack_ipv6=dual
@@ -132,8 +138,8 @@ def proof(secret: bytes, nonce: bytes) -> bytes:
     return hmac.new(secret, b"orch-relay-client" + nonce, hashlib.sha256).digest()
 
 
-def fetch(store: ContentStore, request: dict[str, Any], push: str) -> dict[str, Any]:
-    """Fetch the objects `request["keys"]` this store lacks from the relay it names.
+def fetch(store: ContentStore, request: RelayOrder, push: str) -> dict[str, Any]:
+    """Fetch the objects `request.keys` this store lacks from the relay it names.
 
     Returns:
         {"relayed": objects stored, "relayed_bytes": their bytes}, plus
@@ -142,16 +148,14 @@ def fetch(store: ContentStore, request: dict[str, Any], push: str) -> dict[str, 
     """
     wanted = [
         k
-        for k in request["keys"]
+        for k in request.keys
         if KEY_RE.fullmatch(str(k)) and not os.path.exists(store.object_path(k))
     ]
     # Connects even when it lacks nothing: the relay ends once every host came.
     report: dict[str, Any] = {"relayed": 0, "relayed_bytes": 0}
-    where = f"{request['addr']}:{request['port']}"
+    where = f"{request.addr}:{request.port}"
     try:
-        conn = socket.create_connection(
-            (str(request["addr"]), int(request["port"])), CONNECT_TIMEOUT_S
-        )
+        conn = socket.create_connection((request.addr, request.port), CONNECT_TIMEOUT_S)
     except OSError as exc:
         report["relay_error"] = f"cannot reach the relay at {where}: {describe_error(exc)}"
         return report
@@ -162,7 +166,7 @@ def fetch(store: ContentStore, request: dict[str, Any], push: str) -> dict[str, 
             greeting = read_exact(stream, len(GREETING) + NONCE_BYTES)
             if not greeting.startswith(GREETING):
                 raise ValueError("not an orch relay")
-            stream.write(proof(bytes.fromhex(str(request["secret"])), greeting[len(GREETING) :]))
+            stream.write(proof(bytes.fromhex(request.secret), greeting[len(GREETING) :]))
             stream.write(json_frame(b"Q", {"keys": wanted}))
             stream.flush()
             receive(stream, store, push, report)

@@ -24,7 +24,9 @@ from typing import Any
 from ..kernel.fileio import describe_error, read_json, write_bytes, write_json
 from ..kernel.framing import read_frame, widen_pipe
 from ..kernel.layout import AGENT, CODE, RESERVED_NAMES, SNAPSHOT, TOKEN_RE, entry_key
+from ..kernel.messages import parse_message
 from ..kernel.replies import SyncReply
+from ..kernel.requests import PushHeader, RelayOrder, SnapshotRequest
 from . import takeover
 from .content import ContentStore, Mismatch, Missing, file_hash, inflate, remove_tree
 
@@ -44,15 +46,15 @@ def main(args: list[str]) -> int:
     widen_pipe(0)
     stream = sys.stdin.buffer
     reply: dict[str, Any] = {"stored": 0, "bytes": 0}
-    after: dict[str, Any] | None = None
+    after: SnapshotRequest | None = None
     store: ContentStore | None = None
     try:
         kind, payload = read_frame(stream)
-        header = json.loads(payload) if kind == b"H" else None
-        if header is None or not TOKEN_RE.fullmatch(str(header.get("push"))):
+        header = parse_message(PushHeader, json.loads(payload)) if kind == b"H" else None
+        if header is None or not TOKEN_RE.fullmatch(header.push):
             raise ValueError("the stream does not start with a valid header")
-        store = ContentStore(os.path.expanduser(header["store"]))
-        after = receive(stream, store, str(header["push"]), reply)
+        store = ContentStore(os.path.expanduser(header.store))
+        after = receive(stream, store, header.push, reply)
     except Mismatch as exc:
         reply.update(error=str(exc), changed=exc.key)
     except (OSError, ValueError, KeyError, TypeError, EOFError, zlib.error, MemoryError) as exc:
@@ -62,14 +64,16 @@ def main(args: list[str]) -> int:
             while stream.read(1 << 20):  # take the rest, so that the reply gets through
                 pass
     print(SyncReply(**reply).to_json(), flush=True)
-    if after is not None and store is not None and gc_due(store):
+    if after is not None and after.keep is not None and store is not None and gc_due(store):
         from .gc import collect_garbage
 
-        in_background(collect_garbage, os.path.dirname(store.root), int(after["keep"]))
+        in_background(collect_garbage, os.path.dirname(store.root), after.keep)
     return 1 if "error" in reply else 0
 
 
-def receive(stream: Any, store: ContentStore, push: str, reply: dict[str, Any]) -> Any:
+def receive(
+    stream: Any, store: ContentStore, push: str, reply: dict[str, Any]
+) -> SnapshotRequest | None:
     """Take the frames after the header into the store, counting into `reply`.
 
     Returns:
@@ -87,11 +91,11 @@ def receive(stream: Any, store: ContentStore, push: str, reply: dict[str, Any]) 
         elif kind == b"R":  # fetch from the seed host's relay (relay.py)
             from .relay import fetch
 
-            reply.update(fetch(store, json.loads(payload), push))
+            reply.update(fetch(store, parse_message(RelayOrder, json.loads(payload)), push))
         elif kind == b"M":
             store.add_manifest(inflate(payload, MAX_MANIFEST, "manifest"))
         elif kind == b"S":
-            request = json.loads(payload)
+            request = parse_message(SnapshotRequest, json.loads(payload))
             reply.update(make_snapshot(store, request))
             after = request if reply.get("snapshot") else None
         elif kind == b"Z":
@@ -100,9 +104,9 @@ def receive(stream: Any, store: ContentStore, push: str, reply: dict[str, Any]) 
             raise ValueError(f"unknown frame {kind!r}")
 
 
-def make_snapshot(store: ContentStore, request: dict[str, Any]) -> dict[str, Any]:
+def make_snapshot(store: ContentStore, request: SnapshotRequest) -> dict[str, Any]:
     """Build JOB_DIR/code from a stored manifest, if the store holds all of its objects."""
-    digest = str(request["digest"])
+    digest = request.digest
     entries = store.manifest(digest)
     if entries is None:
         return {"need_manifest": True}
@@ -116,7 +120,7 @@ def make_snapshot(store: ContentStore, request: dict[str, Any]) -> dict[str, Any
         )
     if missing:
         return {"missing": missing}
-    job_dir = os.path.expanduser(str(request["job_dir"]))
+    job_dir = os.path.expanduser(request.job_dir)
     os.makedirs(job_dir, exist_ok=True)
     with store_lock(store) if owned else contextlib.nullcontext():
         built = read_json(os.path.join(job_dir, SNAPSHOT)) or {}
@@ -126,9 +130,9 @@ def make_snapshot(store: ContentStore, request: dict[str, Any]) -> dict[str, Any
             except Missing as exc:  # collected by a concurrent gc since the check above
                 return {"missing": exc.keys}
     # else: a restarted job's shared snapshot, built by its first attempt
-    link_nodes(job_dir, request.get("nodes") or [])
-    setup = request.get("setup")
-    done = isinstance(setup, str) and os.path.exists(store.setup_marker(setup))
+    link_nodes(job_dir, list(request.nodes))
+    setup = request.setup
+    done = setup is not None and os.path.exists(store.setup_marker(setup))
     return {"snapshot": True, "setup_done": done}
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from orchestrator.agent.kernel import layout
 from orchestrator.agent.kernel.host_wire import Bandwidth, NetReady, Reached
+from orchestrator.agent.kernel.requests import RelayConfig
 from orchestrator.models.errors import HostError, OrchError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
@@ -192,15 +193,15 @@ def relay_reach(
     """
     if not nodes:
         return {}
-    config = {
-        "store": layout.store_dir(master.workdir),
-        "secret": secrets.token_hex(32),
-        "expect": len(nodes),  # it ends once each node came and went
-    }
+    config = RelayConfig(
+        store=layout.store_dir(master.workdir),
+        secret=secrets.token_hex(32),
+        expect=len(nodes),  # it ends once each node came and went
+    )
     relay = group.transports[master.name].stream(
         agent.command(master, "relay"),
         idle_timeout=LISTEN_S,
-        stdin=agent.packed() + json.dumps(config).encode(),
+        stdin=agent.packed() + config.to_json().encode(),
     )
     try:
         try:

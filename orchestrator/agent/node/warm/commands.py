@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import sys
 
+from ...kernel.messages import parse_message
+from ...kernel.requests import StartRequest, WarmOptions
 from .interpreters import ahead, key_file, listing, stop, version_dir
 from .serve import serve
 
@@ -29,8 +31,12 @@ def main(args: list[str]) -> int:
         # In the forked launcher: returns only in a forked rank, which runs the user's code.
         return launcher.run_node(*launch).run()
     if verb == "ahead":
-        given = json.loads(sys.stdin.read() or "{}")
-        print(json.dumps(ahead(given["argv"], given["env"], given["warm"])))
+        try:
+            given = parse_message(StartRequest, json.loads(sys.stdin.read() or "{}"))
+        except ValueError as exc:  # bad JSON, or a MessageError: a controller of another version
+            print(json.dumps({"error": f"warm ahead: {exc}"}))
+            return 2
+        print(json.dumps(ahead(list(given.argv), given.env, given.warm or WarmOptions())))
         return 0
     if verb == "list":
         print(json.dumps({"warm": listing()}))

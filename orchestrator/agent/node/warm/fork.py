@@ -18,6 +18,7 @@ from typing import Any
 
 from ...kernel.fileio import read_json
 from ...kernel.layout import KILLED
+from ...kernel.requests import StartRequest
 from .interpreters import end, forget, key_file, key_of, live, records
 from .serve import ANSWER_S
 
@@ -57,23 +58,23 @@ class Warm:
 
 
 def choose(
-    spec: dict[str, Any], env: dict[str, str], launch: dict[str, Any], check: bool = False
+    spec: StartRequest, env: dict[str, str], launch: dict[str, Any], check: bool = False
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The warm process this node may ask, else why it starts cold: a line for the
     user, or None where there is nothing to say (warm never asked for, or this user
     has no warm process on this host, as on a first submit). `check`: ask it
     whether it is still the same (before a node waits in line, so that the first
     reply can say why not)."""
-    options = spec.get("warm")
+    options = spec.warm
     gone: list[dict[str, Any]] = []
     found = records(gone)
-    if not isinstance(options, dict) or not (found or gone):
+    if options is None or not (found or gone):
         return None, None
-    if options.get("off"):
-        return None, f"cold start: {options['off']}"
+    if options.off:
+        return None, f"cold start: {options.off}"
     if launch.get("cold"):
         return None, f"cold start: {launch['cold']}"
-    key = key_of(launch["python"], env, list(options.get("preload") or []))
+    key = key_of(launch["python"], env, list(options.preload))
     mine = next((r for r in found if r.get("key") == key), None)
     dead = next((r for r in gone if r.get("key") == key), None)
     if mine is None and dead is not None:
@@ -132,7 +133,7 @@ def until_imported(mine: dict[str, Any]) -> tuple[dict[str, Any] | None, str | N
 
 
 def request(
-    spec: dict[str, Any], env: dict[str, str], launch: dict[str, Any]
+    spec: StartRequest, env: dict[str, str], launch: dict[str, Any]
 ) -> tuple[Warm | None, str | None]:
     """Ask this user's warm process for the job's environment to fork the node's
     launcher.
