@@ -45,7 +45,6 @@ from orchestrator.transport import Transport
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often a waiting controller asks its hosts
-Row = dict[str, Any]  # a line of `orch status --hosts`, as the CLI shows it
 
 
 class QueueBusy(InfraError):
