@@ -259,15 +259,11 @@ def kill_all(reporter: Reporter | None = None) -> list[KillResult]:
         records = store.jobs()
         running = [r for r in records if not r.state.is_terminal()]
         killed = [KillResult.of(backends.for_record(r).kill(r, store, reporter)) for r in running]
-        # And the warm interpreters the jobs left on their SSH hosts (nodes/warm.py),
-        # and those `orch warm JOB` started before any job ran there.
-        ahead = store.warm_hosts()
-        hosts = [n.host for r in records if r.backend == "ssh" for n in r.nodes] + ahead
-        if hosts:
-            from orchestrator.nodes import warm
-
-            stopped, _ = warm.stop(hosts, reporter.notice)
-            store.forget_warm_hosts(h.name for h in ahead if h.name in stopped)
+        # And the warm interpreters the jobs left on their hosts, and those `orch warm
+        # JOB` started before any job ran there: each backend ends its own.
+        for name in backends.BACKENDS:
+            ran = [r for r in records if r.backend == name]
+            backends.backend(name).end_warm(ran, store, reporter)
         return killed
 
 

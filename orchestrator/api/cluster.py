@@ -4,10 +4,9 @@ they hold (`hosts`), what would keep a job from running (`check`), a command on 
 `warm_stop`) and the all_reduce sweep (`bench_allreduce`). The `orch` CLI calls these.
 
 ```python
-from orchestrator import api
 from orchestrator.api import cluster
 
-found = cluster.check("job.yaml", "cluster.yaml", api.CheckOptions(bandwidth=True))
+found = cluster.check("job.yaml", "cluster.yaml", cluster.CheckOptions(bandwidth=True))
 print(found.failed, [str(line) for line in found.lines])
 for row in cluster.hosts("cluster.yaml").units:    # UnitRow(host, kind, unit, state, ...)
     ...

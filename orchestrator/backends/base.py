@@ -96,6 +96,9 @@ class Backend(Protocol):
        ranks would be forked from (`orch warm JOB`); `warm_list()` lists this user's
        warm interpreters on the inventory's hosts, `warm_stop()` ends them. Each says
        what it did per host, and the errors of the hosts it could not do it on.
+       `end_warm()` is what `orch kill --all` ends besides the jobs: the warm
+       interpreters this backend's jobs (`records`) left on their hosts, and those
+       `warm_start` started ahead; a backend that keeps none does nothing.
     10. `gc()` frees disk on the inventory's hosts (`orch gc`), one outcome per host.
     11. `exec()` runs a command on the chosen hosts at once (`orch exec`): each output
        line to `reporter.output(host, None, line)`; it returns each host's run, and
@@ -174,6 +177,8 @@ class Backend(Protocol):
     ) -> PerHost[tuple[WarmInterpreter, ...]]: ...
 
     def warm_stop(self, inventory: Inventory, reporter: Reporter) -> PerHost[tuple[int, ...]]: ...
+
+    def end_warm(self, records: Sequence[JobRecord], store: JobDB, reporter: Reporter) -> None: ...
 
     def gc(
         self, inventory: Inventory, options: GcOptions, reporter: Reporter

@@ -12,21 +12,22 @@ from orchestrator.backends.base import CheckOptions, ExecOptions, GcOptions, Pul
 from orchestrator.models.inventory import Inventory
 from orchestrator.models.job import JobSpec
 from orchestrator.records.db import JobDB, JobRecord, new_job_id
-from orchestrator.reporting.check import CheckLine, CheckResult
 from orchestrator.reporting.filters import LogFilter
 from orchestrator.reporting.hosts import HostsView, PerHost, WarmInterpreter
 from orchestrator.reporting.outcomes import GcOutcome, KillOutcome, WarmStart
 from orchestrator.reporting.pull import PullReport
 from orchestrator.reporting.reporter import Reporter
-from orchestrator.reporting.top import TopView
-from orchestrator.slurm import check, jobs, nodes, outputs, top
-from orchestrator.slurm import submit as submitting
 from orchestrator.slurm.unsupported import refuse
-from orchestrator.ssh.plan import LaunchPlan
 
 if TYPE_CHECKING:  # refused verbs' names: their modules are not imported to refuse them
     from orchestrator.bench.allreduce import AllreduceOptions, BenchListener, SizeResult
     from orchestrator.nodes.execute import HostRun
+    from orchestrator.reporting.check import CheckResult
+    from orchestrator.reporting.top import TopView
+    from orchestrator.ssh.plan import LaunchPlan
+
+# Each verb imports the slurm/ modules of its own work, in its method: `orch kill --all`
+# asks every backend to end its warm interpreters, and pays for none of Slurm's work.
 
 
 class SlurmBackend:
@@ -44,11 +45,15 @@ class SlurmBackend:
         outputs_dir: Path | None = None,
         no_wait: bool = False,
     ) -> str:
+        from orchestrator.slurm import submit as submitting
+
         sj = submitting.slurm_job(job, inventory, new_job_id(job.name))
         submitting.submit(sj, inventory.hosts[0], reporter, detach, JobDB(), outputs_dir)
         return sj.job_id
 
     def dry_run(self, job: JobSpec, inventory: Inventory) -> list[str]:
+        from orchestrator.slurm import submit as submitting
+
         return submitting.dry_run(job, inventory)
 
     def plan(self, job: JobSpec, inventory: Inventory) -> LaunchPlan:
@@ -57,9 +62,13 @@ class SlurmBackend:
     def status(
         self, record: JobRecord, store: JobDB, reporter: Reporter, thorough: bool = False
     ) -> JobRecord:
+        from orchestrator.slurm import jobs
+
         return jobs.status(store, record, reporter.notice)
 
     def note(self, record: JobRecord) -> str:
+        from orchestrator.slurm import jobs
+
         return jobs.note(record.spec)
 
     def places(self, records: Sequence[JobRecord], store: JobDB) -> dict[str, str]:
@@ -68,9 +77,13 @@ class SlurmBackend:
     def logs(
         self, record: JobRecord, store: JobDB, want: LogFilter, follow: bool, reporter: Reporter
     ) -> int:
+        from orchestrator.slurm import jobs
+
         return jobs.logs(record.id, reporter, want, follow, store)
 
     def kill(self, record: JobRecord, store: JobDB, reporter: Reporter) -> KillOutcome:
+        from orchestrator.slurm import jobs
+
         return KillOutcome(record.id, notes=jobs.kill(record.id, reporter, store))
 
     def pull(
@@ -82,6 +95,8 @@ class SlurmBackend:
         reporter: Reporter,
         bars: PullBars,
     ) -> list[PullReport]:
+        from orchestrator.slurm import jobs, outputs
+
         with jobs.connected(record, reporter.notice) as login:
             return bars(
                 lambda progress: outputs.pull_outputs(record, login, target, paths, progress)
@@ -95,16 +110,23 @@ class SlurmBackend:
         interval_s: float,
         silent_s: float,
     ) -> Iterator[TopView]:
+        from orchestrator.slurm import top
+
         return top.watch(store, record, reporter, interval_s, silent_s)
 
     def check(
         self, inventory: Inventory, job: JobSpec | None, options: CheckOptions, reporter: Reporter
     ) -> CheckResult:
+        from orchestrator.reporting.check import CheckLine, CheckResult
+        from orchestrator.slurm import check
+
         found = check.run_check(inventory, job, options.compute, reporter.notice)
         lines = tuple(CheckLine(line) for line in found.lines)
         return CheckResult(lines=lines, errors=tuple(found.errors), failed=bool(found.errors))
 
     def hosts(self, inventory: Inventory, reporter: Reporter) -> HostsView:
+        from orchestrator.slurm import nodes
+
         return nodes.hosts(inventory, reporter.notice)
 
     def warm_start(
@@ -119,6 +141,9 @@ class SlurmBackend:
 
     def warm_stop(self, inventory: Inventory, reporter: Reporter) -> PerHost[tuple[int, ...]]:
         refuse("warm_stop", str(inventory.path))
+
+    def end_warm(self, records: Sequence[JobRecord], store: JobDB, reporter: Reporter) -> None:
+        return  # none is kept: each job's ranks start cold in an allocation of its own
 
     def gc(
         self, inventory: Inventory, options: GcOptions, reporter: Reporter

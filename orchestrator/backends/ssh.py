@@ -174,6 +174,15 @@ class SshBackend:
         stopped, failures = warm.stop(list(inventory.hosts), reporter.notice)
         return PerHost.of({name: tuple(pids) for name, pids in stopped.items()}, failures)
 
+    def end_warm(self, records: Sequence[JobRecord], store: JobDB, reporter: Reporter) -> None:
+        ahead = store.warm_hosts()  # where `orch warm JOB` started one before any job
+        hosts = [n.host for r in records for n in r.nodes] + ahead
+        if hosts:
+            from orchestrator.nodes import warm
+
+            stopped, _ = warm.stop(hosts, reporter.notice)
+            store.forget_warm_hosts(h.name for h in ahead if h.name in stopped)
+
     def gc(
         self, inventory: Inventory, options: GcOptions, reporter: Reporter
     ) -> dict[str, GcOutcome]:

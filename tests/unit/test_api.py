@@ -277,3 +277,47 @@ def test_import_orchestrator_stays_cheap_and_loads_the_api_on_first_use() -> Non
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout == "module 'orchestrator' has no attribute 'nothing'\n"
+
+
+class Said:
+    """A Reporter that keeps what a verb said."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[str, int | None, bytes]] = []
+        self.notices: list[str] = []
+
+    def job_started(self, job_id: str) -> None:
+        raise AssertionError(f"no job here: {job_id}")
+
+    def output(self, host: str, rank: int | None, data: bytes) -> None:
+        self.chunks.append((host, rank, data))
+
+    def notice(self, message: str) -> None:
+        self.notices.append(message)
+
+
+def test_a_notebook_checks_the_hosts_and_runs_a_command_with_the_clis_own_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.api import cluster
+    from orchestrator.api.errors import ExecFailed
+
+    monkeypatch.delenv("ORCH_INVENTORY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "state"))
+    found = cluster.check()  # the built-in localhost inventory, as `orch check`
+    assert not found.failed and found.errors == ()
+    row = found.tables[0].rows[0]
+    assert [cell.text for cell in row[:2]] == ["localhost (master)", "local"]
+    assert row[3].text == sys.version.split()[0] and all(cell.mark is None for cell in row)
+    assert (str(found.lines[-1]), found.lines[-1].mark) == (
+        "1 host: all checks passed",
+        cluster.Mark.PASSED,
+    )
+    said = Said()
+    runs = cluster.exec_command(["echo", "one two"], reporter=said)
+    assert [(r.host, r.exit_code, r.ok) for r in runs] == [("localhost", 0, True)]
+    assert said.chunks == [("localhost", None, b"one two\n")]
+    with pytest.raises(ExecFailed) as failed:
+        cluster.exec_command(["exit 4"], reporter=Said())
+    assert failed.value.exit_code == 4
