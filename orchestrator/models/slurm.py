@@ -18,13 +18,9 @@ shared home.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from orchestrator.models.positions import PosDict
 from orchestrator.models.schema import Where, check_keys, get_int, get_str, get_str_list
-
-if TYPE_CHECKING:  # inventory.py reads this section: the name for the signature only
-    from orchestrator.models.inventory import Inventory
 
 SLURM_KEYS = {
     "login": "address or ~/.ssh/config alias of a login node",
@@ -53,14 +49,6 @@ class SlurmSection:
     def contacts(self, where: Where) -> list[Where]:
         """The login node alone: orch never connects to a compute node itself."""
         return [login_where(where)]
-
-
-def section_of(inventory: Inventory) -> SlurmSection:
-    """The `slurm:` section of an inventory that the Slurm backend was chosen for."""
-    section = inventory.backend
-    if not isinstance(section, SlurmSection):
-        raise TypeError(f"inventory {inventory.path} has no slurm: section")
-    return section
 
 
 def load_slurm_section(where: Where, has_hosts: bool = False) -> SlurmSection:

@@ -18,12 +18,12 @@ from dataclasses import dataclass, replace
 from orchestrator.agent.kernel.slurm import expand_nodelist
 from orchestrator.models.errors import InputError, OrchError, RemoteCommandError
 from orchestrator.models.inventory import Inventory
-from orchestrator.models.slurm import section_of
 from orchestrator.nodes.group import HostGroup
 from orchestrator.records.db import JobDB
 from orchestrator.reporting.hosts import HostsView, QueueRow, UnitRow
 from orchestrator.slurm.login import LoginNode
 from orchestrator.slurm.script import SlurmJob
+from orchestrator.slurm.section import section_of
 from orchestrator.transport import ConnectOptions
 
 NODE_FORMAT = "%N|%P|%G|%c|%T"

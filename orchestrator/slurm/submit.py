@@ -18,7 +18,6 @@ from orchestrator.agent.kernel.slurm_chain import CHAIN
 from orchestrator.models.errors import InputError, Interrupted, OrchError
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
-from orchestrator.models.slurm import section_of
 from orchestrator.models.states import JobState
 from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
@@ -32,6 +31,7 @@ from orchestrator.slurm.outputs import bring_outputs
 from orchestrator.slurm.queue import Partition
 from orchestrator.slurm.restarts import follow_attempts
 from orchestrator.slurm.script import SlurmJob
+from orchestrator.slurm.section import section_of
 from orchestrator.sync.ignore import collect_files
 from orchestrator.sync.manifest import scan_workdir
 from orchestrator.sync.push import push

@@ -13,9 +13,9 @@ from orchestrator.agent.kernel.slurm import fill_marks, node_dir_name
 from orchestrator.models.errors import InputError
 from orchestrator.models.inventory import load_inventory
 from orchestrator.models.job import load_job
-from orchestrator.models.slurm import section_of
 from orchestrator.slurm import script
 from orchestrator.slurm.queue import Partition
+from orchestrator.slurm.section import section_of
 from orchestrator.slurm.submit import check_partition, slurm_job
 from tests.unit.conftest import Orch, WriteFile, expect_input_error
 

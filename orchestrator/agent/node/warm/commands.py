@@ -12,11 +12,13 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from typing import Any
 
 from ...kernel.messages import parse_message
 from ...kernel.requests import StartRequest, WarmOptions
-from .interpreters import ahead, key_file, listing, stop, version_dir
+from .interpreters import ensure, key_file, listing, stop, version_dir
 from .serve import serve
 
 
@@ -46,3 +48,23 @@ def main(args: list[str]) -> int:
         return 0
     sys.stderr.write("usage: warm ahead|list|stop [KEY]|serve KEY IDLE PRELOAD ROOM\n")
     return 2
+
+
+def ahead(argv: list[str], env: dict[str, str], options: WarmOptions) -> dict[str, Any]:
+    """`orch warm JOB`: start the warm process that this node of the job will be forked
+    from, before its first submit. `argv` and `env` are the node's (stdin: the env may
+    hold secrets); its supervisor's environment is this session's with the node's on
+    top, and so is the key here.
+
+    Returns:
+        As `ensure`; `{"error"}` where the node would start cold whatever runs.
+    """
+    if options.off:
+        return {"error": f"the job starts cold: {options.off}"}
+    from . import launch  # the fork's side: only `ahead` needs it
+
+    request = launch.node_request([os.path.expanduser(argv[0]), *argv[1:]])
+    if request.get("cold"):
+        return {"error": f"the job starts cold: {request['cold']}"}
+    preload = [str(name) for name in options.preload]
+    return ensure(request["python"], {**os.environ, **env}, preload, float(options.idle))

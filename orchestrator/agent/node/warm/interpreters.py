@@ -35,7 +35,6 @@ from typing import Any
 from ...host import proc
 from ...kernel.fileio import read_json, write_json
 from ...kernel.layout import RUN_SCRIPT
-from ...kernel.requests import WarmOptions
 
 WARM = "warm"  # beside agent/ and jobs/ in the user's orch directory
 MOST = 2  # warm processes per user and host: each holds an interpreter with torch
@@ -185,26 +184,6 @@ def ensure(python: str, env: dict[str, str], preload: list[str], idle: float) ->
         },
     )
     return {"key": key, "pid": child.pid, "started": True}
-
-
-def ahead(argv: list[str], env: dict[str, str], options: WarmOptions) -> dict[str, Any]:
-    """`orch warm JOB`: start the warm process that this node of the job will be forked
-    from, before its first submit. `argv` and `env` are the node's (stdin: the env may
-    hold secrets); its supervisor's environment is this session's with the node's on
-    top, and so is the key here.
-
-    Returns:
-        As `ensure`; `{"error"}` where the node would start cold whatever runs.
-    """
-    if options.off:
-        return {"error": f"the job starts cold: {options.off}"}
-    from . import launch
-
-    request = launch.node_request([os.path.expanduser(argv[0]), *argv[1:]])
-    if request.get("cold"):
-        return {"error": f"the job starts cold: {request['cold']}"}
-    preload = [str(name) for name in options.preload]
-    return ensure(request["python"], {**os.environ, **env}, preload, float(options.idle))
 
 
 def listing() -> list[dict[str, Any]]:
