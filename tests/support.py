@@ -33,11 +33,6 @@ from tests.cluster import (
 
 JOBS = REPO_ROOT / "tests" / "integration" / "jobs"
 
-# The test jobs' default: a cold job leaves a warm interpreter (an import of torch) on
-# each of its hosts when it ends, for a resubmit that no other test makes; the tests
-# about warm starts ask for them with `warm=True`.
-COLD: dict[str, Any] = {"warm": False}
-
 
 def write_job(tmp_path: Path, job_dir: str, script: str, **keys: Any) -> Path:
     """A job file in tmp_path whose workdir is one of tests/integration/jobs/.
@@ -46,8 +41,7 @@ def write_job(tmp_path: Path, job_dir: str, script: str, **keys: Any) -> Path:
         tmp_path: where the file goes, as ``<job_dir>.yaml``.
         job_dir: a directory of ``JOBS``; its name, with ``-`` for ``_``, names the job.
         script: the script in it to run.
-        **keys: any other job keys (``nodes``, ``args``, ``env``, ``rendezvous`` ...);
-            ``warm`` is false unless a test asks (see ``COLD``).
+        **keys: any other job keys (``nodes``, ``args``, ``env``, ``rendezvous`` ...).
 
     Returns:
         The job file's path.
@@ -56,7 +50,6 @@ def write_job(tmp_path: Path, job_dir: str, script: str, **keys: Any) -> Path:
         "name": job_dir.replace("_", "-"),
         "workdir": str(JOBS / job_dir),
         "script": script,
-        **COLD,
         **keys,
     }
     path = tmp_path / f"{job_dir}.yaml"
@@ -67,9 +60,8 @@ def write_job(tmp_path: Path, job_dir: str, script: str, **keys: Any) -> Path:
 def write_workdir_job(
     tmp_path: Path, workdir: Path, script: str, name: str = "work", **keys: Any
 ) -> Path:
-    """A job file in tmp_path, with a fresh name, whose workdir is ``workdir``; ``warm``
-    is false unless a test asks (see ``COLD``)."""
-    spec = {"name": name, "workdir": str(workdir), "script": script, **COLD, **keys}
+    """A job file in tmp_path, with a fresh name, whose workdir is ``workdir``."""
+    spec = {"name": name, "workdir": str(workdir), "script": script, **keys}
     path = tmp_path / f"job-{time.monotonic_ns()}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path

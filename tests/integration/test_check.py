@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.cluster import SUBNET, Cluster, ClusterError, OrchRunner, repo_python, skip_or_fail
-from tests.support import COLD, assert_nothing_started, clear_jobs, job_processes, write_job
+from tests.support import assert_nothing_started, clear_jobs, job_processes, write_job
 
 pytestmark = pytest.mark.cluster
 
@@ -197,7 +197,7 @@ def test_interface_choice_follows_the_route_to_the_master(
         job = tmp_path / "iface.yaml"
         job.write_text(
             yaml.safe_dump(
-                {"name": "iface", "workdir": str(workdir), "script": "main.py", "nodes": 2, **COLD}
+                {"name": "iface", "workdir": str(workdir), "script": "main.py", "nodes": 2}
             )
         )
         checked = orch("check", "-i", inventory, job, timeout=60)

@@ -370,7 +370,7 @@ def test_controller_killed_during_launch_leaves_nothing_orch_kill_cannot_find(
     )  # a push that takes a moment
     job = tmp_path / "big.yaml"
     job.write_text(
-        f"name: big\nworkdir: {workdir}\nscript: workload.py\nargs: [--hang]\nnodes: 3\nwarm: false\n"
+        f"name: big\nworkdir: {workdir}\nscript: workload.py\nargs: [--hang]\nnodes: 3\n"
     )
     proc = start_attached(orch, job, inventory)
     store = orch.controller.state_dir / "jobs.db"

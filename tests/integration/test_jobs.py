@@ -129,7 +129,8 @@ def test_status_goes_from_running_to_failed_with_exit_codes(
         "workload",
         "workload.py",
         nodes=2,
-        # Long enough for `orch status` to see it running on a loaded machine.
+        # Long enough for `orch status` to see it running on a loaded machine: forked
+        # from a warm interpreter, the ranks run the moment the submit returns.
         args=["--fail-rank", "1", "--fail-how", "exit", "--fail-after", "10"],
     )
     job_id = job_id_of(orch("submit", "-d", str(job), "-i", str(inventory), timeout=120).stdout)

@@ -192,8 +192,8 @@ def test_on_a_terminal_each_rank_bar_is_redrawn_in_place_within_a_second(
 def test_logs_follow_on_a_terminal_redraws_the_bars_too(
     orch: OrchRunner, inventory: Path, tmp_path: Path
 ) -> None:
-    # Twice as long a bar: the ranks draw from the moment the submit returns, and `orch
-    # logs -f` (a new command, slow to start on a loaded machine) would see only its end.
+    # Twice as long a bar: a resubmit starts warm, its ranks draw the moment the submit
+    # returns, and `orch logs -f` (a new command) would see only the bar's last part.
     submitted = orch("submit", "-d", bars_job(tmp_path, 2 * SECONDS), "-i", inventory, timeout=120)
     assert submitted.returncode == 0, submitted.stderr
     run = OnTerminal(orch, "logs", "-f", job_id_of(submitted.stdout))

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.cluster import REPO_ROOT, SUBNET, Cluster, OrchRunner
-from tests.support import COLD, assert_no_job_left, write_job
+from tests.support import assert_no_job_left, write_job
 
 pytestmark = pytest.mark.cluster
 
@@ -155,9 +155,7 @@ def test_code_is_pushed_honouring_gitignore_and_orchignore(
     (workdir / "util.py").write_text("")
     job = tmp_path / "job.yaml"
     job.write_text(
-        yaml.safe_dump(
-            {"name": "push", "workdir": str(workdir), "script": "main.py", "nodes": 2, **COLD}
-        )
+        yaml.safe_dump({"name": "push", "workdir": str(workdir), "script": "main.py", "nodes": 2})
     )
     result = orch("submit", str(job), "-i", str(inventory), timeout=120)
     assert result.returncode == 0, result.stderr

@@ -96,8 +96,6 @@ def reports(stdout: str, job_id: str) -> dict[int, dict[str, Any]]:
 
 
 def probe_job(tmp_path: Path, *args: str, **keys: Any) -> Path:
-    """The probe job, warm unless `keys` say otherwise (test jobs are cold by default)."""
-    keys.setdefault("warm", True)
     return write_job(tmp_path, "warm", "probe.py", nodes=2, args=list(args), **keys)
 
 
