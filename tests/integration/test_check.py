@@ -18,8 +18,15 @@ from tests.support import assert_nothing_started, clear_jobs, job_processes, wri
 
 pytestmark = pytest.mark.cluster
 
+# torch's version as the probe reads it, from torch/version.py: importing torch.version
+# would import torch itself (about 2 CPU-seconds in every worker that collects this).
+READ_TORCH_VERSION = """
+import importlib.util, os, runpy
+torch = importlib.util.find_spec("torch").submodule_search_locations[0]
+print(runpy.run_path(os.path.join(torch, "version.py"))["__version__"])
+"""
 TORCH = subprocess.run(
-    [str(repo_python()), "-c", "import torch.version as v; print(v.__version__)"],
+    [str(repo_python()), "-c", READ_TORCH_VERSION],
     capture_output=True,
     text=True,
     check=True,

@@ -85,7 +85,14 @@ def test_a_detached_job_finishes_on_a_spare_after_its_host_crashed(
     orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
 ) -> None:
     job = write_job(
-        tmp_path, "restart", "steps.py", nodes=2, restarts=1, lost_after=3, nproc_per_node=1
+        tmp_path,
+        "restart",
+        "steps.py",
+        nodes=2,
+        args=["--plain"],
+        restarts=1,
+        lost_after=3,
+        nproc_per_node=1,
     )
     job_id = submit_detached(orch, job, inventory)
     rank_log = cluster.home(1) / ".orch" / "jobs" / job_id / "node1" / "logs" / "rank-0.log"
@@ -181,7 +188,14 @@ def test_a_detached_job_restarts_after_its_master_host_crashed_kept_by_another_m
     orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
 ) -> None:
     job = write_job(
-        tmp_path, "restart", "steps.py", nodes=2, restarts=1, lost_after=3, nproc_per_node=1
+        tmp_path,
+        "restart",
+        "steps.py",
+        nodes=2,
+        args=["--plain"],
+        restarts=1,
+        lost_after=3,
+        nproc_per_node=1,
     )
     job_id = submit_detached(orch, job, inventory)
     assert "(kept by node1)" in orch("status", job_id, timeout=60).stdout
@@ -221,7 +235,14 @@ def test_orch_kill_stops_the_keeper_that_took_over_and_nothing_restarts(
     orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
 ) -> None:
     job = write_job(
-        tmp_path, "restart", "steps.py", nodes=2, restarts=2, lost_after=3, nproc_per_node=1
+        tmp_path,
+        "restart",
+        "steps.py",
+        nodes=2,
+        args=["--plain"],
+        restarts=2,
+        lost_after=3,
+        nproc_per_node=1,
     )
     job_id = submit_detached(orch, job, inventory)
     wait_for(lambda: keeper_record(cluster, job_id).get("state") == "running", 60, "attempt 1")
@@ -247,7 +268,14 @@ def test_a_master_host_cut_off_keeps_nothing_while_another_member_restarts_the_j
     orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
 ) -> None:
     job = write_job(
-        tmp_path, "restart", "steps.py", nodes=2, restarts=2, lost_after=3, nproc_per_node=1
+        tmp_path,
+        "restart",
+        "steps.py",
+        nodes=2,
+        args=["--plain"],
+        restarts=2,
+        lost_after=3,
+        nproc_per_node=1,
     )
     job_id = submit_detached(orch, job, inventory)
     wait_for(lambda: keeper_record(cluster, job_id).get("state") == "running", 60, "attempt 1")

@@ -47,6 +47,8 @@ def wait_ready(proc: subprocess.Popen[str], ranks: int) -> tuple[str, list[str]]
 def test_raising_rank_fails_the_job_shows_the_traceback_and_leaves_nothing(
     cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
 ) -> None:
+    # With torch: survivors hold a gloo group when a rank fails, as a real job's do (the
+    # other tests here use `--plain` ranks: orch's handling is the same without torch).
     job = write_job(
         tmp_path, "workload", "workload.py", nodes=3, args=["--fail-rank", "1", "--hang"]
     )
@@ -70,7 +72,7 @@ def test_sigkilled_rank_fails_the_job_everywhere(
         "workload",
         "workload.py",
         nodes=3,
-        args=["--fail-rank", "2", "--fail-how", "sigkill", "--hang"],
+        args=["--plain", "--fail-rank", "2", "--fail-how", "sigkill", "--hang"],
     )
     result = orch("submit", str(job), "-i", str(inventory), timeout=120)
     assert result.returncode == 1, result.stderr
@@ -81,7 +83,7 @@ def test_sigkilled_rank_fails_the_job_everywhere(
 def test_crashed_node_is_lost_and_the_rest_is_torn_down(
     cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
 ) -> None:
-    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--hang"])
+    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--plain", "--hang"])
     proc = start_attached(orch, job, inventory)
     job_id, _ = wait_ready(proc, 3)
     assert proc.stderr is not None
@@ -105,7 +107,9 @@ def lost_and_given_up(
     """A 3-node job whose node2 was partitioned and lost, its submit stopped trying to
     reach it (Ctrl-C), node2 healed: the job ended, and behind the partition it ran on.
     Returns its id and the submit's stderr."""
-    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--hang"], lost_after=5)
+    job = write_job(
+        tmp_path, "workload", "workload.py", nodes=3, args=["--plain", "--hang"], lost_after=5
+    )
     proc = start_attached(orch, job, inventory)
     job_id, _ = wait_ready(proc, 3)
     assert proc.stderr is not None
@@ -160,7 +164,9 @@ def test_three_lost_hosts_at_once_are_all_stopped_within_the_15_s(
     with cluster.extra_hosts(1):
         orch = OrchRunner(cluster.new_controller())  # one that knows node4's host key
         inventory = cluster.write_inventory(tmp_path / "inv.yaml")
-        job = write_job(tmp_path, "workload", "workload.py", nodes=4, args=["--hang"], lost_after=5)
+        job = write_job(
+            tmp_path, "workload", "workload.py", nodes=4, args=["--plain", "--hang"], lost_after=5
+        )
         proc = start_attached(orch, job, inventory)
         wait_ready(proc, 4)
         assert proc.stderr is not None
@@ -196,6 +202,7 @@ def test_a_secondary_failure_that_arrives_first_is_not_named_as_the_cause(
         nodes=3,
         lost_after=60,  # node2's silence must not make it lost
         args=[
+            "--plain",
             *("--fail-rank", "1", "--fail-after", "3"),
             *("--later-fail-rank", "2", "--later-fail-after", "7", "--hang"),
         ],
@@ -218,7 +225,9 @@ def test_a_secondary_failure_that_arrives_first_is_not_named_as_the_cause(
 def test_lost_node_is_stopped_once_reachable_while_the_submit_waits(
     cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
 ) -> None:
-    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--hang"], lost_after=5)
+    job = write_job(
+        tmp_path, "workload", "workload.py", nodes=3, args=["--plain", "--hang"], lost_after=5
+    )
     proc = start_attached(orch, job, inventory)
     wait_ready(proc, 3)
     assert proc.stderr is not None
@@ -241,7 +250,7 @@ def test_kill_finds_escaped_daemons_frees_the_port_and_is_idempotent(
         "workload",
         "workload.py",
         nodes=2,
-        args=["--daemon", "--hang"],
+        args=["--plain", "--daemon", "--hang"],
         rendezvous={"port": 29611},
     )
     job_id = job_id_of(orch("submit", "-d", str(job), "-i", str(inventory), timeout=120).stdout)
@@ -272,7 +281,11 @@ def test_kill_gives_ranks_the_grace_then_forces(
 ) -> None:
     """Ranks that clean up on TERM get to finish; ranks that ignore it are KILLed after the grace."""
     job = write_job(
-        tmp_path, "workload", "workload.py", nodes=2, args=["--on-term", on_term, "--hang"]
+        tmp_path,
+        "workload",
+        "workload.py",
+        nodes=2,
+        args=["--plain", "--on-term", on_term, "--hang"],
     )
     job_id = job_id_of(orch("submit", "-d", str(job), "-i", str(inventory), timeout=120).stdout)
     wait_for(
@@ -295,11 +308,11 @@ def test_kill_gives_ranks_the_grace_then_forces(
 def test_killing_one_job_leaves_the_other_running(
     cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
 ) -> None:
-    first = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--hang"]).rename(
-        tmp_path / "first.yaml"
-    )
+    first = write_job(
+        tmp_path, "workload", "workload.py", nodes=2, args=["--plain", "--hang"]
+    ).rename(tmp_path / "first.yaml")
     keep = write_job(
-        tmp_path, "workload", "workload.py", nodes=2, args=["--until", "~/release-keep"]
+        tmp_path, "workload", "workload.py", nodes=2, args=["--plain", "--until", "~/release-keep"]
     ).rename(tmp_path / "keep.yaml")
     submitted = orch("submit", "-d", str(first), "-i", str(inventory), timeout=120)
     assert submitted.returncode == 0, submitted.stderr
@@ -318,7 +331,7 @@ def test_killing_one_job_leaves_the_other_running(
 def test_ctrl_c_stops_the_job_everywhere_and_exits_130(
     cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
 ) -> None:
-    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--hang"])
+    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--plain", "--hang"])
     proc = start_attached(orch, job, inventory)
     job_id, _ = wait_ready(proc, 3)
     proc.send_signal(signal.SIGINT)
@@ -336,7 +349,11 @@ def test_a_second_ctrl_c_kills_at_once_without_the_grace_and_leaves_nothing(
     during the teardown skips it, and the submit still stops everything and records
     the job killed."""
     job = write_job(
-        tmp_path, "workload", "workload.py", nodes=2, args=["--on-term", "ignore", "--hang"]
+        tmp_path,
+        "workload",
+        "workload.py",
+        nodes=2,
+        args=["--plain", "--on-term", "ignore", "--hang"],
     )
     proc = start_attached(orch, job, inventory)
     job_id, _ = wait_ready(proc, 2)
@@ -370,7 +387,7 @@ def test_controller_killed_during_launch_leaves_nothing_orch_kill_cannot_find(
     )  # a push that takes a moment
     job = tmp_path / "big.yaml"
     job.write_text(
-        f"name: big\nworkdir: {workdir}\nscript: workload.py\nargs: [--hang]\nnodes: 3\n"
+        f"name: big\nworkdir: {workdir}\nscript: workload.py\nargs: [--plain, --hang]\nnodes: 3\n"
     )
     proc = start_attached(orch, job, inventory)
     store = orch.controller.state_dir / "jobs.db"

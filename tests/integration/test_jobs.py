@@ -44,7 +44,7 @@ def test_detach_then_logs_follow_delivers_every_line_in_order(
         "workload",
         "workload.py",
         nodes=2,
-        args=["--lines", "3000", "--until", "~/release-detached"],
+        args=["--plain", "--lines", "3000", "--until", "~/release-detached"],
     )
     started = time.monotonic()
     submitted = orch("submit", "-d", str(job), "-i", str(inventory), timeout=120)
@@ -76,7 +76,7 @@ def test_sigkilled_submit_leaves_the_job_running_and_logs_lose_nothing(
         "workload",
         "workload.py",
         nodes=2,
-        args=["--lines", "3000", "--until", "~/release-sigkilled"],
+        args=["--plain", "--lines", "3000", "--until", "~/release-sigkilled"],
     )
     attached = subprocess.Popen(
         [*orch_command(), "submit", str(job), "-i", str(inventory)],
@@ -105,7 +105,7 @@ def test_partial_lines_and_binary_junk_do_not_garble_other_ranks(
 ) -> None:
     inventory = three_ranks(cluster, tmp_path)
     job = write_job(
-        tmp_path, "workload", "workload.py", nodes=2, args=["--lines", "1000", "--junk"]
+        tmp_path, "workload", "workload.py", nodes=2, args=["--plain", "--lines", "1000", "--junk"]
     )
     result = orch("submit", str(job), "-i", str(inventory), timeout=120)
     assert result.returncode == 0, result.stderr
@@ -131,7 +131,7 @@ def test_status_goes_from_running_to_failed_with_exit_codes(
         nodes=2,
         # Long enough for `orch status` to see it running on a loaded machine: forked
         # from a warm interpreter, the ranks run the moment the submit returns.
-        args=["--fail-rank", "1", "--fail-how", "exit", "--fail-after", "10"],
+        args=["--plain", "--fail-rank", "1", "--fail-how", "exit", "--fail-after", "10"],
     )
     job_id = job_id_of(orch("submit", "-d", str(job), "-i", str(inventory), timeout=120).stdout)
     assert status_json(orch, job_id)["state"] in ("pending", "running")
@@ -160,7 +160,7 @@ def test_unknown_job_id_suggests_the_nearest(
 def test_logs_of_a_dead_host_show_the_local_copy_and_name_the_host(
     cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
 ) -> None:
-    job = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--lines", "50"])
+    job = write_job(tmp_path, "workload", "workload.py", nodes=2, args=["--plain", "--lines", "50"])
     result = orch("submit", str(job), "-i", str(inventory), timeout=120)
     job_id = job_id_of(result.stdout)
     cluster.crash(2)

@@ -39,7 +39,7 @@ class Numbered:
             "workload",
             "workload.py",
             nodes=3,
-            args=["--lines", str(lines), "--interval", "0.5"],
+            args=["--plain", "--lines", str(lines), "--interval", "0.5"],
         )
         self.proc = start_attached(orch, job, inventory)
         assert self.proc.stdout is not None and self.proc.stderr is not None
@@ -123,7 +123,7 @@ def test_a_follow_stream_fed_garbage_ends_in_a_lost_node_never_a_hang(
     """A shell rc file that prints is harmless; a record the controller cannot read
     makes the node lost, with the reason, at once."""
     bashrc = cluster.home(2) / ".bashrc"
-    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--lines", "3"])
+    job = write_job(tmp_path, "workload", "workload.py", nodes=3, args=["--plain", "--lines", "3"])
     try:
         # Chatter before every command's output (probe, push, start, follow: each
         # reads past it), then, before the follow stream only, a data record whose

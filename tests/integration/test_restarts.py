@@ -14,9 +14,16 @@ from tests.support import Lines, assert_no_job_left, job_id_of, status_json, wri
 pytestmark = pytest.mark.cluster
 
 
-def restart_job(tmp_path: Path) -> Path:
+def restart_job(tmp_path: Path, *args: str) -> Path:
     return write_job(
-        tmp_path, "restart", "steps.py", nodes=2, restarts=1, lost_after=3, nproc_per_node=1
+        tmp_path,
+        "restart",
+        "steps.py",
+        nodes=2,
+        restarts=1,
+        lost_after=3,
+        nproc_per_node=1,
+        args=list(args),
     )
 
 
@@ -59,7 +66,7 @@ def test_a_lost_node_is_replaced_by_a_spare_and_the_job_resumes(
 def test_orch_kill_is_never_followed_by_a_restart(
     orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
 ) -> None:
-    submit = orch.popen("submit", restart_job(tmp_path), "-i", inventory)
+    submit = orch.popen("submit", restart_job(tmp_path, "--plain"), "-i", inventory)
     assert submit.stdout is not None and submit.stderr is not None
     out, err = Lines(submit.stdout), Lines(submit.stderr)
     out.wait_for("step 1 attempt 0", 60)

@@ -67,11 +67,14 @@ def test_mixed_slots_give_world_four_with_contiguous_ranks(
 def test_failing_rank_exits_1_and_leaves_nothing_running(
     cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
 ) -> None:
-    job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=2, args=["--fail-rank", "1"])
+    # A rank without torch: the failure is orch's to report, whatever the rank ran.
+    job = write_job(
+        tmp_path, "workload", "workload.py", nodes=2, args=["--plain", "--fail-rank", "1"]
+    )
     result = orch("submit", str(job), "-i", str(inventory), timeout=120)
     assert result.returncode == 1, result.stderr
     assert "RuntimeError: boom from rank 1" in result.stdout
-    assert "error: job allreduce-" in result.stderr and "failed" in result.stderr
+    assert "error: job workload-" in result.stderr and "failed" in result.stderr
     assert "Traceback" not in result.stderr.split("error:")[0], (
         "no orch traceback before the error line"
     )
@@ -81,10 +84,17 @@ def test_failing_rank_exits_1_and_leaves_nothing_running(
 def test_script_exit_code_makes_the_job_fail(
     orch: OrchRunner, inventory: Path, tmp_path: Path
 ) -> None:
-    job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=2, args=["--exit-code", "7"])
+    job = write_job(
+        tmp_path,
+        "workload",
+        "workload.py",
+        nodes=2,
+        args=["--plain", "--fail-rank", "0", "--fail-how", "exit"],
+    )
     result = orch("submit", str(job), "-i", str(inventory), timeout=120)
     assert result.returncode == 1
     assert "node1" in result.stderr.split("error:")[1]
+    assert "rank 0, exit code 3" in result.stderr, result.stderr
 
 
 def test_args_and_env_reach_the_script_verbatim_over_ssh(

@@ -1,6 +1,7 @@
 """Integration-test job for orch: a torchrun workload with dials for every failure.
 
-Every rank joins a gloo process group, then, in order:
+Every rank joins a gloo process group (with `--plain`: none, and no torch at all; its
+rank is torchrun's RANK), then, in order:
 - prints `--lines` numbered lines `r<RANK> <i>` (with `--junk`: also partial writes,
   binary bytes and one 200 kB line, in between; with `--interval S`: one every S s);
 - with `--daemon`, leaves behind a process that escaped via double fork + setsid;
@@ -12,7 +13,10 @@ Every rank joins a gloo process group, then, in order:
   that follows the first one, as a peer's broken connection would);
 - sleeps `--sleep` s (0 = forever with `--hang`; with `--until PATH`, until PATH
   exists on its host: a test says when, not the clock), then meets the others in a barrier
-  (where survivors of a failure would block), and exits 0.
+  (where survivors of a failure would block; with `--plain`, no barrier), and exits 0.
+
+`--plain` is for tests of orch's own handling of a job (streaming, status, kill,
+failures): their ranks start without an import of torch, about 2 CPU-seconds each.
 """
 
 from __future__ import annotations
@@ -23,10 +27,9 @@ import signal
 import sys
 import time
 import warnings
+from types import ModuleType
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-
-import torch.distributed as dist  # noqa: E402
 
 
 def escape() -> None:
@@ -88,10 +91,17 @@ def main() -> None:
     parser.add_argument("--hang", action="store_true")
     parser.add_argument("--until", default=None)
     parser.add_argument("--on-term", choices=["exit", "cleanup", "ignore"], default="exit")
+    parser.add_argument("--plain", action="store_true", help="no torch, no process group")
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    dist: ModuleType | None = None
+    if args.plain:
+        rank = int(os.environ["RANK"])
+    else:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
     print_lines(rank, args.lines, args.junk, args.interval)
     if args.daemon:
         escape()
@@ -113,8 +123,9 @@ def main() -> None:
     release = os.path.expanduser(args.until) if args.until else None
     while args.hang or time.monotonic() < deadline or (release and not os.path.exists(release)):
         time.sleep(0.2)
-    dist.barrier()
-    dist.destroy_process_group()
+    if dist is not None:
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
