@@ -40,6 +40,20 @@ def keeper_record(cluster: Cluster, job_id: str) -> dict[str, Any]:
     return keeper_record_on(cluster, 1, job_id, "node1")
 
 
+def plain_restart_job(tmp_path: Path) -> Path:
+    """Two torch-free nodes of steps.py, one restart, lost after 3 s of silence."""
+    return write_job(
+        tmp_path,
+        "restart",
+        "steps.py",
+        nodes=2,
+        args=["--plain"],
+        restarts=1,
+        lost_after=3,
+        nproc_per_node=1,
+    )
+
+
 def test_a_detached_job_whose_rank_fails_restarts_with_no_controller_running(
     orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
 ) -> None:
@@ -84,16 +98,7 @@ def _left(cluster: Cluster, i: int) -> list[tuple[int, str]]:
 def test_a_detached_job_finishes_on_a_spare_after_its_host_crashed(
     orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
 ) -> None:
-    job = write_job(
-        tmp_path,
-        "restart",
-        "steps.py",
-        nodes=2,
-        args=["--plain"],
-        restarts=1,
-        lost_after=3,
-        nproc_per_node=1,
-    )
+    job = plain_restart_job(tmp_path)
     job_id = submit_detached(orch, job, inventory)
     rank_log = cluster.home(1) / ".orch" / "jobs" / job_id / "node1" / "logs" / "rank-0.log"
     wait_for(lambda: rank_log.exists() and "step 2 attempt 0" in rank_log.read_text(), 60, "step 2")
@@ -187,16 +192,7 @@ def keeper_record_on(cluster: Cluster, i: int, job_id: str, home: str) -> dict[s
 def test_a_detached_job_restarts_after_its_master_host_crashed_kept_by_another_member(
     orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
 ) -> None:
-    job = write_job(
-        tmp_path,
-        "restart",
-        "steps.py",
-        nodes=2,
-        args=["--plain"],
-        restarts=1,
-        lost_after=3,
-        nproc_per_node=1,
-    )
+    job = plain_restart_job(tmp_path)
     job_id = submit_detached(orch, job, inventory)
     assert "(kept by node1)" in orch("status", job_id, timeout=60).stdout
     rank_log = cluster.home(2) / ".orch" / "jobs" / job_id / "node2" / "logs" / "rank-1.log"

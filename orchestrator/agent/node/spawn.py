@@ -122,7 +122,9 @@ def spawn(start: NodeStart) -> subprocess.Popen[bytes]:
     import subprocess
 
     os.makedirs(start.outputs, exist_ok=True)
-    with open(os.path.join(start.cwd, start.log), "ab") as out:
+    # Owner-only whatever the session's umask: the log holds what the ranks print.
+    fd = os.open(os.path.join(start.cwd, start.log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "ab") as out:
         return subprocess.Popen(
             start.command,
             env=start.env,
