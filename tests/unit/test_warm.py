@@ -121,11 +121,25 @@ def test_each_rank_gets_torchrun_s_variables() -> None:
 
 def test_the_warm_key_ignores_the_session_and_the_job_but_not_the_env() -> None:
     base = {"PATH": "/bin", "PYTHONPATH": "/lib"}
-    key = warm.key_of("/usr/bin/python3", base, ["torch"])
+    key = warm.key_of("/usr/bin/python3", base, ["torch"], 1)
     session = {**base, "SSH_CONNECTION": "1 2 3 4", "ORCH_JOB_ID": "j-2", "PWD": "/x"}
-    assert warm.key_of("/usr/bin/python3", session, ["torch"]) == key
-    assert warm.key_of("/usr/bin/python3", {**base, "OMP_NUM_THREADS": "2"}, ["torch"]) != key
-    assert warm.key_of("/usr/bin/python3", base, ["torch", "numpy"]) != key
+    assert warm.key_of("/usr/bin/python3", session, ["torch"], 1) == key
+    assert warm.key_of("/usr/bin/python3", {**base, "OMP_NUM_THREADS": "2"}, ["torch"], 1) != key
+    assert warm.key_of("/usr/bin/python3", base, ["torch", "numpy"], 1) != key
+
+
+def test_the_warm_key_holds_the_thread_count_torchrun_gives_the_ranks() -> None:
+    """Two ranks a node: torchrun sets OMP_NUM_THREADS=1, which thread pools read once
+    at import; so a node of one rank and a node of two need two warm interpreters, and
+    a node of two ranks and one that sets OMP_NUM_THREADS=1 itself share one."""
+    base = {"PATH": "/bin"}
+    one, two = (warm.key_of("/usr/bin/python3", base, ["torch"], n) for n in (1, 2))
+    assert one != two
+    assert warm.key_of("/usr/bin/python3", {**base, "OMP_NUM_THREADS": "1"}, ["torch"], 2) == two
+    assert warm.key_of("/usr/bin/python3", {**base, "OMP_NUM_THREADS": "4"}, ["torch"], 2) != two
+    assert warm.rank_env_at_import(base, 2) == {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    assert warm.rank_env_at_import(base, 1) == base
+    assert launch.node_env(base, 2)[0]["OMP_NUM_THREADS"] == "1"
 
 
 def test_a_warm_interpreter_carries_no_job_s_identity(
@@ -148,9 +162,10 @@ def test_a_warm_interpreter_carries_no_job_s_identity(
 
     monkeypatch.setattr(subprocess, "Popen", Started)
     env = {"ORCH_JOB_ID": "train-1", "ORCH_NODE_RANK": "0", "LR": "0.1", "PATH": "/bin"}
-    assert warm.ensure(sys.executable, env, ["torch"], 60.0)["started"] is True
+    assert warm.ensure(sys.executable, env, ["torch"], 60.0, 2)["started"] is True
     assert not any(name.startswith("ORCH_") and name != warm.ROOM_VAR for name in given)
     assert (given["LR"], given["PATH"]) == ("0.1", "/bin")
+    assert given["OMP_NUM_THREADS"] == "1"  # what torchrun gives two ranks a node
 
 
 def test_a_node_waits_for_a_warm_interpreter_still_importing_within_bounds(
@@ -210,3 +225,76 @@ def test_the_warm_replies_are_typed_both_ways() -> None:
     assert (refused.pid, refused.error) == (None, "the job starts cold: --cold")
     started = parse_message(WarmAhead, {"key": "k", "pid": 7, "started": True})
     assert (started.pid, started.started) == (7, True)
+
+
+def test_a_forked_rank_draws_fresh_random_numbers_as_a_new_process_would() -> None:
+    """Forked from one process that imported torch and numpy: without a reseed the
+    children draw the same numbers; after `fresh_random_state` each its own, from
+    torch's default generator (its initial seed too), numpy's legacy global state and
+    Python's `random`; a seed set afterwards gives what it gives anywhere."""
+    import json
+    import os
+
+    import numpy
+    import torch
+
+    def draws(reseed: bool) -> list[dict[str, object]]:
+        found = []
+        for _ in range(2):
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover (the child)
+                os.close(read)
+                if reseed:
+                    launch.fresh_random_state()
+                drawn = {
+                    "torch": torch.rand(1).item(),
+                    "seed": torch.initial_seed(),
+                    "numpy": float(numpy.random.rand()),
+                }
+                torch.manual_seed(7)
+                drawn["seeded"] = torch.rand(1).item()
+                os.write(write, json.dumps(drawn).encode())
+                os._exit(0)
+            os.close(write)
+            with os.fdopen(read) as f:
+                found.append(json.loads(f.read()))
+            os.waitpid(pid, 0)
+        return found
+
+    numpy.random.get_state()  # numpy seeds its global state at first use: now, here
+    same = draws(reseed=False)
+    assert same[0]["torch"] == same[1]["torch"] and same[0]["numpy"] == same[1]["numpy"]
+    fresh = draws(reseed=True)
+    for name in ("torch", "seed", "numpy"):
+        assert fresh[0][name] != fresh[1][name], name
+        assert fresh[0][name] != same[0][name], name
+    torch.manual_seed(7)
+    assert fresh[0]["seeded"] == fresh[1]["seeded"] == torch.rand(1).item()
+
+
+def test_a_preload_that_keeps_a_random_generator_of_its_own_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whether a module's own generator was seeded from the OS cannot be told, and a
+    fork would give every rank its draws: such a preload is refused, by name; the
+    generators a rank's fork reseeds (Python's, torch's, numpy's global) are not."""
+    import random
+    import sys
+    import types
+
+    import numpy.random
+    import torch
+
+    from orchestrator.agent.node.warm import serve
+
+    assert torch.default_generator is not None and numpy.random.mtrand._rand is not None
+    assert serve.kept_generators() == []
+    mine = types.ModuleType("augment")
+    mine.rng = numpy.random.default_rng()  # type: ignore[attr-defined]
+    mine.system = random.SystemRandom()  # type: ignore[attr-defined]  # the OS's: fine
+    monkeypatch.setitem(sys.modules, "augment", mine)
+    assert serve.kept_generators() == ["augment.rng"]
+    monkeypatch.setitem(sys.modules, "augment_pure", types.ModuleType("augment_pure"))
+    monkeypatch.setattr(sys.modules["augment_pure"], "shuffle", random.Random(), raising=False)
+    assert serve.kept_generators() == ["augment.rng", "augment_pure.shuffle"]

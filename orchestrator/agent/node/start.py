@@ -199,6 +199,11 @@ def leave_warm(spec: StartRequest, env: dict[str, str]) -> None:
     options = spec.warm
     if options is None or options.off:
         return
-    python = os.path.expanduser(str(spec.argv[0]))
+    request = launch.node_request([os.path.expanduser(str(spec.argv[0])), *spec.argv[1:]])
+    if request.get("cold"):
+        return  # no fork could do this node's job: nothing to keep warm for it
     with contextlib.suppress(OSError, ValueError):
-        interpreters.ensure(python, env, list(options.preload), float(options.idle))
+        preload = list(options.preload)
+        interpreters.ensure(
+            request["python"], env, preload, float(options.idle), int(request["nproc"])
+        )

@@ -67,4 +67,5 @@ def ahead(argv: list[str], env: dict[str, str], options: WarmOptions) -> dict[st
     if request.get("cold"):
         return {"error": f"the job starts cold: {request['cold']}"}
     preload = [str(name) for name in options.preload]
-    return ensure(request["python"], {**os.environ, **env}, preload, float(options.idle))
+    env = {**os.environ, **env}
+    return ensure(request["python"], env, preload, float(options.idle), int(request["nproc"]))

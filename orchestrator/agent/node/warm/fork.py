@@ -74,7 +74,7 @@ def choose(
         return None, f"cold start: {options.off}"
     if launch.get("cold"):
         return None, f"cold start: {launch['cold']}"
-    key = key_of(launch["python"], env, list(options.preload))
+    key = key_of(launch["python"], env, list(options.preload), int(launch["nproc"]))
     mine = next((r for r in found if r.get("key") == key), None)
     dead = next((r for r in gone if r.get("key") == key), None)
     if mine is None and dead is not None:

@@ -77,9 +77,22 @@ def key_env(env: dict[str, str]) -> dict[str, str]:
     }
 
 
-def key_of(python: str, env: dict[str, str], preload: list[str]) -> str:
-    """The key of a warm process: interpreter, environment, preload, agent version."""
-    what = [os.path.realpath(python), sorted(key_env(env).items()), list(preload), version_dir()]
+def rank_env_at_import(env: dict[str, str], nproc: int) -> dict[str, str]:
+    """The environment a rank of a node with `nproc` processes starts with, as far as
+    an import can tell: torchrun sets OMP_NUM_THREADS=1 where it is unset and more
+    than one process runs. The warm process imports with it, so that the thread pools
+    sized once at import (OpenMP's, MKL's, OpenBLAS's, torch's intra-op) are a cold
+    rank's size."""
+    if "OMP_NUM_THREADS" in env or nproc <= 1:
+        return dict(env)
+    return {**env, "OMP_NUM_THREADS": "1"}
+
+
+def key_of(python: str, env: dict[str, str], preload: list[str], nproc: int) -> str:
+    """The key of a warm process: interpreter, the ranks' environment at import (see
+    `rank_env_at_import`), preload, agent version."""
+    env = key_env(rank_env_at_import(env, nproc))
+    what = [os.path.realpath(python), sorted(env.items()), list(preload), version_dir()]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
 
 
@@ -134,9 +147,12 @@ def end(record: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- ensure, list, stop
 
 
-def ensure(python: str, env: dict[str, str], preload: list[str], idle: float) -> dict[str, Any]:
+def ensure(
+    python: str, env: dict[str, str], preload: list[str], idle: float, nproc: int
+) -> dict[str, Any]:
     """Start a warm process for this interpreter, environment and preload unless one
-    runs; end the least recently used beyond `MOST`.
+    runs, importing with the environment the ranks of a node of `nproc` processes
+    have; end the least recently used beyond `MOST`.
 
     Returns:
         `{"key", "pid", "started": bool}`, or `{"error"}`.
@@ -146,7 +162,8 @@ def ensure(python: str, env: dict[str, str], preload: list[str], idle: float) ->
         return {"error": "the agent runs from a temporary directory"}
     os.makedirs(os.path.dirname(where), mode=0o700, exist_ok=True)
     os.makedirs(where, mode=0o700, exist_ok=True)
-    key = key_of(python, env, preload)
+    key = key_of(python, env, preload, nproc)
+    env = rank_env_at_import(env, nproc)
     others = []
     for record in records():
         if record.get("key") == key:

@@ -45,7 +45,7 @@ from ...host import proc
 from ...kernel.layout import AGENT, RUN_SCRIPT
 from .. import spawn
 from ..rank import to_own_log
-from .interpreters import version_dir
+from .interpreters import rank_env_at_import, version_dir
 
 RUN_ID = "none"  # torchrun's default --rdzv-id
 ROLE = "default"
@@ -136,11 +136,8 @@ def rank_env(
 def node_env(env: dict[str, str], nproc: int) -> tuple[dict[str, str], str]:
     """The node's environment as torchrun's own process has it once it started, and
     what torchrun printed about it."""
-    env = dict(env)
-    said = ""
-    if "OMP_NUM_THREADS" not in env and nproc > 1:
-        env["OMP_NUM_THREADS"] = "1"
-        said = OMP_NOTICE
+    said = "" if "OMP_NUM_THREADS" in env or nproc <= 1 else OMP_NOTICE
+    env = rank_env_at_import(env, nproc)
     env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
     return env, said
 
@@ -215,6 +212,7 @@ class Node:
             env["TORCHELASTIC_ERROR_FILE"] = os.path.join(error_dir, "error.json")
             pid = os.fork()
             if pid == 0:
+                fresh_random_state()
                 self.conn.close()
                 os.setsid()  # each rank its own session, as torchrun's workers
                 os.environ.clear()
@@ -350,6 +348,24 @@ class Node:
             lines.append("  <NO_OTHER_FAILURES>")
         lines += ["-" * 60, "Root Cause (first observed failure):", *block(first), "=" * 60]
         sys.stderr.write("\n".join(lines) + "\n")
+
+
+def fresh_random_state() -> None:
+    """In a forked rank: every random generator a new interpreter seeds from the OS,
+    seeded so again, as a cold rank's would be: torch's default CPU generator
+    (`torch.initial_seed()` then differs per rank and per run) and numpy's legacy
+    global state. Python's `random` reseeds itself after a fork (its own at-fork
+    hook). CUDA's generators are never made in the warm process (it refuses to serve
+    where CUDA was initialised), and they have a fixed seed cold as well. serve.py's
+    `generator_refusal` makes sure there is no other generator a preload made at
+    import. A script that seeds explicitly afterwards gets what it gets cold."""
+    torch = sys.modules.get("torch")
+    generator = getattr(torch, "default_generator", None)
+    if generator is not None:
+        generator.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None and hasattr(numpy_random, "seed"):
+        numpy_random.seed()  # the legacy global RandomState, from the OS as at import
 
 
 def _raise_stop(signum: int, _frame: Any) -> None:

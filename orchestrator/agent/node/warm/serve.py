@@ -21,6 +21,7 @@ from typing import Any
 
 from ...host import proc
 from ...kernel.fileio import read_json, write_json
+from ...kernel.limits import raise_open_files
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
 if TYPE_CHECKING:
@@ -43,6 +44,9 @@ def serve(
         agent_dir: the agent version's directory (not a place of installed packages).
     """
     key, idle, preload = args[0], float(args[1]), json.loads(args[2])
+    # The limits a cold rank inherits from its supervisor (`orch warm` starts this
+    # process from a plain SSH session, the supervisor from its own).
+    raise_open_files()
     record: dict[str, Any] = {
         "key": key,
         "pid": os.getpid(),
@@ -152,6 +156,12 @@ def preload_refusal(preload: list[str]) -> str | None:
     cuda = getattr(torch, "cuda", None)
     if cuda is not None and cuda.is_initialized():
         return "a preload module initialised CUDA, and a forked rank cannot use it"
+    held = kept_generators()
+    if held:
+        return (
+            f"a preload module keeps a random generator made at import ({held[0]}): "
+            "every forked rank would draw the same numbers from it"
+        )
     pid = os.fork()  # a trial fork: the pools that stop for a fork stop now
     if pid == 0:
         os._exit(0)
@@ -160,6 +170,41 @@ def preload_refusal(preload: list[str]) -> str | None:
     if len(threads) > 1:
         return f"the preload left {len(threads) - 1} thread(s) running, which a fork would break"
     return None
+
+
+def kept_generators() -> list[str]:
+    """Random generators held by a module's globals that a rank's fork does not make
+    fresh (launch.py's `fresh_random_state` reseeds Python's, torch's default and
+    numpy's legacy global one): whether another was seeded from the OS or by its
+    module cannot be told, and if from the OS every rank would share its draws."""
+    import random
+
+    kinds: list[type] = [random.Random]
+    fresh = {id(getattr(random, "_inst", None))}
+    numpy_random = sys.modules.get("numpy.random")
+    for name in ("RandomState", "Generator", "BitGenerator"):
+        kind = getattr(numpy_random, name, None)
+        if isinstance(kind, type):
+            kinds.append(kind)
+    fresh.add(id(getattr(getattr(numpy_random, "mtrand", None), "_rand", None)))
+    torch = sys.modules.get("torch")
+    torch_kind = getattr(torch, "Generator", None)
+    if isinstance(torch_kind, type):
+        kinds.append(torch_kind)
+        fresh.add(id(getattr(torch, "default_generator", None)))
+    held = []
+    for name, module in list(sys.modules.items()):
+        values = getattr(module, "__dict__", None)
+        if not isinstance(values, dict):
+            continue
+        for attr, value in list(values.items()):
+            # The class's own MRO: isinstance would run a metaclass's hooks.
+            mro = type(value).__mro__
+            if id(value) in fresh or random.SystemRandom in mro:
+                continue
+            if any(kind in mro for kind in kinds):
+                held.append(f"{name}.{attr}")
+    return sorted(held)
 
 
 class Fingerprint:
