@@ -12,7 +12,8 @@ per host:
                warm interpreter: the ones that submit left are still importing torch,
                and the nodes wait for them;
 - by hand:     one `ssh host 'cd dir && python -m torch.distributed.run ...'` per host,
-               in parallel (OpenSSH), the code already on the hosts.
+               in parallel (OpenSSH), the code already on the hosts, with no warm
+               interpreter on them (`orch warm --stop` first: they hold memory).
 
 Runs alternate and the median of each is reported. Then the memory of two ranks on one
 host (the sum of their PSS, read from /proc/PID/smaps_rollup while they hold), started
@@ -201,16 +202,24 @@ def main() -> None:
                 "cold": [],
                 "hand": [],
                 "at_once": [],
+                "warm_cpu": [],
+                "cold_cpu": [],
             }
             stop = [*orch_command(), "warm", "--stop", "-i", str(inventory)]
             for r in range(args.repeat):
                 port += 1
                 script = f"{SCRIPT} --hf" if hf else SCRIPT
                 by_hand = baseline_commands(cluster, controller, n, port, BASELINE_DIR, script)
+                # By hand with no warm interpreter holding the hosts' memory.
+                subprocess.run(stop, env=env, check=True, capture_output=True)
                 runs["hand"].append(time_to_all_ranks(by_hand, n)[0])
-                runs["cold"].append(time_to_all_ranks([[*submit, "--cold"]], n, env=env)[0])
+                took, used = time_to_all_ranks([[*submit, "--cold"]], n, env=env)
+                runs["cold"].append(took)
+                runs["cold_cpu"].append(used.cpu_s)
                 wait_warm(cluster, n)
-                runs["warm"].append(time_to_all_ranks([submit], n, env=env)[0])
+                took, used = time_to_all_ranks([submit], n, env=env)
+                runs["warm"].append(took)
+                runs["warm_cpu"].append(used.cpu_s)
                 (workdir / "helper.py").write_text(f"VALUE = 1  # edit {n}.{r}\n")
                 runs["changed"].append(time_to_all_ranks([submit], n, env=env)[0])
                 subprocess.run(stop, env=env, check=True, capture_output=True)
@@ -226,15 +235,17 @@ def main() -> None:
     table = [
         "| hosts | orch warm (s) | warm, one file changed (s) | orch cold (s) "
         "| resubmit at once (s) | by hand (s) "
-        "| warm / by hand | changed / warm | cold / by hand | at once / by hand |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| warm / by hand | changed / warm | cold / by hand | at once / by hand "
+        "| orch CPU warm, cold (s) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n, r, _ in rows:
         table.append(
             f"| {n} | {r['warm']:.2f} | {r['changed']:.2f} | {r['cold']:.2f} "
             f"| {r['at_once']:.2f} | {r['hand']:.2f} "
             f"| {r['warm'] / r['hand']:.2f}x | {r['changed'] / r['warm']:.2f}x "
-            f"| {r['cold'] / r['hand']:.2f}x | {r['at_once'] / r['hand']:.2f}x |"
+            f"| {r['cold'] / r['hand']:.2f}x | {r['at_once'] / r['hand']:.2f}x "
+            f"| {r['warm_cpu']:.1f}, {r['cold_cpu']:.1f} |"
         )
     if hf:
         write_section("warm-transformers", transformers_body(args, table))
@@ -250,9 +261,11 @@ def main() -> None:
             "code push included with nothing changed; changed: the same after editing one",
             "file the script imports; orch cold: `orch submit --cold`; by hand: one",
             "`ssh host 'cd dir && python -m torch.distributed.run ...'` per host in parallel,",
-            "code already in place; at once: a submit the moment one ended on hosts that",
-            "had no warm interpreter (those it left are still importing torch: the nodes",
-            f"wait for them). Median of {args.repeat} alternating runs; {machine()}.",
+            "code already in place and no warm interpreter on the hosts (stopped first);",
+            "at once: a submit the moment one ended on hosts that had no warm interpreter",
+            "(those it left are still importing torch: the nodes wait for them); orch CPU:",
+            "the `orch submit` command's CPU seconds, warm and cold.",
+            f"Median of {args.repeat} alternating runs; {machine()}.",
             "Targets at 8 hosts: warm at most 0.5x by hand, one changed file within 10% of",
             "unchanged, cold at most 1.15x by hand.",
             "",
