@@ -108,7 +108,10 @@ def memory(cluster: Cluster, controller: Controller, workdir: Path) -> dict[str,
     env = controller.env()
     found = {}
     for mode in ("cold", "warm"):
-        if mode == "warm":
+        if mode == "warm":  # this job's own (two ranks: another key than one rank's)
+            for verb in (["--stop"], [str(job)]):
+                warm = [*orch_command(), "warm", *verb, "-i", str(inventory)]
+                subprocess.run(warm, env=env, check=True, capture_output=True)
             wait_warm(cluster, 1)
         extra = ["--cold"] if mode == "cold" else []
         run = subprocess.run(
@@ -119,6 +122,8 @@ def memory(cluster: Cluster, controller: Controller, workdir: Path) -> dict[str,
             check=True,
         )
         job_id = run.stdout.split()[1]
+        if mode == "warm" and "cold start" in run.stderr:
+            raise RuntimeError(f"the warm run started cold: {run.stderr}")
         found[mode] = ranks_pss_kb(cluster, job_id, 0, 2)
         subprocess.run([*orch_command(), "logs", job_id, "-f"], env=env, capture_output=True)
     found["warm interpreter"] = warm_pss_kb(cluster, 0)
@@ -206,6 +211,7 @@ def main() -> None:
                 "cold_cpu": [],
             }
             stop = [*orch_command(), "warm", "--stop", "-i", str(inventory)]
+            ahead = [*orch_command(), "warm"]
             for r in range(args.repeat):
                 port += 1
                 script = f"{SCRIPT} --hf" if hf else SCRIPT
@@ -216,6 +222,9 @@ def main() -> None:
                 took, used = time_to_all_ranks([[*submit, "--cold"]], n, env=env)
                 runs["cold"].append(took)
                 runs["cold_cpu"].append(used.cpu_s)
+                # `--cold` leaves none: the job's warm interpreters, as a submit leaves them.
+                warm = [*ahead, str(job), "-i", str(inventory)]
+                subprocess.run(warm, env=env, check=True, capture_output=True)
                 wait_warm(cluster, n)
                 took, used = time_to_all_ranks([submit], n, env=env)
                 runs["warm"].append(took)
