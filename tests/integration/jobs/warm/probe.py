@@ -87,10 +87,16 @@ def started_with() -> dict[str, object]:
             continue
         fds[fd] = re.sub(r"\[\d+\]$", "", target)  # pipe:[123] -> pipe:
     handlers = {s.name: signal.getsignal(s) for s in signal.Signals}
+    with open("/proc/self/comm") as f:
+        comm = f.read().strip()
+    with open("/proc/self/oom_score_adj") as f:
+        oom = f.read().strip()
     return {
         "signals": {k: status[k].strip() for k in ("SigBlk", "SigIgn", "SigCgt")},
         "python_signals": {k: repr(getattr(h, "__name__", h)) for k, h in handlers.items()},
         "fds": fds,
+        "comm": comm,  # the name ps -o comm and top show
+        "oom_score_adj": oom,
     }
 
 
