@@ -130,3 +130,36 @@ class TopSample(Reply):
     gpus: Sequence[dict[str, Any]] | None = None  # None: no nvidia-smi on the host
     gpu_error: str | None = None
     warm: Sequence[WarmRow] = ()  # this user's warm interpreters on the host
+
+
+class RankStack(Message):
+    """One rank's stack, as the `stack` command read it (agent/node/stack.py).
+
+    `via`: "py-spy" or "faulthandler" (None: not read); `error` and `hint` say why not;
+    `ended`: the rank was gone. `threads`: [{"id", "name", "active", "frames":
+    [{"function", "file", "line"}]}], innermost frame first."""
+
+    rank: int
+    pid: int | None = None
+    via: str | None = None
+    native: bool = False
+    error: str | None = None
+    hint: str | None = None
+    ended: bool = False
+    threads: Sequence[dict[str, Any]] = ()
+
+
+class StackReply(Reply):
+    """`stack`: every asked rank of the node (`ranks`), or `need_tool`: the hash of the
+    py-spy this host lacks (the controller sends it, `tool-put`, and asks again).
+    `code`: the node's code directory, as its ranks see their files; `machine`: its
+    `uname -m`; `saved`: the node's copy of the dump; `flight`: NCCL flight-recorder
+    dumps found, {rank: path}."""
+
+    exists: bool = True
+    need_tool: str | None = None
+    machine: str = ""
+    code: str | None = None
+    saved: str | None = None
+    ranks: Sequence[RankStack] = ()
+    flight: dict[str, str] | None = None
