@@ -60,6 +60,39 @@ def take(store: JobDB, record: JobRecord, wanted: Wanted, reporter: Reporter) ->
         now = reconcile(store, record, reporter)
         if now.state.is_terminal():
             raise ended_error(now)
+    return keep(record, taken, replies, unanswered)
+
+
+def take_if_stalled(
+    record: JobRecord, stall_after: float, reporter: Reporter
+) -> tuple[stacks.StackView | None, float | None]:
+    """The stall watchdog's look: every rank's stack, kept, where every node that
+    answers has been silent `stall_after` seconds on its own clock; else (None, the
+    least silence a node reported, None where no node said).
+
+    Raises:
+        HostError / MultiHostError: no host of the job answered.
+    """
+    nodes = chosen(record, Wanted())
+    taken = time.time()
+    replies, unanswered = ask_all(
+        record, nodes, Wanted(), kept.stamp(taken), reporter.notice, stall_after
+    )
+    if not replies:
+        raise _combined(unanswered)
+    idle = [r.idle_s for r in replies.values() if r.exists and r.idle_s is not None]
+    if any(r.skipped for r in replies.values()) or not idle:
+        return None, min(idle, default=None)
+    return keep(record, taken, replies, unanswered), min(idle)
+
+
+def keep(
+    record: JobRecord,
+    taken: float,
+    replies: dict[str, StackReply],
+    unanswered: list[OrchError],
+) -> stacks.StackView:
+    """The replies as a StackView, kept in the job's records."""
     for host, reply in list(replies.items()):
         if not reply.exists:
             unanswered.append(HostError(host, "the job's directory is not on this host"))
@@ -122,6 +155,7 @@ def ask_all(
     wanted: Wanted,
     name: str,
     notice: Callable[[str], None],
+    if_idle: float | None = None,
 ) -> tuple[dict[str, StackReply], list[OrchError]]:
     """Every node's reply, and the errors of the hosts that gave none (module
     docstring, 1)."""
@@ -148,6 +182,7 @@ def ask_all(
                 pyspy={m: t.sha256 for m, t in carried.items()},
                 taken=name,
                 timeout=READ_TIMEOUT_S,
+                if_idle=if_idle,
             )
             reply = ask(node, transport, request)
             if reply.need_tool:

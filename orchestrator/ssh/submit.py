@@ -280,6 +280,8 @@ def record_of(plan: LaunchPlan) -> JobRecord:
         "outputs_from": job.outputs_from,
         "restarts": job.restarts,
         "attempt": int(plan.nodes[0].env.get("ORCH_ATTEMPT", "0")),
+        "stall_after": job.stall_after,
+        "on_stall": job.on_stall,
     }
     nodes = [
         NodeRecord(

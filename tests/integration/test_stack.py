@@ -86,7 +86,7 @@ def test_stack_names_the_sleeping_ranks_line_and_the_others_all_reduce(
         assert lines[1].split()[0] == "all_reduce", taken.stdout
         assert "torch/distributed/" in lines[1], "files named from their package"
         assert "1 rank   node2 r2" in lines
-        assert lines[lines.index("1 rank   node2 r2") + 1].split() == ["load_batch", "hang.py:15"]
+        assert lines[lines.index("1 rank   node2 r2") + 1].split() == ["load_batch", "hang.py:17"]
         assert "read: 3 ranks with py-spy" in lines
         saved = Path(taken.stderr.split("saved: ")[1].split()[0])
         assert saved.read_text().startswith("2 ranks  node1 r0-r1")
@@ -151,7 +151,7 @@ def test_a_warm_attached_job_is_read_through_faulthandler_when_its_env_asks(
         lines = taken.stdout.splitlines()
         assert lines[0] == "2 ranks  node1 r0-r1", taken.stdout
         assert lines[1].split()[0] == "all_reduce", taken.stdout
-        assert lines[lines.index("1 rank   node2 r2") + 1].split() == ["load_batch", "hang.py:15"]
+        assert lines[lines.index("1 rank   node2 r2") + 1].split() == ["load_batch", "hang.py:17"]
         assert "read: 3 ranks with faulthandler" in lines
         assert not any("orch_agent" in line for line in lines), "the warm launcher's frames"
     finally:
@@ -159,4 +159,36 @@ def test_a_warm_attached_job_is_read_through_faulthandler_when_its_env_asks(
             orch("kill", job_id, timeout=60)
         attached.wait(timeout=60)
     assert attached.returncode == 1
+    assert_no_job_left(cluster, HOSTS)
+
+
+def test_stall_after_ends_a_hung_job_with_its_stacks_and_restarts_apply(
+    cluster: Cluster, orch: OrchRunner, two_and_one: Path, tmp_path: Path
+) -> None:
+    job = hang_job(tmp_path, warm=False, stall_after=15, restarts=1)
+    attached = start_attached(orch, job, two_and_one)
+    out, err = Lines(attached.stdout), Lines(attached.stderr)  # type: ignore[arg-type]
+    try:
+        out.wait_for("ready 2", 120)
+        quiet_since = time.monotonic()  # the last line of attempt 0 (r2's comes last)
+        stalled = err.wait_for("stopping the job; every rank's stack:", 40)
+        assert stalled - quiet_since <= 20, f"stalled after {stalled - quiet_since:.1f} s"
+        out.wait_for("done 2", 120)  # attempt 2 runs through
+        attached.wait(timeout=60)
+    finally:
+        if attached.poll() is None:
+            attached.kill()
+    stdout, stderr = out.text(), err.text()
+    assert attached.returncode == 0, stderr
+    job_id = job_id_of(stdout)
+    assert "no rank printed a line for" in stderr and "(stall_after: 15)" in stderr
+    assert "orch:   2 ranks  node1 r0-r1" in stderr, stderr
+    assert any(line.split()[1:] == ["load_batch", "hang.py:17"] for line in stderr.splitlines())
+    kept_line = next(line for line in stderr.splitlines() if "stacks kept: " in line)
+    kept = Path(kept_line.split("stacks kept: ")[1])
+    assert kept.is_file() and "1 rank   node2 r2" in kept.read_text()
+    assert "starting the job again" in stderr and "attempt 2 of 2" in stderr
+    (record,) = json.loads(orch("status", job_id, "--json", timeout=30).stdout)
+    (first,) = record["spec"]["attempts"]
+    assert {n["error"] for n in first["nodes"]} == {"stalled: no output for 15 s"}, first
     assert_no_job_left(cluster, HOSTS)

@@ -445,3 +445,47 @@ def test_an_unknown_job_is_exit_2_without_a_traceback(orch: Orch) -> None:
 def test_a_negative_rank_is_refused_before_anything(orch: Orch) -> None:
     run = orch("stack", "some-job", "--rank", "-1")
     assert run.returncode == 2 and "Traceback" not in run.stderr
+
+
+# ---------------------------------------------------------------- stall_after:
+
+
+def stall_job(write: Any, value: str) -> Path:
+    write("train.py", "")
+    return Path(write("job.yaml", f"name: s\nscript: train.py\nnodes: 1\n{value}\n"))
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("stall_after: 5", "stall_after: must be at least 10 s, got 5"),
+        ("stall_after: soon", "expected a number of seconds, got 'soon'"),
+        ("stall_after: true", "expected a number of seconds, got True"),
+        ("on_stall: retry", "unknown on_stall 'retry'"),
+    ],
+)
+def test_a_bad_stall_watchdog_is_refused_at_load_with_exit_2(
+    orch: Orch, write: Any, value: str, said: str
+) -> None:
+    job = stall_job(write, value)
+    run = orch("submit", job, "--dry-run")
+    assert run.returncode == 2, run
+    assert f"error: {job}:4:" in run.stderr and said in run.stderr
+    assert "hint: " in run.stderr and "Traceback" not in run.stderr
+
+
+def test_stall_after_loads_and_the_command_line_overrides_it(write: Any) -> None:
+    from orchestrator.models.job import Overrides, load_job, with_overrides
+
+    job = load_job(stall_job(write, "stall_after: 15\non_stall: warn"))
+    assert (job.stall_after, job.on_stall) == (15, "warn")
+    assert with_overrides(job, Overrides(stall_after=600)).stall_after == 600
+    plain = load_job(stall_job(write, ""))
+    assert (plain.stall_after, plain.on_stall) == (None, "fail"), "off by default"
+
+
+def test_stall_after_below_10_on_the_command_line_is_exit_2(orch: Orch, write: Any) -> None:
+    run = orch("submit", stall_job(write, ""), "--stall-after", "3", "--dry-run")
+    assert run.returncode == 2
+    assert "error: --stall-after 3: must be at least 10 s" in run.stderr
+    assert "hint: " in run.stderr and "Traceback" not in run.stderr

@@ -154,9 +154,13 @@ class StackReply(Reply):
     py-spy this host lacks (the controller sends it, `tool-put`, and asks again).
     `code`: the node's code directory, as its ranks see their files; `machine`: its
     `uname -m`; `saved`: the node's copy of the dump; `flight`: NCCL flight-recorder
-    dumps found, {rank: path}."""
+    dumps found, {rank: path}. `idle_s`: seconds since any of the node's ranks (or its
+    launcher) last wrote a line, on the host's clock (None: no rank started yet);
+    `skipped`: the request's `if_idle` was not reached, and no stack was taken."""
 
     exists: bool = True
+    idle_s: float | None = None
+    skipped: bool = False
     need_tool: str | None = None
     machine: str = ""
     code: str | None = None

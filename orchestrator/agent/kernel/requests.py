@@ -122,6 +122,7 @@ class StackRequest(Request):
     pyspy: Mapping[str, str] | None = None
     taken: str = "stack"
     timeout: float = 10.0
+    if_idle: float | None = None  # the watchdog: only where the node has been silent this long
 
 
 class SlurmTopRequest(Request):

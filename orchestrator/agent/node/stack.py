@@ -13,6 +13,9 @@ each read at once beside the others, for `orch stack` and the stall watchdog.
 3. A rank that cannot be read says why, and how to fix it; the others are read all
    the same. A rank that ends while it is read is `ended`, no error.
 4. The node's dump is kept in `stacks/TAKEN.json`, owner-only, beside its logs.
+5. With `if_idle` (the stall watchdog), the stacks are taken only where the node's
+   ranks have been silent that long (`idle`), so that output the controller has not
+   seen yet (a slow link) never looks like a stall.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import time
 
 from ..host import proc, tools
 from ..kernel.fileio import read_json, write_bytes
-from ..kernel.layout import CODE, LOGS, PYSPY, STACKS, tool_name
+from ..kernel.layout import CODE, LOGS, PYSPY, STACKS, TORCHRUN_LOG, tool_name
 from ..kernel.messages import parse_message
 from ..kernel.replies import RankStack, StackReply
 from ..kernel.requests import StackRequest
@@ -64,6 +67,9 @@ def take(job_dir: str, request: StackRequest) -> StackReply:
     if missing is not None:
         return StackReply(need_tool=missing, machine=machine)
     os.chdir(job_dir)
+    idle_s = idle()
+    if request.if_idle is not None and (idle_s is None or idle_s < request.if_idle):
+        return StackReply(machine=machine, idle_s=idle_s, skipped=True)
     wanted = set(request.ranks) if request.ranks is not None else None
     found = {r: p for r, p in rank_pids().items() if wanted is None or r in wanted}
     results: dict[int, RankStack] = {}
@@ -78,9 +84,35 @@ def take(job_dir: str, request: StackRequest) -> StackReply:
         thread.join()
     ranks = [results[r] for r in sorted(results)]
     code = os.path.realpath(CODE) if os.path.isdir(CODE) else None
-    reply = StackReply(machine=machine, code=code, ranks=ranks, flight=flight_dumps())
+    reply = StackReply(
+        machine=machine, code=code, ranks=ranks, flight=flight_dumps(), idle_s=idle_s
+    )
     reply.saved = save(request.taken, reply)
     return reply
+
+
+def idle() -> float | None:
+    """Seconds since the node's ranks or its launcher last wrote anything, or since its
+    ranks started where none has yet; None where no rank has started (a node waiting in
+    line, or in its setup)."""
+    latest = None
+    started = False
+    for folder, names in (
+        (LOGS, os.listdir(LOGS) if os.path.isdir(LOGS) else []),
+        (".", [TORCHRUN_LOG]),
+    ):
+        for name in names:
+            if not name.startswith(("rank-", "torchrun")) or not name.endswith((".log", ".pid")):
+                continue
+            started = started or name.endswith(".pid")
+            try:
+                when = os.stat(os.path.join(folder, name)).st_mtime
+            except OSError:
+                continue
+            latest = when if latest is None else max(latest, when)
+    if not started or latest is None:
+        return None
+    return round(max(0.0, time.time() - latest), 3)
 
 
 def pyspy(request: StackRequest, machine: str) -> tuple[str | None, str | None]:
