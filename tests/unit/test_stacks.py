@@ -489,3 +489,50 @@ def test_stall_after_below_10_on_the_command_line_is_exit_2(orch: Orch, write: A
     assert run.returncode == 2
     assert "error: --stall-after 3: must be at least 10 s" in run.stderr
     assert "hint: " in run.stderr and "Traceback" not in run.stderr
+
+
+# ---------------------------------------------------------------- see it coming
+
+
+def test_top_marks_a_node_silent_for_a_tenth_of_stall_after() -> None:
+    from orchestrator.reporting.top import NodeView, RankView, TopView
+
+    def node(host: str, *idle: float) -> NodeView:
+        ranks = tuple(
+            RankView(host, i, (), None, 0, None, None, s, 100.0, (), 0, True)
+            for i, s in enumerate(idle)
+        )
+        return NodeView(host, 0, "running", ranks)
+
+    talking, quiet = node("node1", 2.0, 40.0), node("node2", 35.0, 31.0)
+    view = TopView("j", "j", "running", 0.0, 2.0, (talking, quiet), stall_after=300)
+    assert (talking.idle_s, quiet.idle_s) == (2.0, 31.0), "a node's latest line, any rank's"
+    assert view.quiet(talking) is None
+    assert view.quiet(quiet) == "no line for 31 s (stall_after: 300)"
+    data = view.to_json()
+    assert data["stall_after"] == 300
+    assert [n["quiet"] for n in data["nodes"]] == [None, "no line for 31 s (stall_after: 300)"]
+    unwatched = TopView("j", "j", "running", 0.0, 2.0, (talking, quiet))
+    assert unwatched.quiet(quiet) is None, "no stall_after: nothing to be near"
+
+
+def test_a_nodes_silence_counts_from_its_ranks_logs_and_their_start(tmp_path: Path) -> None:
+    from orchestrator.agent.node import state
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert state.idle() is None, "no rank started: not watched"
+        (logs / "rank-0.pid").write_text("1 1")
+        (logs / "rank-0.log").write_text("step 1\n")
+        old = time.time() - 50
+        os.utime(logs / "rank-0.pid", (old, old))
+        os.utime(logs / "rank-0.log", (old, old))
+        assert 49 <= (state.idle() or 0) <= 52
+        (tmp_path / "torchrun.log").write_text("a launcher line\n")
+        idle = state.idle()
+        assert idle is not None and idle < 2, "the launcher's output counts"
+    finally:
+        os.chdir(cwd)

@@ -31,6 +31,7 @@ class StatusReply(Reply):
     running: bool
     ended: ExitRecord | None = None
     exists: bool = True
+    idle_s: float | None = None  # `status`: seconds since its ranks last printed (state.idle)
 
 
 class Started(Reply):

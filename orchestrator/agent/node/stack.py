@@ -30,11 +30,11 @@ import time
 
 from ..host import proc, tools
 from ..kernel.fileio import read_json, write_bytes
-from ..kernel.layout import CODE, LOGS, PYSPY, STACKS, TORCHRUN_LOG, tool_name
+from ..kernel.layout import CODE, LOGS, PYSPY, STACKS, tool_name
 from ..kernel.messages import parse_message
 from ..kernel.replies import RankStack, StackReply
 from ..kernel.requests import StackRequest
-from . import traceable
+from . import state, traceable
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def take(job_dir: str, request: StackRequest) -> StackReply:
     if missing is not None:
         return StackReply(need_tool=missing, machine=machine)
     os.chdir(job_dir)
-    idle_s = idle()
+    idle_s = state.idle()
     if request.if_idle is not None and (idle_s is None or idle_s < request.if_idle):
         return StackReply(machine=machine, idle_s=idle_s, skipped=True)
     wanted = set(request.ranks) if request.ranks is not None else None
@@ -89,30 +89,6 @@ def take(job_dir: str, request: StackRequest) -> StackReply:
     )
     reply.saved = save(request.taken, reply)
     return reply
-
-
-def idle() -> float | None:
-    """Seconds since the node's ranks or its launcher last wrote anything, or since its
-    ranks started where none has yet; None where no rank has started (a node waiting in
-    line, or in its setup)."""
-    latest = None
-    started = False
-    for folder, names in (
-        (LOGS, os.listdir(LOGS) if os.path.isdir(LOGS) else []),
-        (".", [TORCHRUN_LOG]),
-    ):
-        for name in names:
-            if not name.startswith(("rank-", "torchrun")) or not name.endswith((".log", ".pid")):
-                continue
-            started = started or name.endswith(".pid")
-            try:
-                when = os.stat(os.path.join(folder, name)).st_mtime
-            except OSError:
-                continue
-            latest = when if latest is None else max(latest, when)
-    if not started or latest is None:
-        return None
-    return round(max(0.0, time.time() - latest), 3)
 
 
 def pyspy(request: StackRequest, machine: str) -> tuple[str | None, str | None]:
