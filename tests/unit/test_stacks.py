@@ -536,3 +536,52 @@ def test_a_nodes_silence_counts_from_its_ranks_logs_and_their_start(tmp_path: Pa
         assert idle is not None and idle < 2, "the launcher's output counts"
     finally:
         os.chdir(cwd)
+
+
+# ---------------------------------------------------------------- NCCL's flight recorder
+
+
+def test_a_gpu_node_gets_the_flight_recorder_with_its_dumps_in_the_node_dir() -> None:
+    from orchestrator.agent.node import spawn
+
+    start = spawn.plan(
+        spawn.COLD, ["python", "-m", "x"], {"CUDA_VISIBLE_DEVICES": "0,1"}, "/j/n1", "/j/out"
+    )
+    assert start.env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == start.env["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert start.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert start.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/j/n1/nccl-trace-rank-"
+    assert start.env["TORCH_FR_DUMP_TEMP_FILE"] == "/j/n1/nccl-trace-rank-"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},  # no GPU: no NCCL
+        {"CUDA_VISIBLE_DEVICES": ""},
+        {"CUDA_VISIBLE_DEVICES": "0", "TORCH_NCCL_TRACE_BUFFER_SIZE": "0"},  # the job says no
+        {"CUDA_VISIBLE_DEVICES": "0", "TORCH_FR_DUMP_TEMP_FILE": "/scratch/fr-"},
+    ],
+)
+def test_the_flight_recorder_is_left_alone_without_gpus_or_where_the_job_sets_it(
+    env: dict[str, str],
+) -> None:
+    from orchestrator.agent.node import spawn
+
+    start = spawn.plan(spawn.COLD, ["python", "-m", "x"], env, "/j/n1", "/j/out")
+    added = set(start.env) - set(env) - {"ORCH_OUTPUT_DIR"}
+    assert added == set()
+
+
+def test_stack_lists_the_flight_recorders_dumps_beside_the_stacks(tmp_path: Path) -> None:
+    node = tmp_path / "n1"
+    (node / "logs").mkdir(parents=True)
+    (node / "node.json").write_text(json.dumps({"argv": [], "env": {}}))
+    (node / "nccl-trace-rank-3").write_bytes(b"\x80\x04pickle")
+    cwd = os.getcwd()
+    try:
+        reply = agent_stack.take(str(node), StackRequest(taken="t"))
+    finally:
+        os.chdir(cwd)
+    assert reply.flight == {"3": str(node / "nccl-trace-rank-3")}
+    view = stacks.view("j", 1.0, {"node1": reply})
+    assert f"node1 r3: NCCL flight recorder dump {node / 'nccl-trace-rank-3'}" in stacks.lines(view)

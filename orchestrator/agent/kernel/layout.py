@@ -33,6 +33,7 @@ FS_MARKS = "fsmarks"  # WORKDIR/fsmarks/<nonce>: which hosts see one filesystem 
 HEARTBEAT_S = 60.0  # a supervisor touches its PIDS file this often while torchrun runs
 MEMBER_FILE = "member.json"  # a keeper's member lives in this node directory (touched too)
 STACKS = "stacks"  # every stack dump taken of the node's ranks (orch stack), one JSON each
+FLIGHT_PREFIX = "nccl-trace-rank-"  # + the rank: PyTorch's NCCL flight-recorder dumps, here
 PYSPY = "py-spy"  # the tool that reads a rank's stack, kept per hash in `tools_dir`
 
 

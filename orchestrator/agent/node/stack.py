@@ -30,11 +30,11 @@ import time
 
 from ..host import proc, tools
 from ..kernel.fileio import read_json, write_bytes
-from ..kernel.layout import CODE, LOGS, PYSPY, STACKS, tool_name
+from ..kernel.layout import CODE, FLIGHT_PREFIX, LOGS, PYSPY, STACKS, tool_name
 from ..kernel.messages import parse_message
 from ..kernel.replies import RankStack, StackReply
 from ..kernel.requests import StackRequest
-from . import state, traceable
+from . import spawn, state, traceable
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
 if TYPE_CHECKING:
@@ -293,18 +293,18 @@ def faulthandler_threads(text: str) -> list[dict[str, Any]]:
 
 
 def flight_dumps() -> dict[str, str] | None:
-    """NCCL flight-recorder dumps of this node's ranks: `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`
-    plus the rank, as the node's env set it (stacks.py of the controller says when)."""
+    """NCCL flight-recorder dumps of this node's ranks ({rank: path}): the prefix the
+    job's env names, else the one spawn.flight_recorder gave it, plus the rank."""
     spec = read_json("node.json") or {}
-    prefix = (spec.get("env") or {}).get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-    if not prefix:
-        return None
+    env = spec.get("env") or {}
+    prefix = next((env[n] for n in spawn.FLIGHT_FILES if env.get(n)), None)
+    prefix = os.path.abspath(os.path.expanduser(prefix or FLIGHT_PREFIX))
     found = {}
-    folder, stem = os.path.split(os.path.expanduser(prefix))
+    folder, stem = os.path.split(prefix)
     for name in os.listdir(folder or ".") if os.path.isdir(folder or ".") else []:
         if name.startswith(stem) and name[len(stem) :].isdigit():
             found[name[len(stem) :]] = os.path.join(folder, name)
-    return found
+    return found or None
 
 
 def save(taken: str, reply: StackReply) -> str | None:
