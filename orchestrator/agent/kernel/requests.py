@@ -191,6 +191,11 @@ class KeeperConfig(Request):
     line: str | None = None
     place: Placement
     candidates: Sequence[Candidate]
+    # The stall watchdog (`stall_after:`, docs/STACKS.md), and the py-spy each machine's
+    # hosts keep (StackRequest.pyspy): what the keeper asks its members for.
+    stall_after: float | None = None
+    on_stall: str = "fail"
+    pyspy: Mapping[str, str] | None = None
 
 
 class MemberConfig(Request):

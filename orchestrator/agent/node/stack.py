@@ -87,7 +87,8 @@ def take(job_dir: str, request: StackRequest) -> StackReply:
     reply = StackReply(
         machine=machine, code=code, ranks=ranks, flight=flight_dumps(), idle_s=idle_s
     )
-    reply.saved = save(request.taken, reply)
+    if request.ranks is None or request.ranks:
+        reply.saved = save(request.taken, reply)
     return reply
 
 

@@ -35,15 +35,16 @@ def exit_record() -> ExitRecord | None:
     return None
 
 
-def idle() -> float | None:
+def idle(node_dir: str = ".") -> float | None:
     """Seconds since the node's ranks or its launcher last wrote anything, or since its
     ranks started where none has yet; None where no rank has started (a node waiting in
     line, or in its setup)."""
     latest = None
     started = False
+    logs = os.path.join(node_dir, LOGS)
     for folder, names in (
-        (LOGS, os.listdir(LOGS) if os.path.isdir(LOGS) else []),
-        (".", [TORCHRUN_LOG]),
+        (logs, os.listdir(logs) if os.path.isdir(logs) else []),
+        (node_dir, [TORCHRUN_LOG]),
     ):
         for name in names:
             if not name.startswith(("rank-", "torchrun")) or not name.endswith((".log", ".pid")):
