@@ -192,3 +192,39 @@ def test_stall_after_ends_a_hung_job_with_its_stacks_and_restarts_apply(
     (first,) = record["spec"]["attempts"]
     assert {n["error"] for n in first["nodes"]} == {"stalled: no output for 15 s"}, first
     assert_no_job_left(cluster, HOSTS)
+
+
+def test_a_detached_jobs_keeper_ends_it_as_stalled_with_its_stacks(
+    cluster: Cluster, orch: OrchRunner, two_and_one: Path, tmp_path: Path
+) -> None:
+    job = hang_job(tmp_path, warm=False, stall_after=15)
+    submitted = orch("submit", "-d", job, "-i", two_and_one, timeout=90)
+    assert submitted.returncode == 0, submitted.stderr
+    assert "stall_after: a keeper on node1 watches the job" in submitted.stderr
+    job_id = job_id_of(submitted.stdout)
+    try:
+        wait_ready(cluster, job_id)
+        quiet_since = time.monotonic()
+        keeper_dir = cluster.home(1) / ".orch" / "jobs" / job_id / "node1"
+
+        def stopped() -> bool:
+            record = keeper_dir / "keeper.json"
+            return record.exists() and json.loads(record.read_text())["state"] == "failed"
+
+        wait_for(stopped, 40, "the keeper to end the job")
+        assert time.monotonic() - quiet_since <= 22, "stall_after 15, and the stop"
+        status = orch("status", job_id, "--json", timeout=60)
+        assert status.returncode == 0, status.stderr
+        (record,) = json.loads(status.stdout)
+        assert record["state"] == "failed", record
+        assert {n["error"] for n in record["nodes"]} == {"stalled: no output for 15 s"}
+        assert "seen by the job's keeper: stacks kept: " in status.stderr, status.stderr
+        kept = Path(status.stderr.split("stacks kept: ")[1].split()[0])
+        text = kept.read_text()
+        assert "2 ranks  node1 r0-r1" in text and "1 rank   node2 r2" in text, text
+        assert "load_batch  hang.py:17" in text
+    finally:
+        orch("kill", job_id, timeout=60)
+    assert_no_job_left(cluster, HOSTS)
+    ended = orch("stack", job_id, timeout=30)
+    assert ended.returncode == 2 and str(kept) in ended.stderr
