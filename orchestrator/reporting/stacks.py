@@ -322,6 +322,8 @@ def lines(stacks: StackView, verbose: bool = False) -> list[str]:
     """`stacks` as text: the groups, then (verbose) every rank apart with every thread,
     then the hosts that did not answer and how the ranks were read."""
     out: list[str] = []
+    if not stacks.groups and not stacks.unanswered:
+        out.append(f"no rank of job {stacks.job_id} runs on its nodes (yet, or any more)")
     width = max((len(str(len(g.ranks))) for g in stacks.groups), default=1)
     for group in stacks.groups:
         count = len(group.ranks)

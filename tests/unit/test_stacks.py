@@ -585,3 +585,30 @@ def test_stack_lists_the_flight_recorders_dumps_beside_the_stacks(tmp_path: Path
     assert reply.flight == {"3": str(node / "nccl-trace-rank-3")}
     view = stacks.view("j", 1.0, {"node1": reply})
     assert f"node1 r3: NCCL flight recorder dump {node / 'nccl-trace-rank-3'}" in stacks.lines(view)
+
+
+def test_another_users_process_is_never_read_or_signalled(tmp_path: Path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root, to start a process as another user")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    theirs = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: os.setuid(65534))  # nobody
+    try:
+        time.sleep(0.3)
+        # A pid file (planted, or a pid reused) that names the other user's process.
+        (logs / "rank-0.pid").write_text(f"{theirs.pid} {proc.start_time(theirs.pid)}")
+        cwd = os.getcwd()
+        os.chdir(tmp_path)
+        try:
+            assert agent_stack.rank_pids() == {}
+        finally:
+            os.chdir(cwd)
+        assert proc.alive(theirs.pid)
+    finally:
+        theirs.kill()
+        theirs.wait()
+
+
+def test_a_job_with_no_rank_running_says_so() -> None:
+    view = stacks.view("j-1", 1.0, {"node1": StackReply()})
+    assert stacks.lines(view) == ["no rank of job j-1 runs on its nodes (yet, or any more)"]
