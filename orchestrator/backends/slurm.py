@@ -118,7 +118,9 @@ class SlurmBackend:
     def stack(
         self, record: JobRecord, store: JobDB, options: StackOptions, reporter: Reporter
     ) -> StackView:
-        refuse("stack", f"job {record.id}")
+        from orchestrator.slurm import stack
+
+        return stack.take(store, record, options, reporter)
 
     def check(
         self, inventory: Inventory, job: JobSpec | None, options: CheckOptions, reporter: Reporter

@@ -39,13 +39,6 @@ NOT_YET: dict[str, tuple[str, str, str]] = {
         "inventory: a command would run there, not on the nodes",
         "run it on the nodes through Slurm, on the login node: srun -N NODES COMMAND",
     ),
-    "stack": (
-        "orch stack",
-        "the ranks of a Slurm job are reached through srun on its allocation, and that "
-        "path does not take stacks yet",
-        "log in to the node and run py-spy dump --pid PID (each rank's pid is in "
-        "logs/rank-N.pid of the node's directory under the job's directory)",
-    ),
     "bench_allreduce": (
         "orch bench allreduce",
         "the sweep picks the inventory's hosts by name, and a Slurm inventory names only "

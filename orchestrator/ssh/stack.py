@@ -18,14 +18,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from orchestrator.agent.kernel.layout import tools_dir
 from orchestrator.agent.kernel.replies import StackReply
 from orchestrator.agent.kernel.requests import StackRequest
-from orchestrator.models.errors import HostError, InputError, MultiHostError, OrchError
+from orchestrator.models.errors import HostError, MultiHostError, OrchError
 from orchestrator.models.inventory import Host
-from orchestrator.models.states import JobState
 from orchestrator.nodes import agent, tools
 from orchestrator.nodes.group import HostGroup
 from orchestrator.nodes.ops import NodeRef
@@ -34,12 +32,12 @@ from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.reporting import stacks
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.reporting.stacks import StackOptions as Wanted
+from orchestrator.reporting.taken import chosen, ended_error, keep
 from orchestrator.transport import ConnectOptions, Transport, open_transport
 
 GRACE_S = 2.0  # past the last healthy host's answer, a host still silent is lost
 COMMAND_TIMEOUT_S = 30.0  # the agent's own reads time out at READ_TIMEOUT_S per rank
 READ_TIMEOUT_S = 10.0
-SETTLED = (JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED)
 
 
 def take(store: JobDB, record: JobRecord, wanted: Wanted, reporter: Reporter) -> stacks.StackView:
@@ -87,69 +85,6 @@ def take_if_stalled(
     if any(r.skipped for r in replies.values()) or not idle:
         return None, min(idle, default=None)
     return keep(record, taken, replies, unanswered), min(idle)
-
-
-def keep(
-    record: JobRecord,
-    taken: float,
-    replies: dict[str, StackReply],
-    unanswered: list[OrchError],
-) -> stacks.StackView:
-    """The replies as a StackView, kept in the job's records."""
-    for host, reply in list(replies.items()):
-        if not reply.exists:
-            unanswered.append(HostError(host, "the job's directory is not on this host"))
-            del replies[host]
-    order = [n.host.name for n in record.nodes]
-    missing = [(f.host or "?", f.what) for f in unanswered]
-    found = stacks.view(record.id, taken, replies, missing, order)
-    text = "\n".join(stacks.lines(found, verbose=True)) + "\n"
-    path = kept.save(record.id, taken, text, found.to_json())
-    return replace(found, saved=str(path))
-
-
-def chosen(record: JobRecord, wanted: Wanted) -> list[NodeRecord]:
-    """The job's nodes that hold a wanted rank and have not ended.
-
-    Raises:
-        InputError: a host or rank that is not the job's.
-    """
-    names = {n.host.name for n in record.nodes}
-    for name in wanted.nodes:
-        if name not in names:
-            raise InputError(
-                f"--node {name}: job {record.id} has no node there",
-                f"its nodes: {', '.join(sorted(names))}",
-            )
-    ranks = {r for n in record.nodes for r in n.ranks}
-    for rank in wanted.ranks:
-        if rank not in ranks:
-            last = max(ranks) if ranks else -1
-            raise InputError(
-                f"--rank {rank}: job {record.id} has no rank {rank}",
-                f"its ranks are 0 to {last}",
-            )
-    return [
-        n
-        for n in record.nodes
-        if n.state not in SETTLED
-        and (not wanted.nodes or n.host.name in wanted.nodes)
-        and (not wanted.ranks or set(wanted.ranks) & set(n.ranks))
-    ]
-
-
-def ended_error(record: JobRecord) -> InputError:
-    """The job has ended: what it kept of its stacks, if anything."""
-    dumps = kept.saved(record.id)
-    if dumps:
-        more = f" ({len(dumps)} in all, in {dumps[-1].parent})" if len(dumps) > 1 else ""
-        hint = f"the stacks taken while it ran: {dumps[-1]}{more}"
-    else:
-        hint = f"no stacks were taken while it ran; what it printed: orch logs {record.id}"
-    return InputError(
-        f"job {record.id} has ended ({record.state.value}): its ranks have no stacks to take",
-        hint,
-    )
 
 
 def ask_all(
