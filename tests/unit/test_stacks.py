@@ -612,3 +612,14 @@ def test_another_users_process_is_never_read_or_signalled(tmp_path: Path) -> Non
 def test_a_job_with_no_rank_running_says_so() -> None:
     view = stacks.view("j-1", 1.0, {"node1": StackReply()})
     assert stacks.lines(view) == ["no rank of job j-1 runs on its nodes (yet, or any more)"]
+
+
+def test_stall_after_on_a_slurm_cluster_is_refused_by_name_with_exit_2(
+    orch: Orch, write: Any
+) -> None:
+    inventory = write("hpc.yaml", "slurm:\n  login: login1.hpc.example.edu\n  partition: gpu\n")
+    job = stall_job(write, "stall_after: 600")
+    run = orch("submit", job, "-i", inventory, "--dry-run")
+    assert run.returncode == 2, run
+    assert f"error: {job}:4:14: stall_after: is not for the slurm backend yet" in run.stderr
+    assert "hint: drop stall_after:" in run.stderr and "Traceback" not in run.stderr
