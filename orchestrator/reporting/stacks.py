@@ -56,7 +56,9 @@ class Frame:
 
     @property
     def where(self) -> str:
-        return f"{self.short or self.file}:{self.line}"
+        """`file:line`; a native frame (`--native`), whose line is 0, its library."""
+        shown = self.short or self.file
+        return f"{shown}:{self.line}" if self.line else shown
 
     @property
     def stdlib(self) -> bool:
@@ -204,6 +206,8 @@ def short_file(path: str, code: str | None) -> str:
     the standard library; else as it is."""
     if code and path.startswith(code.rstrip("/") + "/"):
         return path[len(code.rstrip("/")) + 1 :]
+    if ".so" in path.rpartition("/")[2]:  # a native frame's library (--native)
+        return path.rpartition("/")[2]
     for pattern in (_PACKAGES, _STDLIB):
         found = list(pattern.finditer(path))
         if found:

@@ -623,3 +623,10 @@ def test_stall_after_on_a_slurm_cluster_is_refused_by_name_with_exit_2(
     assert run.returncode == 2, run
     assert f"error: {job}:4:14: stall_after: is not for the slurm backend yet" in run.stderr
     assert "hint: drop stall_after:" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_native_frame_shows_its_library_without_a_line() -> None:
+    lib = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+    assert stacks.short_file(lib, "/code") == "libc.so.6"
+    frame = stacks.Frame("clock_nanosleep", lib, 0, stacks.short_file(lib, "/code"))
+    assert frame.where == "libc.so.6"
