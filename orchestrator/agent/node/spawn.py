@@ -115,14 +115,13 @@ def plan(
 
 # PyTorch's NCCL flight recorder: a ring buffer of each rank's last collectives, dumped
 # when NCCL's watchdog times out, so that a hang that ends in a timeout leaves what each
-# rank was doing (orch stack lists the dumps). Both spellings: torch 2.7 added the
-# TORCH_FR_* names and still reads the old ones.
-FLIGHT_RECORDER = {
-    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-    "TORCH_FR_BUFFER_SIZE": "2000",
-    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-}
-FLIGHT_FILES = ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")
+# rank was doing (orch stack lists the dumps). Its current names only: torch 2.11 still
+# reads TORCH_NCCL_TRACE_BUFFER_SIZE and TORCH_NCCL_DEBUG_INFO_TEMP_FILE, but warns in
+# every rank's log that they are deprecated (seen on an H200, tests/gpu/).
+FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+FLIGHT_FILES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+# Either spelling in the job's env is the job saying how it wants the recorder.
+FLIGHT_NAMES = (*FLIGHT_RECORDER, *FLIGHT_FILES, "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 
 def flight_recorder(env: Mapping[str, str], node_dir: str) -> dict[str, str]:
@@ -130,11 +129,9 @@ def flight_recorder(env: Mapping[str, str], node_dir: str) -> dict[str, str]:
     used: `CUDA_VISIBLE_DEVICES` set, by the inventory, a lease or Slurm), its dumps
     into the node's directory; none where the job sets any of them itself (a
     `TORCH_NCCL_TRACE_BUFFER_SIZE: "0"` turns it off) or the node has no GPU (pure)."""
-    names = (*FLIGHT_RECORDER, *FLIGHT_FILES)
-    if not env.get("CUDA_VISIBLE_DEVICES") or any(name in env for name in names):
+    if not env.get("CUDA_VISIBLE_DEVICES") or any(name in env for name in FLIGHT_NAMES):
         return {}
-    dumps = os.path.join(node_dir, FLIGHT_PREFIX)
-    return {**FLIGHT_RECORDER, **dict.fromkeys(FLIGHT_FILES, dumps)}
+    return {**FLIGHT_RECORDER, FLIGHT_FILES[0]: os.path.join(node_dir, FLIGHT_PREFIX)}
 
 
 def spawn(start: NodeStart) -> subprocess.Popen[bytes]:
