@@ -20,8 +20,11 @@ COMMANDS = {
     "setup": "node.setup",
     "outputs": "node.outputs",
     "top": "node.top",
+    "stack": "node.stack",
+    "tool-put": "host.tools",
     "slurm-node": "node.srun",
     "slurm-top": "node.slurm_top",
+    "slurm-stack": "node.slurm_stack",
     "slurm-attempt": "node.chain",
     "sync": "store.sync",
     "relay": "store.relay",
@@ -51,8 +54,11 @@ USAGE = """usage: orch agent COMMAND ARGS...
   lease hosts                         every lease and ticket of this host
   lease dir                           where the lease directory is, and who owns it
   top JOB_DIR                         (stdin: offsets) CPU, memory, GPUs, log growth of its ranks
+  stack JOB_DIR                       (stdin: which ranks) every rank's Python stack
+  tool-put DIR NAME SHA256            (stdin: the binary) keep a tool orch carries (py-spy)
   slurm-node JOB_ROOT                 under srun, on each node of a Slurm job: its torchrun
   slurm-top JOB_ROOT REQUEST          under srun --overlap: `top` of this node of a Slurm job
+  slurm-stack JOB_ROOT REQUEST        under srun --overlap: `stack` of this node of a Slurm job
   slurm-attempt begin|end JOB_ROOT ATTEMPT [PREVIOUS|RC]
                                       a Slurm job's restarts: run or skip, queue the next
   warm ensure|list|stop [KEY]         warm interpreters a job's ranks are forked from

@@ -65,6 +65,7 @@ class NodeStatus:
     state: JobState
     exit_code: int | None = None  # torchrun's; negative: the signal that ended it
     error: str | None = None  # why the outcome is unknown (lost), where it is
+    idle_s: float | None = None  # running: seconds since its ranks last printed (its host's clock)
 
     @property
     def signal(self) -> str | None:
@@ -92,6 +93,7 @@ class NodeStatus:
             node.state,
             node.exit_code,
             node.error,
+            node.idle_s,
         )
 
 

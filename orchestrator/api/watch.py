@@ -1,6 +1,7 @@
 """orch from Python, what a client watches of one job while it runs: its outputs copied
-here (`pull`, `orch pull`) and refreshes of how each node and rank is doing (`top`,
-`orch top`), from wherever the job runs.
+here (`pull`, `orch pull`), refreshes of how each node and rank is doing (`top`,
+`orch top`) and every rank's Python stack (`stack`, `orch stack`), from wherever the
+job runs.
 
 ```python
 from orchestrator.api import watch
@@ -8,6 +9,8 @@ from orchestrator.api import watch
 for view in watch.top("digits-ab12cd"):      # TopView: nodes, ranks, who is behind
     print([(n.host, n.behind) for n in view.nodes])
 reports = watch.pull("digits-ab12cd")        # into ./orch-outputs/digits-ab12cd
+for group in watch.stack("digits-ab12cd").groups:   # ranks with one stack, largest first
+    print(group.ranks, [f.where for f in group.frames])
 ```
 """
 
@@ -22,6 +25,8 @@ from orchestrator.backends import PullBars
 from orchestrator.records.db import JobDB
 from orchestrator.reporting.pull import Progress, PullReport, default_target
 from orchestrator.reporting.reporter import Reporter
+from orchestrator.reporting.stacks import Frame, RankDump, StackGroup, StackOptions, StackView
+from orchestrator.reporting.stacks import lines as stack_lines
 from orchestrator.reporting.top import (
     INTERVAL_S,
     SILENT_S,
@@ -35,14 +40,21 @@ from orchestrator.reporting.top import (
 __all__ = [
     "INTERVAL_S",
     "SILENT_S",
+    "Frame",
     "GpuView",
     "NodeView",
     "Progress",
     "PullBars",
     "PullReport",
+    "RankDump",
     "RankView",
+    "StackGroup",
+    "StackOptions",
+    "StackView",
     "TopView",
     "pull",
+    "stack",
+    "stack_lines",
     "top",
 ]
 
@@ -107,3 +119,38 @@ def top(
         backend = backends.for_record(record)
         views = backend.top(record, store, reporter or QuietReporter(), interval_s, silent_s)
     yield from views
+
+
+def stack(
+    job_id: str,
+    ranks: Sequence[int] = (),
+    nodes: Sequence[str] = (),
+    *,
+    native: bool = False,
+    reporter: Reporter | None = None,
+) -> StackView:
+    """`orch stack`: the Python stack of every rank of a running job (or of `ranks`
+    on `nodes`), from every host at once, grouped by identical stacks, the largest
+    group first; kept in the job's records too (`StackView.saved`).
+
+    Args:
+        job_id: the job's id, or a unique prefix of it.
+        ranks: only these global ranks (default: all).
+        nodes: only the ranks on these hosts (default: all).
+        native: C frames too, where py-spy reads the rank.
+
+    Returns:
+        The groups, every rank's threads (or why it could not be read), the hosts
+        that did not answer.
+
+    Raises:
+        InputError: no such job, it has ended (the error names its kept stacks), or
+            no such rank or node.
+        HostError / MultiHostError: no host of the job answered.
+    """
+    with _owner_only():
+        store = JobDB()
+        record = store.get(job_id)
+        backend = backends.for_record(record)
+        options = StackOptions(tuple(ranks), tuple(nodes), native)
+        return backend.stack(record, store, options, reporter or QuietReporter())

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # names for the signatures only: `orch kill` need not import 
     from orchestrator.reporting.hosts import HostsView, PerHost, WarmInterpreter
     from orchestrator.reporting.outcomes import GcOutcome, KillOutcome, WarmStart
     from orchestrator.reporting.reporter import Reporter
+    from orchestrator.reporting.stacks import StackOptions, StackView
     from orchestrator.reporting.top import TopView
     from orchestrator.ssh.plan import LaunchPlan
 
@@ -105,7 +106,11 @@ class Backend(Protocol):
        raises ExecFailed when any failed.
     12. `bench_allreduce()` runs the all_reduce sweep (`orch bench allreduce`) as a
        job of this backend, its rows to `listener` as they come.
-    13. What a backend cannot do it refuses with the one error `Unsupported` (exit 2;
+    13. `stack()` takes the Python stack of each chosen rank of a running job, from
+       every host at once, keeps the dump in the job's records and returns it grouped;
+       a rank that cannot be read says why beside the others, a host that does not
+       answer is named; an ended job is an InputError naming the dumps kept.
+    14. What a backend cannot do it refuses with the one error `Unsupported` (exit 2;
        `Unsupported.verb` names the verb and the backend), raised from its one list
        of what it lacks before any host is contacted; never an `if` above it. Every
        verb here is implemented or refused by every backend in `backends.BACKENDS`.
@@ -161,6 +166,10 @@ class Backend(Protocol):
         interval_s: float,
         silent_s: float,
     ) -> Iterator[TopView]: ...
+
+    def stack(
+        self, record: JobRecord, store: JobDB, options: StackOptions, reporter: Reporter
+    ) -> StackView: ...
 
     def check(
         self, inventory: Inventory, job: JobSpec | None, options: CheckOptions, reporter: Reporter

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # refused verbs' names: their modules are not imported to ref
     from orchestrator.bench.allreduce import AllreduceOptions, BenchListener, SizeResult
     from orchestrator.nodes.execute import HostRun
     from orchestrator.reporting.check import CheckResult
+    from orchestrator.reporting.stacks import StackOptions, StackView
     from orchestrator.reporting.top import TopView
     from orchestrator.ssh.plan import LaunchPlan
 
@@ -113,6 +114,13 @@ class SlurmBackend:
         from orchestrator.slurm import top
 
         return top.watch(store, record, reporter, interval_s, silent_s)
+
+    def stack(
+        self, record: JobRecord, store: JobDB, options: StackOptions, reporter: Reporter
+    ) -> StackView:
+        from orchestrator.slurm import stack
+
+        return stack.take(store, record, options, reporter)
 
     def check(
         self, inventory: Inventory, job: JobSpec | None, options: CheckOptions, reporter: Reporter

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from orchestrator.reporting.outcomes import KillOutcome, WarmStart
     from orchestrator.reporting.pull import PullReport
     from orchestrator.reporting.reporter import Reporter
+    from orchestrator.reporting.stacks import StackOptions, StackView
     from orchestrator.reporting.top import TopView
     from orchestrator.ssh.plan import LaunchPlan
 
@@ -120,6 +121,13 @@ class SshBackend:
         from orchestrator.ssh import top
 
         return top.watch(store, record, reporter, interval_s, silent_s)
+
+    def stack(
+        self, record: JobRecord, store: JobDB, options: StackOptions, reporter: Reporter
+    ) -> StackView:
+        from orchestrator.ssh import stack
+
+        return stack.take(store, record, options, reporter)
 
     def check(
         self, inventory: Inventory, job: JobSpec | None, options: CheckOptions, reporter: Reporter

@@ -23,6 +23,7 @@ VERBS = {
     "status": "cmd_status",
     "logs": "cmd_logs",
     "top": "cmd_top",
+    "stack": "cmd_stack",
     "kill": "cmd_kill",
     "pull": "cmd_pull",
     "check": "cmd_check",

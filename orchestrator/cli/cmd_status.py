@@ -109,6 +109,7 @@ def _nodes_table(record: JobStatus) -> Table:
         "ranks",
         "state",
         "exit",
+        "last line",
         box=None,
         title=f"job {record.id} ({record.name}): {record.state.value}{_attempt(record)}"
         + record.note,
@@ -119,7 +120,8 @@ def _nodes_table(record: JobStatus) -> Table:
         state = _state(n.state)
         if n.still_running:
             state += f" ({n.error})"
-        table.add_row(n.host, str(n.node_rank), ranks, state, _exit_text(n.exit_code))
+        silent = "" if n.idle_s is None else f"{n.idle_s:.0f} s ago"
+        table.add_row(n.host, str(n.node_rank), ranks, state, _exit_text(n.exit_code), silent)
     return table
 
 
@@ -146,6 +148,7 @@ def _job_json(r: JobStatus) -> dict[str, object]:
                 "exit_code": n.exit_code,
                 "signal": _exit_text(n.exit_code) if (n.exit_code or 0) < 0 else None,
                 "error": n.error,
+                "idle_s": n.idle_s,
             }
             for n in r.nodes
         ],

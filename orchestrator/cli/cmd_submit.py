@@ -67,6 +67,15 @@ def submit(
         bool,
         typer.Option("--cold", help="Start every rank cold, even where a warm interpreter waits."),
     ] = False,
+    stall_after: Annotated[
+        int | None,
+        typer.Option(
+            "--stall-after",
+            metavar="SECONDS",
+            help="Instead of the job's stall_after: when no rank has printed a line for "
+            "this long (at least 10), take every rank's stack and fail the job as stalled.",
+        ),
+    ] = None,
 ) -> None:
     """Run a job on its hosts and stream every rank's output.
 
@@ -82,6 +91,7 @@ def submit(
         replace_args=replace_args,
         no_wait=no_wait,
         cold=cold,
+        stall_after=stall_after,
     )
     if dry_run:  # each host's command (a Slurm cluster: the batch script and sbatch)
         typer.echo("\n".join(api.dry_run(job, inventory, overrides=overrides)))

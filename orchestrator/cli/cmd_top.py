@@ -17,6 +17,7 @@ from orchestrator.cli.app import OptionalJobIdArg, app
 from orchestrator.cli.console import ConsoleReporter
 
 BEHIND_STYLE = "bold red"
+QUIET_STYLE = "yellow"  # silent for a tenth of stall_after: on its way to a stall
 
 
 @app.command()
@@ -85,6 +86,11 @@ def render(view: TopView) -> Group:
     lines = [Text(f"job {view.job_id} ({view.name}): {view.state}, every {view.interval_s:g} s")]
     lines += [
         Text(f"behind: {n.host} {n.behind}", style=BEHIND_STYLE) for n in view.nodes if n.behind
+    ]
+    lines += [
+        Text(f"quiet: {n.host} {view.quiet(n)}", style=QUIET_STYLE)
+        for n in view.nodes
+        if view.quiet(n)
     ]
     table = Table(box=None, header_style="bold")
     for header in ("node", "rank", "CPU%", "RSS", "GPU", "lines/s", "silent", ""):

@@ -50,7 +50,11 @@ _JOB_KEYS = {
     "preload": None,
     "warm": None,
     "warm_idle": None,
+    "stall_after": None,
+    "on_stall": None,
 }
+STALL_MIN_S = 10  # below this a stall is a step, not a hang: `stall_after:` says at least this
+ON_STALL = ("fail", "warn")
 OUTPUTS_FROM = ("rank0", "all")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -88,6 +92,11 @@ class JobSpec:
     preload: tuple[str, ...] = ("torch",)
     warm_idle: int = 600
     cold: str | None = None
+    # The stall watchdog (docs/STACKS.md): seconds without a line from any rank before
+    # every rank's stack is taken and the job fails as stalled (None: off); `warn`: only
+    # reported, once per stall.
+    stall_after: int | None = None
+    on_stall: str = "fail"
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     def error(self, key: str, message: str, hint: str = "") -> SpecError:
@@ -211,11 +220,44 @@ def load_job(path: Path) -> JobSpec:
         preload=_load_preload(where),
         warm_idle=get_int(where, "warm_idle", default=600, minimum=1) or 600,
         cold=_load_warm(where),
+        stall_after=_load_stall_after(where),
+        on_stall=_load_on_stall(where),
         positions=dict(where.mapping.positions),
     )
 
 
 _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+STALL_HINT = (
+    f"seconds with no line from any rank, at least {STALL_MIN_S}: a few times the job's "
+    "longest quiet stretch (a step, an eval, a checkpoint), e.g. stall_after: 600"
+)
+
+
+def _load_stall_after(where: Where) -> int | None:
+    value = where.mapping.get("stall_after")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise where.error("stall_after", f"expected a number of seconds, got {value!r}", STALL_HINT)
+    if value < STALL_MIN_S:
+        raise where.error(
+            "stall_after", f"must be at least {STALL_MIN_S} s, got {value}", STALL_HINT
+        )
+    return int(value)
+
+
+def _load_on_stall(where: Where) -> str:
+    value = get_str(where, "on_stall", "fail") or "fail"
+    if value not in ON_STALL:
+        raise where.error(
+            "on_stall",
+            f"unknown on_stall {value!r}",
+            "fail (take the stacks and fail the job, so that restarts: apply) or warn "
+            "(take and show them, and let it run)",
+        )
+    return value
 
 
 def _load_preload(where: Where) -> tuple[str, ...]:
@@ -398,6 +440,7 @@ class Overrides:
     replace_args: bool = False
     no_wait: bool = False  # where the GPUs or slots are held, fail at once (exit 3)
     cold: bool = False  # start cold even where a warm interpreter waits (--cold)
+    stall_after: int | None = None  # --stall-after: the job's stall_after: instead
 
 
 def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
@@ -424,6 +467,10 @@ def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
             raise InputError(
                 f"--env: {key!r} is not a valid environment variable name", "write --env NAME=value"
             )
+    if over.stall_after is not None and over.stall_after < STALL_MIN_S:
+        raise InputError(
+            f"--stall-after {over.stall_after}: must be at least {STALL_MIN_S} s", STALL_HINT
+        )
     for value in (*over.args, *over.env.values()):
         for name in placeholders.unknown(value):
             raise InputError(
@@ -439,4 +486,5 @@ def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
         env={**job.env, **over.env},
         args=over.args if over.replace_args else (*job.args, *over.args),
         cold="--cold" if over.cold else job.cold,
+        stall_after=over.stall_after if over.stall_after is not None else job.stall_after,
     )

@@ -80,6 +80,9 @@ class NodeRecord:
     state: JobState = JobState.PENDING
     exit_code: int | None = None
     error: str | None = None
+    # Seconds since its ranks last printed, on its host's clock, as the last look at the
+    # host found it (`orch status`); not kept in the database.
+    idle_s: float | None = field(default=None, compare=False)
 
     @property
     def ranks(self) -> range:

@@ -72,6 +72,11 @@ class NodeView:
     def behind(self) -> str | None:
         return next((f"{r.label} {r.behind}" for r in self.ranks if r.behind), None)
 
+    @property
+    def idle_s(self) -> float | None:
+        """Seconds since any of its ranks last printed (None: none has yet)."""
+        return min((r.idle_s for r in self.ranks if r.idle_s is not None), default=None)
+
 
 @dataclass(frozen=True)
 class TopView:
@@ -83,6 +88,7 @@ class TopView:
     time: float  # the controller's wall clock
     interval_s: float
     nodes: tuple[NodeView, ...]
+    stall_after: float | None = None  # the job's stall_after:, if it has one
 
     @property
     def ended(self) -> bool:
@@ -92,11 +98,24 @@ class TopView:
     def behind(self) -> list[str]:
         return [n.host for n in self.nodes if n.behind]
 
+    def quiet(self, node: NodeView) -> str | None:
+        """Why a running node's silence is worth a look: its ranks have printed nothing
+        for a tenth of the job's `stall_after:` or more (None: not so, or no watchdog)."""
+        idle = node.idle_s
+        if self.stall_after is None or idle is None or node.state != "running":
+            return None
+        if idle < self.stall_after / 10:
+            return None
+        return f"no line for {idle:.0f} s (stall_after: {self.stall_after:.0f})"
+
     def to_json(self) -> dict[str, Any]:
         """The `--once --json` shape:
 
         {"job", "name", "state", "time", "interval_s", "behind": [host...],
+         "stall_after": seconds | null,
          "nodes": [{"host", "node_rank", "state", "error", "behind": why | null,
+                    "idle_s": seconds since its ranks last printed | null,
+                    "quiet": why its silence is a tenth of stall_after or more | null,
                     "window_s", "launcher": {"cpu_percent", "rss_bytes"},
                     "gpus": null (no nvidia-smi) | [{"index", "uuid",
                         "utilization_percent", "memory_used_mib", "memory_total_mib",
@@ -114,6 +133,7 @@ class TopView:
             "time": self.time,
             "interval_s": self.interval_s,
             "behind": self.behind,
+            "stall_after": self.stall_after,
             "nodes": [
                 {
                     "host": n.host,
@@ -121,6 +141,8 @@ class TopView:
                     "state": n.state,
                     "error": n.error,
                     "behind": n.behind,
+                    "idle_s": n.idle_s,
+                    "quiet": self.quiet(n),
                     "window_s": n.window_s,
                     "launcher": {
                         "cpu_percent": n.launcher_cpu_percent,

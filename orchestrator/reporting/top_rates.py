@@ -165,7 +165,10 @@ def top_view(
     """One look at a job (SSH or Slurm alike): running while any node is, each rank's
     `behind` judged."""
     state = "ended" if all(v.state in ("ended", "missing") for v in views) else "running"
-    return TopView(record.id, record.name, state, time.time(), interval_s, judged(views, silent_s))
+    nodes = judged(views, silent_s)
+    stall = record.spec.get("stall_after")
+    stall_after = float(stall) if isinstance(stall, (int, float)) else None
+    return TopView(record.id, record.name, state, time.time(), interval_s, nodes, stall_after)
 
 
 def log_offsets(sample: TopSample) -> dict[str, int]:

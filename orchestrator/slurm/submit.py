@@ -62,6 +62,10 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
             f"labels: selects SSH hosts, but {inventory.path} is a Slurm cluster",
             "ask Slurm for node features in the inventory: slurm: {sbatch: [--constraint=a100]}",
         )
+    if job.stall_after is not None:
+        from orchestrator.slurm.unsupported import refuse_key
+
+        refuse_key("stall_after", job.where("stall_after"))
     login = inventory.hosts[0]
     root = layout.job_root(login.workdir, job_id)
     return SlurmJob(job, job_id, section_of(inventory), login.python, root, inventory.path)

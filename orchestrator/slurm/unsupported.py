@@ -60,3 +60,24 @@ def refuse(verb: str, where: str = "") -> NoReturn:
     """
     said, why, hint = NOT_YET[verb]
     raise Unsupported.verb(said, BACKEND, why, hint, where)
+
+
+# job key -> (why Slurm cannot take it yet, the way around it)
+KEYS_NOT_YET: dict[str, tuple[str, str]] = {
+    "stall_after": (
+        "the stall watchdog runs in an SSH job's controller or its keeper, and a Slurm "
+        "job has neither yet",
+        "drop stall_after: (and --stall-after) there; when the job seems hung, look with: "
+        "orch stack JOB",
+    ),
+}
+
+
+def refuse_key(key: str, where: str) -> NoReturn:
+    """Refuse a job key that Slurm cannot do yet.
+
+    Raises:
+        Unsupported: always, at `where` (the key in the job file).
+    """
+    why, hint = KEYS_NOT_YET[key]
+    raise Unsupported(f"{key}: is not for the {BACKEND} backend yet: {why}", hint, where)

@@ -128,6 +128,11 @@ def start_keeper(
                 for h in hosts
             ],
         )
+        if job.stall_after is not None:  # the keeper's members take stacks with py-spy
+            from orchestrator.ssh.stack import carry_pyspy
+
+            config.stall_after, config.on_stall = float(job.stall_after), job.on_stall
+            config.pyspy = carry_pyspy(plan.nodes, group, reporter)
         keeper_dir = master.job_dir
         started = _run(master.host, group.transports[master.host.name], keeper_dir, "start", config)
         log.info("[job=%s] keeper on %s, port %s", plan.job_id, master.host.name, started["port"])
@@ -167,6 +172,11 @@ def start_keeper(
         for failure in failures:  # the keeper never chooses a spare whose member is not there
             reporter.notice(f"warning: spare left out of restarts: {failure.message}")
     names = ", ".join(name for name in standby if name in joined)
+    if job.stall_after is not None:
+        reporter.notice(
+            f"stall_after: a keeper on {master.host.name} watches the job for "
+            f"{job.stall_after} s without a line from any rank"
+        )
     if job.restarts:
         reporter.notice(
             f"restarts: a keeper on {master.host.name} restarts the job up to {job.restarts} "
@@ -297,8 +307,39 @@ def sync(store: JobDB, record: JobRecord, reporter: Reporter, stop: bool = False
             record.id, ssh={**(record.view.own or {}), "keeper": {**keeper, "at": at}}
         )
     found = reply["record"]
+    _keep_stall_dumps(record, reply.get("dumps") or {}, reporter)
     record = _apply(store, store.get(record.id), found, hosts, reporter)
     return Kept(record, bool(reply.get("alive")) and found.get("state") in states.KEEPER_ACTING)
+
+
+def _keep_stall_dumps(record: JobRecord, dumps: dict[str, Any], reporter: Reporter) -> None:
+    """The stacks the keeper's stall watchdog took, kept with the job's records here
+    (as `orch stack` keeps its own), each once, and said once."""
+    from orchestrator.agent.kernel.replies import StackReply
+    from orchestrator.records import stacks as kept
+    from orchestrator.reporting import stacks
+
+    for name, data in sorted(dumps.items()):
+        if not isinstance(data, dict) or not isinstance(data.get("at"), (int, float)):
+            continue
+        taken = float(data["at"])
+        if (kept.stacks_dir(record.id) / f"{kept.stamp(taken)}.txt").exists():
+            continue
+        replies = {}
+        for host, reply in (data.get("replies") or {}).items():
+            try:
+                replies[str(host)] = messages.parse_message(StackReply, reply)
+            except messages.MessageError as exc:
+                log.info("[job=%s] stacks of %s in %s: %s", record.id, host, name, exc)
+        missing = [
+            (str(h), "no stacks before the keeper acted") for h in data.get("unanswered") or []
+        ]
+        order = [n.host.name for n in record.nodes]
+        view = stacks.view(record.id, taken, replies, missing, order)
+        head = f"{data.get('reason')} (attempt {int(data.get('attempt') or 0) + 1}), seen by the job's keeper"
+        text = "\n".join([head, *stacks.lines(view, verbose=True)]) + "\n"
+        path = kept.save(record.id, taken, text, view.to_json())
+        reporter.notice(f"job {record.id}: {head}: stacks kept: {path}")
 
 
 def _ask(
@@ -432,6 +473,13 @@ def _apply(
             f"its keeper started it again as attempt {attempt + 2} of {restarts + 1}, on "
             + ", ".join(n.host.name for n in nodes)
         )
+    current = found["current"]
+    if found.get("state") == states.FAILED and int(current["attempt"]) == record.view.attempt:
+        for node in current["nodes"]:  # how the keeper ended them (a stall, say)
+            if node.get("state") == states.FAILED and node.get("error"):
+                store.update_node(
+                    record.id, str(node["host"]), JobState.FAILED, None, str(node["error"])
+                )
     return store.get(record.id)
 
 

@@ -7,6 +7,7 @@ import time
 from orchestrator.models.errors import HostError, InfraError, OrchError
 from orchestrator.models.states import JobState, job_state, node_state
 from orchestrator.nodes.group import HostGroup, connect_reachable
+from orchestrator.records import stacks
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.records.logmirror import LogMirror, rank_of
 from orchestrator.reporting.attempts import print_earlier_attempts
@@ -46,6 +47,10 @@ def logs(store: JobDB, job_id: str, want: LogFilter, follow: bool, reporter: Rep
         code = _attempt_logs(store, kept, want, follow, reporter)
     if follow:  # the job ended: where a lost node runs on, stop it
         look_for_lost(store, store.get(job_id), reporter)
+    taken = stacks.saved(job_id)
+    if taken:  # orch stack's, or the stall watchdog's: kept with the job's records
+        more = f" ({len(taken)} in all, in {taken[-1].parent})" if len(taken) > 1 else ""
+        reporter.notice(f"stacks taken of job {job_id}: {taken[-1]}{more}")
     return code
 
 

@@ -58,6 +58,7 @@ def reconcile(store: JobDB, record: JobRecord, reporter: Reporter) -> JobRecord:
                 store.update_node(record.id, node.host.name, node.state, node.exit_code, node.error)
             elif statuses[node.host.name].started:
                 node.state = JobState.RUNNING
+                node.idle_s = statuses[node.host.name].idle_s
         failed = [n for n in record.nodes if n.state is JobState.FAILED]
         running = [n for n in record.nodes if n.state is JobState.RUNNING]
         if failed and running and not kept.acting:

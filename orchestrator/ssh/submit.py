@@ -239,8 +239,8 @@ def _keep(
         OrchError: what kept the keeper from starting.
     """
     several = len(plan.nodes) > 1
-    if not (sub.job.restarts or (queued and several)):
-        return
+    if not (sub.job.restarts or (queued and several) or sub.job.stall_after):
+        return  # `stall_after:`: the keeper is the detached job's stall watchdog too
     line = None if not queued else "together" if several else "alone"
     push = lambda p, g: push_code(p, g, tree, reporter)  # noqa: E731
     try:
@@ -280,6 +280,8 @@ def record_of(plan: LaunchPlan) -> JobRecord:
         "outputs_from": job.outputs_from,
         "restarts": job.restarts,
         "attempt": int(plan.nodes[0].env.get("ORCH_ATTEMPT", "0")),
+        "stall_after": job.stall_after,
+        "on_stall": job.on_stall,
     }
     nodes = [
         NodeRecord(

@@ -24,6 +24,7 @@ from orchestrator.reporting.follow import NodeExit, Notice, Output, Watcher
 from orchestrator.reporting.progress import Condenser
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.ssh.retry import retry_each
+from orchestrator.ssh.stall import StallWatch
 from orchestrator.ssh.teardown import STOPPED_LATER, stop_interrupted, teardown
 
 LOST_RETRY_S = 15.0  # how long an attached submit keeps trying to stop a lost node
@@ -70,6 +71,7 @@ def watch_job(
     failure: NodeExit | None = None
     failures: list[NodeExit] = []  # in the order they arrived
     killer: threading.Thread | None = None
+    stall = _stall_watch(record, group, reporter, attached)
     try:
         for event in watcher.events():
             if isinstance(event, Notice):
@@ -84,6 +86,8 @@ def watch_job(
                     lines += condenser.flush()
                 tail.extend(lines.split(b"\n")[-TAIL_LINES - 1 : -1])
                 reporter.output(event.host, event.rank, event.data)
+                if stall is not None:
+                    stall.heard()
                 continue
             state = node_state(event.returncode, event.killed)
             store.update_node(record.id, event.host, state, event.returncode, event.reason)
@@ -94,8 +98,8 @@ def watch_job(
             if failure is not None:
                 continue
             failure = event  # the first to arrive: the job is stopped at once
-            if not stop_others:
-                continue
+            if not stop_others or (stall is not None and stall.reason):
+                continue  # a stalled job is being stopped already
             others = [
                 n for n in record.nodes if n.host.name != event.host and not n.state.is_terminal()
             ]
@@ -117,6 +121,10 @@ def watch_job(
         watcher.close()
         if killer is not None:
             killer.join()
+        if stall is not None:
+            stall.close()
+    if stall is not None and stall.reason:
+        raise _stalled(record, store, stall.reason, stall.saved)
     lost = [n for n in record.nodes if n.state is JobState.LOST]
     if lost and attached:
         stop_when_reachable(record, lost, group, reporter, store)
@@ -129,6 +137,35 @@ def watch_job(
         raise JobFailed(f"job {record.id} ended {final.value}", f"see: orch status {record.id}")
     cause = first_failure(failures, clocks_from_json(record.spec.get("clocks")))
     raise JobFailed(failure_summary(record, cause, tails), f"all output: orch logs {record.id}")
+
+
+def _stall_watch(
+    record: JobRecord, group: HostGroup, reporter: Reporter, attached: bool
+) -> StallWatch | None:
+    """The job's stall watchdog, where it has `stall_after:` and this is its
+    controller (a detached job's keeper watches it instead)."""
+    stall_after = record.spec.get("stall_after")
+    if not attached or not isinstance(stall_after, int):
+        return None
+
+    def stop(reason: str) -> None:
+        others = [n for n in record.nodes if not n.state.is_terminal()]
+        teardown(record.id, record.master_port, others, group, reporter)
+
+    warn = record.spec.get("on_stall") == "warn"
+    return StallWatch(record, float(stall_after), warn, reporter, stop)
+
+
+def _stalled(record: JobRecord, store: JobDB, reason: str, saved: str | None) -> JobFailed:
+    """A stalled job, stopped: failed, every node with the reason (so that restarts:
+    take it as a failure, and `orch status` says why)."""
+    for node in record.nodes:
+        if node.state is not JobState.LOST:
+            node.state, node.error = JobState.FAILED, reason
+            store.update_node(record.id, node.host.name, JobState.FAILED, error=reason)
+    store.update_job(record.id, JobState.FAILED, 1)
+    where = f"the stacks: {saved}; " if saved else ""
+    return JobFailed(f"job {record.id} {reason}", f"{where}all output: orch logs {record.id}")
 
 
 def first_failure(failures: Sequence[NodeExit], clocks: Mapping[str, HostClock]) -> NodeExit:

@@ -21,6 +21,7 @@ from orchestrator.models.inventory import Inventory, load_inventory
 from orchestrator.models.job import load_job
 from orchestrator.models.states import JobState
 from orchestrator.records.db import JobRecord
+from orchestrator.reporting.stacks import StackOptions
 from orchestrator.slurm.unsupported import NOT_YET
 from tests.unit.conftest import Orch, WriteFile
 
@@ -117,7 +118,8 @@ def test_slurm_refuses_a_verb_by_name_before_anything_is_said_or_contacted(
     with pytest.raises(Unsupported) as caught:
         getattr(backends.for_inventory(inventory), verb)(*arguments)
     said = NOT_YET[verb][0]
-    assert caught.value.message.startswith(f"{inventory.path}: {said} is not for the slurm backend")
+    where = f"job {slurm_record().id}" if "record" in protocol_verbs()[verb] else inventory.path
+    assert caught.value.message.startswith(f"{where}: {said} is not for the slurm backend")
     assert caught.value.hint and caught.value.exit_code == 2
 
 
@@ -127,8 +129,16 @@ def refused_arguments(verb: str, inventory: Inventory, job: Any) -> list[Any]:
         "exec": ExecOptions(("true",)),
         "bench_allreduce": AllreduceOptions(),
         "check": CheckOptions(),
+        "stack": StackOptions(),
     }
-    given = {"inventory": inventory, "job": job, "reporter": NoReporter(), "listener": NoReporter()}
+    given = {
+        "inventory": inventory,
+        "job": job,
+        "reporter": NoReporter(),
+        "listener": NoReporter(),
+        "record": slurm_record(),
+        "store": None,  # a refusal reads no record
+    }
     names = protocol_verbs()[verb][1:]
     return [options[verb] if n == "options" else given[n] for n in names]
 

@@ -35,6 +35,7 @@ from orchestrator.agent.kernel.requests import (
     SlurmSpec,
     SlurmTopRequest,
     SnapshotRequest,
+    StackRequest,
     StartRequest,
     TopRequest,
     WarmOptions,
@@ -70,6 +71,7 @@ EVERY_REQUEST: list[Request] = [
     SetupRequest(script="pip install -e .", env={"A": "1"}, store="~/s", key="k", manifest="m"),
     TopRequest(job_id="j-1", offsets={"rank-0": 120}),
     SlurmTopRequest(job_id="j-1", offsets={"node1": {"rank-0": 3}}),
+    StackRequest(job_id="j-1", ranks=[0, 3], native=True, pyspy={"x86_64": "ab" * 32}),
     OutputsRequest(paths=["*.pt"], have={"a.pt": [10, 1700000000000000000]}),
     GcRequest(workdir="~/.orch", keep=3, grace=0.5, outputs=True),
     MemberConfig(

@@ -479,7 +479,16 @@ def test_the_json_shape_is_the_documented_one() -> None:
         NodeView("node3", 2, "unreachable", error="connection refused"),
     )
     data = json.loads(json.dumps(TopView("j1", "demo", "running", 1.0, 2.0, nodes).to_json()))
-    assert set(data) == {"job", "name", "state", "time", "interval_s", "behind", "nodes"}
+    assert set(data) == {
+        "job",
+        "name",
+        "state",
+        "time",
+        "interval_s",
+        "behind",
+        "stall_after",
+        "nodes",
+    }
     first, second = data["nodes"]
     assert set(first) == {
         "host",
@@ -487,6 +496,8 @@ def test_the_json_shape_is_the_documented_one() -> None:
         "state",
         "error",
         "behind",
+        "idle_s",
+        "quiet",
         "window_s",
         "launcher",
         "gpus",

@@ -43,6 +43,7 @@ from typing import Any
 from ..host import proc
 from ..host.daemonize import daemonize
 from ..kernel.fileio import read_json, write_json
+from ..kernel.layout import STACKS
 from ..kernel.messages import Message
 from ..kernel.requests import KeeperConfig
 from .decisions import STOP_WAIT_S, Keeping
@@ -166,12 +167,25 @@ class KeeperDaemon:
             sends += self.share()
             for host, decided in sends:
                 self.send(host, decided)
+            self.keep_dumps()
             self.save()
         self.save()
         time.sleep(0.2)  # the members read their bye
         for channel in list(self.channels.values()):
             channel.close()
         self.listener.close()
+
+    def keep_dumps(self) -> None:
+        """Write the stacks the stall watchdog took: stacks/NAME.json, beside the
+        keeper's record (`keeper show` hands them to the controller)."""
+        while self.keeping.dumps:
+            name, data = self.keeping.dumps.pop(0)
+            folder = os.path.join(os.path.dirname(self.path), STACKS)
+            try:
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+                write_json(os.path.join(folder, f"{name}.json"), data)
+            except OSError as exc:
+                print(f"could not keep the stacks {name}: {exc}", flush=True)
 
     def _on_term(self, *_: object) -> None:
         self.stopping = True
@@ -234,4 +248,11 @@ def _look(directory: str) -> dict[str, Any]:
     if record is not None and isinstance(record.get("pid"), int):
         pid = int(record["pid"])
         alive = proc.alive(pid) and proc.start_time(pid) == record.get("start_time")
-    return {"record": record, "alive": alive}
+    dumps = {}
+    for stall in (record or {}).get("stalls") or []:
+        name = str(stall.get("dump"))
+        if "/" not in name:
+            found = read_json(os.path.join(directory, STACKS, f"{name}.json"))
+            if found is not None:
+                dumps[name] = found
+    return {"record": record, "alive": alive, "dumps": dumps}

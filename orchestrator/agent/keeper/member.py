@@ -25,7 +25,13 @@ from ..kernel.layout import AGENT, HEARTBEAT_S, MEMBER_FILE, RUN_SCRIPT
 from ..kernel.line import REPLY_WAIT_S
 from ..kernel.messages import Message, last_json
 from ..kernel.placement import render
-from ..kernel.requests import LeaseRequest, MemberConfig, SnapshotRequest, StartRequest
+from ..kernel.requests import (
+    LeaseRequest,
+    MemberConfig,
+    SnapshotRequest,
+    StackRequest,
+    StartRequest,
+)
 from ..node import state
 from .decisions import DONE, START_WAIT_S, STOP_WAIT_S
 from .takeover import Successor, standby
@@ -41,6 +47,8 @@ from .wire import (
     NodeStarted,
     PortFound,
     PortWanted,
+    StackTaken,
+    StackWanted,
     Start,
     State,
     Stop,
@@ -188,8 +196,10 @@ class Member:
 
     def beat(self, channel: Channel) -> None:
         while not channel.closed:
+            node_dir = self.node_dir
+            idle = state.idle(node_dir) if node_dir and not self.reported else None
             try:
-                channel.tell(Heartbeat())
+                channel.tell(Heartbeat(idle=idle))
             except OSError:
                 return
             time.sleep(HB_S)
@@ -222,6 +232,9 @@ class Member:
         elif isinstance(message, LeaseAsked):
             reply = self.lease(message.verb)
             self.channel.tell(LeaseAnswered(verb=message.verb, reply=reply))
+        elif isinstance(message, StackWanted) and message.attempt == self.attempt and self.node_dir:
+            taken = self.stacks(message)
+            self.channel.tell(StackTaken(attempt=message.attempt, reply=taken))
 
     def report_end(self) -> None:
         if self.node_dir is None or self.reported:
@@ -258,6 +271,25 @@ class Member:
         if reply is None:
             return {"state": "gone", "error": done.stderr.decode("utf-8", "replace")[-500:]}
         return reply
+
+    def stacks(self, wanted: StackWanted) -> dict[str, Any]:
+        """The agent's `stack` for this host's node (the stall watchdog)."""
+        assert self.node_dir is not None
+        request = StackRequest(
+            job_id=self.template.job_id,
+            tools_dir=wanted.tools_dir,
+            pyspy=wanted.pyspy,
+            taken=wanted.taken,
+        )
+        command = self.agent(self.node_dir, "stack", self.node_dir)
+        try:
+            done = subprocess.run(
+                command, input=request.to_json().encode(), capture_output=True, timeout=60
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return {"ranks": [], "error": f"stack failed: {exc}"}
+        reply = last_json(done.stdout.decode("utf-8", "replace"))
+        return reply or {"ranks": [], "error": done.stderr.decode("utf-8", "replace")[-500:]}
 
     def start(self, place: dict[str, Any]) -> str | None:
         """Start this host's node of a new attempt; None, or what went wrong."""

@@ -45,9 +45,12 @@ class WireMessage(Message):
 
 
 class Heartbeat(WireMessage):
-    """Either way, every HB_S."""
+    """Either way, every HB_S; a member's carries `idle`: seconds since its node's
+    ranks last printed, on its host's clock (None: none runs yet), for the stall
+    watchdog."""
 
     KIND = "hb"
+    idle: float | None = None
 
 
 # ------------------------------------------------ from a member to the keeper
@@ -77,6 +80,15 @@ class NodeStarted(WireMessage):
     ok: bool
     error: str | None = None
     queued: bool = False
+
+
+class StackTaken(WireMessage):
+    """The answer to StackWanted: the `stack` command's reply for the member's node
+    (kernel/replies.py StackReply, as data)."""
+
+    KIND = "stacks"
+    attempt: int
+    reply: dict[str, Any]
 
 
 class Stopped(WireMessage):
@@ -123,6 +135,17 @@ class LeaseAsked(WireMessage):
     verb: str
 
 
+class StackWanted(WireMessage):
+    """The stall watchdog: take the node's stacks (the `stack` command), named `taken`,
+    py-spy from `tools_dir` by `pyspy` (StackRequest's)."""
+
+    KIND = "stacks"
+    attempt: int
+    taken: str
+    tools_dir: str | None = None
+    pyspy: dict[str, str] | None = None
+
+
 class Bye(WireMessage):
     KIND = "bye"
 
@@ -135,10 +158,20 @@ class State(WireMessage):
 
 
 FROM_MEMBER: dict[str, type[Message]] = {
-    c.KIND: c for c in (Heartbeat, Hello, NodeEnd, NodeStarted, Stopped, PortFound, LeaseAnswered)
+    c.KIND: c
+    for c in (
+        Heartbeat,
+        Hello,
+        NodeEnd,
+        NodeStarted,
+        Stopped,
+        PortFound,
+        LeaseAnswered,
+        StackTaken,
+    )
 }
 TO_MEMBER: dict[str, type[Message]] = {
-    c.KIND: c for c in (Heartbeat, Stop, Start, PortWanted, LeaseAsked, Bye, State)
+    c.KIND: c for c in (Heartbeat, Stop, Start, PortWanted, LeaseAsked, Bye, State, StackWanted)
 }
 
 

@@ -32,6 +32,9 @@ RESERVED_NAMES = frozenset({CODE, AGENT, SNAPSHOT, SEAL, OUTPUTS, ".", ".."})
 FS_MARKS = "fsmarks"  # WORKDIR/fsmarks/<nonce>: which hosts see one filesystem (probe)
 HEARTBEAT_S = 60.0  # a supervisor touches its PIDS file this often while torchrun runs
 MEMBER_FILE = "member.json"  # a keeper's member lives in this node directory (touched too)
+STACKS = "stacks"  # every stack dump taken of the node's ranks (orch stack), one JSON each
+FLIGHT_PREFIX = "nccl-trace-rank-"  # + the rank: PyTorch's NCCL flight-recorder dumps, here
+PYSPY = "py-spy"  # the tool that reads a rank's stack, kept per hash in `tools_dir`
 
 
 def job_root(workdir: str, job_id: str) -> str:
@@ -50,6 +53,19 @@ def outputs_dir(job_dir: str) -> str:
     """A node's output directory, beside its job directory: kept when gc removes the
     code, and one for every node of a shared filesystem (may start with ~)."""
     return f"{job_dir.rstrip('/').rpartition('/')[0]}/{OUTPUTS}"
+
+
+def tools_dir(workdir: str) -> str:
+    """Where the host keeps the tools orch carries (py-spy), each by its hash, as the
+    agent is (may start with ~)."""
+    return f"{workdir.rstrip('/')}/tools"
+
+
+def tool_name(name: str, sha256: str) -> str:
+    """A carried tool's file name in `tools_dir`."""
+    if not DIGEST_RE.fullmatch(sha256) or not TOKEN_RE.fullmatch(name):
+        raise ValueError(f"bad tool {name!r} {sha256!r}")
+    return f"{name}-{sha256[:16]}"
 
 
 def store_dir(workdir: str) -> str:

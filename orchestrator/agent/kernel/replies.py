@@ -31,6 +31,7 @@ class StatusReply(Reply):
     running: bool
     ended: ExitRecord | None = None
     exists: bool = True
+    idle_s: float | None = None  # `status`: seconds since its ranks last printed (state.idle)
 
 
 class Started(Reply):
@@ -130,3 +131,40 @@ class TopSample(Reply):
     gpus: Sequence[dict[str, Any]] | None = None  # None: no nvidia-smi on the host
     gpu_error: str | None = None
     warm: Sequence[WarmRow] = ()  # this user's warm interpreters on the host
+
+
+class RankStack(Message):
+    """One rank's stack, as the `stack` command read it (agent/node/stack.py).
+
+    `via`: "py-spy" or "faulthandler" (None: not read); `error` and `hint` say why not;
+    `ended`: the rank was gone. `threads`: [{"id", "name", "active", "frames":
+    [{"function", "file", "line"}]}], innermost frame first."""
+
+    rank: int
+    pid: int | None = None
+    via: str | None = None
+    native: bool = False
+    error: str | None = None
+    hint: str | None = None
+    ended: bool = False
+    threads: Sequence[dict[str, Any]] = ()
+
+
+class StackReply(Reply):
+    """`stack`: every asked rank of the node (`ranks`), or `need_tool`: the hash of the
+    py-spy this host lacks (the controller sends it, `tool-put`, and asks again).
+    `code`: the node's code directory, as its ranks see their files; `machine`: its
+    `uname -m`; `saved`: the node's copy of the dump; `flight`: NCCL flight-recorder
+    dumps found, {rank: path}. `idle_s`: seconds since any of the node's ranks (or its
+    launcher) last wrote a line, on the host's clock (None: no rank started yet);
+    `skipped`: the request's `if_idle` was not reached, and no stack was taken."""
+
+    exists: bool = True
+    idle_s: float | None = None
+    skipped: bool = False
+    need_tool: str | None = None
+    machine: str = ""
+    code: str | None = None
+    saved: str | None = None
+    ranks: Sequence[RankStack] = ()
+    flight: dict[str, str] | None = None

@@ -110,6 +110,21 @@ class TopRequest(Request):
     offsets: dict[str, int] | None = None
 
 
+class StackRequest(Request):
+    """`stack` (stdin): the job, which ranks (None: all of the node's), native frames,
+    and py-spy: where the host keeps carried tools and the hash of the controller's
+    binary for each machine (`uname -m`) it has one for; `taken` names the dump."""
+
+    job_id: str | None = None
+    ranks: Sequence[int] | None = None
+    native: bool = False
+    tools_dir: str | None = None
+    pyspy: Mapping[str, str] | None = None
+    taken: str = "stack"
+    timeout: float = 10.0
+    if_idle: float | None = None  # the watchdog: only where the node has been silent this long
+
+
 class SlurmTopRequest(Request):
     """`slurm-top` (an argument): the job, and each node's `TopRequest.offsets` by name."""
 
@@ -176,6 +191,11 @@ class KeeperConfig(Request):
     line: str | None = None
     place: Placement
     candidates: Sequence[Candidate]
+    # The stall watchdog (`stall_after:`, docs/STACKS.md), and the py-spy each machine's
+    # hosts keep (StackRequest.pyspy): what the keeper asks its members for.
+    stall_after: float | None = None
+    on_stall: str = "fail"
+    pyspy: Mapping[str, str] | None = None
 
 
 class MemberConfig(Request):

@@ -7,7 +7,11 @@ it moves into the code snapshot (torchrun runs in the node's directory: where ho
 share a filesystem, their nodes share one snapshot) and execs the user's script (KIND
 script) or module (KIND module) with this interpreter. FLAG (`--local-rank` or
 `--local_rank`) passes LOCAL_RANK as an argument before ARGS, as the legacy
-torch.distributed.launch did, for scripts that read only that."""
+torch.distributed.launch did, for scripts that read only that.
+
+Before the user's code, the rank makes its stack readable (`traceable.arrange`, for
+`orch stack`): under torchrun its interpreter is started through traceable.BOOT where
+that way is faulthandler."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import os
 import sys
 
 from ..host import proc
+from . import traceable
 
 
 def main(args: list[str]) -> int:
@@ -22,16 +27,21 @@ def main(args: list[str]) -> int:
         raise SystemExit("orch supervisor: malformed rank arguments")
     head, user_args = args[: args.index("--")], args[args.index("--") + 1 :]
     log_dir, code_dir, kind, target, *flag = head
+    traced: dict[str, object] = {}
+    rank = os.environ.get("RANK", "0")
     if log_dir != "-":
-        to_own_log(log_dir, os.environ.get("RANK", "0"))
+        traced = to_own_log(log_dir, rank)
     os.chdir(code_dir)
     entry = [target] if kind == "script" else ["-m", target]
     given = [f"{flag[0]}={os.environ.get('LOCAL_RANK', '0')}"] if flag else []
-    os.execv(sys.executable, [sys.executable, "-u", *entry, *given, *user_args])
+    argv = traceable.boot_argv(sys.executable, traced, [*entry, *given, *user_args])
+    os.execv(sys.executable, argv)
     return 127  # not reached
 
 
-def to_own_log(log_dir: str, rank: str) -> None:
+def to_own_log(log_dir: str, rank: str) -> dict[str, object]:
+    """The rank's start, cold and warm: its pid recorded, its output to its own log,
+    its stack made readable (traceable.py); returns how (the trace record)."""
     os.makedirs(log_dir, exist_ok=True)
     # torchrun gave this process its own session: its pid is the rank's process group;
     # with its start time, kill can tell it from a later process given the same pid.
@@ -43,3 +53,4 @@ def to_own_log(log_dir: str, rank: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    return traceable.arrange(log_dir, rank)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from ..kernel.layout import TORCHRUN_LOG
+from ..kernel.layout import FLIGHT_PREFIX, TORCHRUN_LOG
 from . import torchrun
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
@@ -102,7 +102,7 @@ def plan(
         way=way,
         argv=argv,
         command=torchrun.command(argv),
-        env={**env, "ORCH_OUTPUT_DIR": outputs},
+        env={**env, **flight_recorder(env, cwd), "ORCH_OUTPUT_DIR": outputs},
         cwd=cwd,
         outputs=outputs,
         log=TORCHRUN_LOG,
@@ -111,6 +111,27 @@ def plan(
         # srun the node stays in the step's.
         new_session=way != SRUN,
     )
+
+
+# PyTorch's NCCL flight recorder: a ring buffer of each rank's last collectives, dumped
+# when NCCL's watchdog times out, so that a hang that ends in a timeout leaves what each
+# rank was doing (orch stack lists the dumps). Its current names only: torch 2.11 still
+# reads TORCH_NCCL_TRACE_BUFFER_SIZE and TORCH_NCCL_DEBUG_INFO_TEMP_FILE, but warns in
+# every rank's log that they are deprecated (seen on an H200, tests/gpu/).
+FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+FLIGHT_FILES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+# Either spelling in the job's env is the job saying how it wants the recorder.
+FLIGHT_NAMES = (*FLIGHT_RECORDER, *FLIGHT_FILES, "TORCH_NCCL_TRACE_BUFFER_SIZE")
+
+
+def flight_recorder(env: Mapping[str, str], node_dir: str) -> dict[str, str]:
+    """The flight recorder's variables for a node whose ranks have GPUs (where NCCL is
+    used: `CUDA_VISIBLE_DEVICES` set, by the inventory, a lease or Slurm), its dumps
+    into the node's directory; none where the job sets any of them itself (a
+    `TORCH_NCCL_TRACE_BUFFER_SIZE: "0"` turns it off) or the node has no GPU (pure)."""
+    if not env.get("CUDA_VISIBLE_DEVICES") or any(name in env for name in FLIGHT_NAMES):
+        return {}
+    return {**FLIGHT_RECORDER, FLIGHT_FILES[0]: os.path.join(node_dir, FLIGHT_PREFIX)}
 
 
 def spawn(start: NodeStart) -> subprocess.Popen[bytes]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import time
 
 from ..host import proc
 from ..kernel.fileio import read_json
-from ..kernel.layout import EXIT, KILLED, NODE_SPEC, PIDS
+from ..kernel.layout import EXIT, KILLED, LOGS, NODE_SPEC, PIDS, TORCHRUN_LOG
 from ..kernel.replies import ExitRecord, StatusReply
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
@@ -32,6 +33,31 @@ def exit_record() -> ExitRecord | None:
             returncode=None, error="the node was never started", killed=os.path.exists(KILLED)
         )
     return None
+
+
+def idle(node_dir: str = ".") -> float | None:
+    """Seconds since the node's ranks or its launcher last wrote anything, or since its
+    ranks started where none has yet; None where no rank has started (a node waiting in
+    line, or in its setup)."""
+    latest = None
+    started = False
+    logs = os.path.join(node_dir, LOGS)
+    for folder, names in (
+        (logs, os.listdir(logs) if os.path.isdir(logs) else []),
+        (node_dir, [TORCHRUN_LOG]),
+    ):
+        for name in names:
+            if not name.startswith(("rank-", "torchrun")) or not name.endswith((".log", ".pid")):
+                continue
+            started = started or name.endswith(".pid")
+            try:
+                when = os.stat(os.path.join(folder, name)).st_mtime
+            except OSError:
+                continue
+            latest = when if latest is None else max(latest, when)
+    if not started or latest is None:
+        return None
+    return round(max(0.0, time.time() - latest), 3)
 
 
 def ended() -> dict[str, Any] | None:

@@ -20,5 +20,7 @@ def main(args: list[str]) -> int:
     os.chdir(job_dir)
     status = state.status()
     status.exists = True
+    if status.running:
+        status.idle_s = state.idle()
     send_record(sys.stdout.buffer, status.as_dict())
     return 0

@@ -1,0 +1,320 @@
+"""`stack JOB_DIR` (stdin: a StackRequest): the Python stack of every rank of this node,
+each read at once beside the others, for `orch stack` and the stall watchdog.
+
+1. A rank is the process `logs/rank-N.pid` names, while it runs with the recorded
+   start time (pids are reused) and belongs to this user: another user's process is
+   never read or signalled.
+2. It is read the way its start arranged (`logs/rank-N.trace`, traceable.py): with
+   py-spy (`py-spy dump --json`, `--native` when asked), the binary the controller
+   carried to `tools_dir` by its hash (the reply's `need_tool` asks for it where it
+   is missing); else, or where py-spy may not trace it, through faulthandler: the
+   rank's own handler writes its stack to `logs/rank-N.faults` on the signal its
+   record names, sent only where /proc says the rank catches it.
+3. A rank that cannot be read says why, and how to fix it; the others are read all
+   the same. A rank that ends while it is read is `ended`, no error.
+4. The node's dump is kept in `stacks/TAKEN.json`, owner-only, beside its logs.
+5. With `if_idle` (the stall watchdog), the stacks are taken only where the node's
+   ranks have been silent that long (`idle`), so that output the controller has not
+   seen yet (a slow link) never looks like a stall.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+from ..host import proc, tools
+from ..kernel.fileio import read_json, write_bytes
+from ..kernel.layout import CODE, FLIGHT_PREFIX, LOGS, PYSPY, STACKS, tool_name
+from ..kernel.messages import parse_message
+from ..kernel.replies import RankStack, StackReply
+from ..kernel.requests import StackRequest
+from . import spawn, state, traceable
+
+TYPE_CHECKING = False  # for the checker: importing typing costs every host command
+if TYPE_CHECKING:
+    from typing import Any
+
+FAULT_SETTLE_S = 0.1  # a faulthandler dump is written at once: still this long, it is whole
+NOT_PERMITTED = "tracing not permitted"
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
+
+
+def main(args: list[str]) -> int:
+    job_dir = os.path.expanduser(args[0])
+    try:
+        request = parse_message(StackRequest, json.loads(sys.stdin.read() or "{}"))
+    except ValueError as exc:  # bad JSON, or a MessageError: a controller of another version
+        sys.stderr.write(f"orch agent stack: {exc}\n")
+        return 2
+    reply = take(job_dir, request)
+    sys.stdout.write(json.dumps(reply.as_dict()) + "\n")
+    return 0
+
+
+def take(job_dir: str, request: StackRequest) -> StackReply:
+    """The node's dump (module docstring), or the py-spy it lacks."""
+    machine = os.uname().machine
+    if not os.path.isdir(job_dir):
+        return StackReply(exists=False, machine=machine)
+    tool, missing = pyspy(request, machine)
+    if missing is not None:
+        return StackReply(need_tool=missing, machine=machine)
+    os.chdir(job_dir)
+    idle_s = state.idle()
+    if request.if_idle is not None and (idle_s is None or idle_s < request.if_idle):
+        return StackReply(machine=machine, idle_s=idle_s, skipped=True)
+    wanted = set(request.ranks) if request.ranks is not None else None
+    found = {r: p for r, p in rank_pids().items() if wanted is None or r in wanted}
+    results: dict[int, RankStack] = {}
+
+    def read_one(rank: int, pid: int) -> None:
+        results[rank] = read_rank(rank, pid, tool, request.native, request.timeout)
+
+    threads = [threading.Thread(target=read_one, args=item) for item in found.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ranks = [results[r] for r in sorted(results)]
+    code = os.path.realpath(CODE) if os.path.isdir(CODE) else None
+    reply = StackReply(
+        machine=machine, code=code, ranks=ranks, flight=flight_dumps(), idle_s=idle_s
+    )
+    if request.ranks is None or request.ranks:
+        reply.saved = save(request.taken, reply)
+    return reply
+
+
+def pyspy(request: StackRequest, machine: str) -> tuple[str | None, str | None]:
+    """(the carried py-spy's path, None), (None, the hash the host lacks), or (None,
+    None) where the controller has none for this machine."""
+    sha = (request.pyspy or {}).get(machine)
+    if not sha or not request.tools_dir:
+        return None, None
+    folder = os.path.expanduser(request.tools_dir)
+    try:
+        path = os.path.join(folder, tool_name(PYSPY, sha))
+        if not os.access(path, os.X_OK):
+            return None, sha
+        tools.mine(folder)
+    except (OSError, ValueError):
+        return None, None
+    return path, None
+
+
+def rank_pids() -> dict[int, int]:
+    """rank -> pid, from logs/rank-N.pid, for this user's ranks that still run."""
+    found = {}
+    for name in os.listdir(LOGS) if os.path.isdir(LOGS) else []:
+        if not (name.startswith("rank-") and name.endswith(".pid") and name[5:-4].isdigit()):
+            continue
+        try:
+            with open(os.path.join(LOGS, name)) as f:
+                pid, _, when = f.read().partition(" ")
+            found[int(name[5:-4])] = (int(pid), int(when))
+        except (OSError, ValueError):
+            continue
+    return {rank: pid for rank, (pid, when) in found.items() if runs(pid, when)}
+
+
+def runs(pid: int, when: int | None) -> bool:
+    """Whether `pid` is still the process that was recorded, and this user's."""
+    return proc.alive(pid) and proc.start_time(pid) == when and proc.uid_of(pid) == os.getuid()
+
+
+def read_rank(rank: int, pid: int, tool: str | None, native: bool, timeout: float) -> RankStack:
+    """One rank's stack, the way its start arranged; never raises."""
+    when = proc.start_time(pid)
+    record = read_json(traceable.trace_file(LOGS, str(rank))) or {}
+    signum = record.get("signal") if isinstance(record.get("signal"), int) else None
+    why = None
+    if record.get("way") != traceable.FAULTHANDLER and tool is not None:
+        got = with_pyspy(rank, pid, tool, native, timeout)
+        if got.error is None or not runs(pid, when):
+            return ended(rank, pid) if got.error is not None else got
+        why = got
+    if signum is not None and catches(pid, signum):
+        got = with_faulthandler(rank, pid, signum, record.get("faults"), timeout)
+        if got.error is not None and not runs(pid, when):
+            return ended(rank, pid)
+        if native and got.error is None:
+            because = why.error if why is not None else record.get("why")
+            got.hint = f"native frames need py-spy: {because}"
+        return got
+    if why is not None:
+        return why
+    if tool is None:
+        return RankStack(
+            rank=rank,
+            pid=pid,
+            error=f"no py-spy for this host ({os.uname().machine}), and the rank did not "
+            "arrange faulthandler",
+            hint="put a py-spy for this platform where docs/STACKS.md says, or set "
+            f"{traceable.ENV_WAY}: faulthandler in the job's env and submit it again",
+        )
+    return RankStack(
+        rank=rank,
+        pid=pid,
+        error="its start arranged faulthandler, but the rank does not catch its signal",
+        hint="it was started by an older orch, or its code replaced the handler",
+    )
+
+
+def ended(rank: int, pid: int) -> RankStack:
+    return RankStack(rank=rank, pid=pid, ended=True, error="ended")
+
+
+def with_pyspy(rank: int, pid: int, tool: str, native: bool, timeout: float) -> RankStack:
+    argv = [tool, "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]
+    try:
+        done = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return RankStack(rank=rank, pid=pid, error=f"py-spy took over {timeout:.0f} s")
+    except OSError as exc:
+        return RankStack(rank=rank, pid=pid, error=f"py-spy could not run: {exc}")
+    said = done.stderr.decode(errors="replace").strip()
+    if done.returncode == 0:
+        try:
+            threads = [pyspy_thread(t) for t in json.loads(done.stdout)]
+            return RankStack(rank=rank, pid=pid, via="py-spy", native=native, threads=threads)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            said = f"unreadable py-spy output: {exc}"
+    if "ermission" in said or "not permitted" in said:
+        return RankStack(
+            rank=rank,
+            pid=pid,
+            error=f"{NOT_PERMITTED}: {last_line(said)}",
+            hint=not_permitted_hint(),
+        )
+    return RankStack(rank=rank, pid=pid, error=f"py-spy: {last_line(said) or done.returncode}")
+
+
+def not_permitted_hint() -> str:
+    scope = traceable.yama_scope()
+    where = f"kernel.yama.ptrace_scope is {scope} here; " if scope is not None else ""
+    return (
+        f"{where}ranks started by this orch allow their own tracing under scope 1; "
+        f"elsewhere set {traceable.ENV_WAY}: faulthandler in the job's env and submit it "
+        "again (a container may need --cap-add SYS_PTRACE)"
+    )
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def pyspy_thread(thread: dict[str, Any]) -> dict[str, Any]:
+    """A thread of `py-spy dump --json` in the reply's shape."""
+    return {
+        "id": thread.get("os_thread_id") or thread.get("thread_id"),
+        "name": thread.get("thread_name"),
+        "active": bool(thread.get("active")),
+        "frames": [
+            {"function": f.get("name"), "file": f.get("filename"), "line": f.get("line")}
+            for f in thread["frames"]
+        ],
+    }
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether a process has a handler for `signum` (its SigCgt mask in /proc): a
+    real-time signal to one without would end it."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
+def with_faulthandler(
+    rank: int, pid: int, signum: int, faults: object, timeout: float
+) -> RankStack:
+    """Signal the rank and read what its handler appended to its faults file, one
+    reader at a time (a lock on the file)."""
+    import fcntl
+
+    path = faults if isinstance(faults, str) else traceable.faults_file(LOGS, str(rank))
+    try:
+        with open(path, "rb") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            before = os.fstat(f.fileno()).st_size
+            os.kill(pid, signum)
+            text = grown(f, before, time.monotonic() + min(timeout, 5.0))
+    except ProcessLookupError:
+        return ended(rank, pid)
+    except OSError as exc:
+        return RankStack(rank=rank, pid=pid, error=f"faulthandler: {exc}")
+    if not text:
+        return RankStack(rank=rank, pid=pid, error="faulthandler wrote nothing")
+    return RankStack(rank=rank, pid=pid, via="faulthandler", threads=faulthandler_threads(text))
+
+
+def grown(f: Any, before: int, deadline: float) -> str:
+    """What was appended to `f` past `before`, once it has stopped growing."""
+    size, still_since = before, None
+    while time.monotonic() < deadline:
+        now = os.fstat(f.fileno()).st_size
+        if now != size:
+            size, still_since = now, time.monotonic()
+        elif still_since is not None and time.monotonic() - still_since >= FAULT_SETTLE_S:
+            break
+        time.sleep(0.01)
+    f.seek(before)
+    return str(f.read(size - before).decode(errors="replace"))
+
+
+def faulthandler_threads(text: str) -> list[dict[str, Any]]:
+    """faulthandler's dump (`Thread 0x.. (most recent call first):` then `  File "f",
+    line N in name`) in the reply's shape."""
+    threads: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        head = _THREAD.match(line)
+        if head:
+            threads.append({"id": int(head.group(2), 16), "name": None, "frames": []})
+            threads[-1]["active"] = head.group(1) == "Current thread"
+            continue
+        frame = _FRAME.match(line)
+        if frame and threads:
+            where = {"function": frame.group(3), "file": frame.group(1)}
+            threads[-1]["frames"].append({**where, "line": int(frame.group(2))})
+    return threads
+
+
+def flight_dumps() -> dict[str, str] | None:
+    """NCCL flight-recorder dumps of this node's ranks ({rank: path}): the prefix the
+    job's env names, else the one spawn.flight_recorder gave it, plus the rank."""
+    spec = read_json("node.json") or {}
+    env = spec.get("env") or {}
+    prefix = next((env[n] for n in spawn.FLIGHT_FILES if env.get(n)), None)
+    prefix = os.path.abspath(os.path.expanduser(prefix or FLIGHT_PREFIX))
+    found = {}
+    folder, stem = os.path.split(prefix)
+    for name in os.listdir(folder or ".") if os.path.isdir(folder or ".") else []:
+        if name.startswith(stem) and name[len(stem) :].isdigit():
+            found[name[len(stem) :]] = os.path.join(folder, name)
+    return found or None
+
+
+def save(taken: str, reply: StackReply) -> str | None:
+    """Keep the node's dump beside its logs: stacks/TAKEN.json."""
+    name = re.sub(r"[^0-9A-Za-z_.-]", "_", taken)[:80] or "stack"
+    try:
+        os.makedirs(STACKS, mode=0o700, exist_ok=True)
+        path = os.path.join(STACKS, f"{name}.json")
+        write_bytes(path, json.dumps(reply.as_dict()).encode(), 0o600)
+    except OSError:
+        return None
+    return os.path.abspath(path)
