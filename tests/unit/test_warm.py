@@ -289,12 +289,15 @@ def test_a_preload_that_keeps_a_random_generator_of_its_own_is_refused(
     from orchestrator.agent.node.warm import serve
 
     assert torch.default_generator is not None and numpy.random.mtrand._rand is not None
-    assert serve.kept_generators() == []
+    # The test process's own (hypothesis keeps one) are not the point here.
+    before = serve.kept_generators()
+    assert not [name for name in before if name.startswith(("torch", "numpy", "random."))]
     mine = types.ModuleType("augment")
     mine.rng = numpy.random.default_rng()  # type: ignore[attr-defined]
     mine.system = random.SystemRandom()  # type: ignore[attr-defined]  # the OS's: fine
     monkeypatch.setitem(sys.modules, "augment", mine)
-    assert serve.kept_generators() == ["augment.rng"]
+    assert sorted(set(serve.kept_generators()) - set(before)) == ["augment.rng"]
     monkeypatch.setitem(sys.modules, "augment_pure", types.ModuleType("augment_pure"))
     monkeypatch.setattr(sys.modules["augment_pure"], "shuffle", random.Random(), raising=False)
-    assert serve.kept_generators() == ["augment.rng", "augment_pure.shuffle"]
+    added = set(serve.kept_generators()) - set(before)
+    assert sorted(added) == ["augment.rng", "augment_pure.shuffle"]
