@@ -22,6 +22,7 @@ from orchestrator import backends
 from orchestrator.api import PathLike, _owner_only, _path
 from orchestrator.api.lines import QuietReporter
 from orchestrator.backends import PullBars
+from orchestrator.nodes.forward import Forwarding, ForwardOptions, parse_ports
 from orchestrator.records.db import JobDB
 from orchestrator.reporting.pull import Progress, PullReport, default_target
 from orchestrator.reporting.reporter import Reporter
@@ -40,6 +41,8 @@ from orchestrator.reporting.top import (
 __all__ = [
     "INTERVAL_S",
     "SILENT_S",
+    "ForwardOptions",
+    "Forwarding",
     "Frame",
     "GpuView",
     "NodeView",
@@ -52,6 +55,8 @@ __all__ = [
     "StackOptions",
     "StackView",
     "TopView",
+    "forward",
+    "parse_ports",
     "pull",
     "stack",
     "stack_lines",
@@ -154,3 +159,31 @@ def stack(
         backend = backends.for_record(record)
         options = StackOptions(tuple(ranks), tuple(nodes), native)
         return backend.stack(record, store, options, reporter or QuietReporter())
+
+
+def forward(
+    job_id: str,
+    port: int,
+    local_port: int | None = None,
+    node: str | None = None,
+    *,
+    reporter: Reporter | None = None,
+) -> Forwarding:
+    """`orch forward`: `port` on the host of a running job's node (default: its
+    master), at 127.0.0.1:`local_port` on this machine (None: the same number; 0: any
+    free one), through the job's SSH connection to that host: TensorBoard or Jupyter
+    on the master, in the laptop's browser.
+
+    Returns:
+        The open forward: `.address`, then `.serve()` until `.close()` (a context
+        manager closes it too).
+
+    Raises:
+        InputError: no such job, it has ended, no such node, the local port is taken.
+        HostError: the host does not answer.
+    """
+    with _owner_only():
+        record = JobDB().get(job_id)
+        backend = backends.for_record(record)
+        options = ForwardOptions(port, local_port, node)
+        return backend.forward(record, options, reporter or QuietReporter())

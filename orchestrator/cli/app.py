@@ -24,6 +24,7 @@ VERBS = {
     "logs": "cmd_logs",
     "top": "cmd_top",
     "stack": "cmd_stack",
+    "forward": "cmd_forward",
     "kill": "cmd_kill",
     "pull": "cmd_pull",
     "check": "cmd_check",

@@ -39,6 +39,12 @@ NOT_YET: dict[str, tuple[str, str, str]] = {
         "inventory: a command would run there, not on the nodes",
         "run it on the nodes through Slurm, on the login node: srun -N NODES COMMAND",
     ),
+    "forward": (
+        "orch forward",
+        "a Slurm job's nodes are reached through the login node, and orch does not yet "
+        "carry a port across it",
+        "on the laptop: ssh -L LOCAL:NODE:PORT LOGIN_NODE (squeue -j JOB names the nodes)",
+    ),
     "bench_allreduce": (
         "orch bench allreduce",
         "the sweep picks the inventory's hosts by name, and a Slurm inventory names only "

@@ -359,6 +359,34 @@ class SshTransport:
             ) from None
         return SshProcess(channel)
 
+    def tunnel(self, port: int) -> paramiko.Channel:
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise HostError(
+                self.name,
+                f"lost the SSH connection to {self._target}",
+                "check that the host is up and reachable from this machine",
+            )
+        try:
+            channel: paramiko.Channel = transport.open_channel(
+                "direct-tcpip",
+                ("127.0.0.1", port),
+                ("127.0.0.1", 0),
+                timeout=self.options.connect_timeout,
+            )
+            return channel
+        except paramiko.ChannelException as exc:
+            raise HostError(
+                self.name,
+                f"nothing answers on port {port} of {self.name} ({exc.text.lower()})",
+                "start the server there first, bound to 127.0.0.1 or 0.0.0.0, or "
+                "allow TCP forwarding in the host's sshd_config (AllowTcpForwarding)",
+            ) from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostError(
+                self.name, f"lost the SSH connection to {self._target}: {exc}"
+            ) from None
+
     def close(self) -> None:
         try:
             self._conn.close()

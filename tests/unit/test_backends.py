@@ -20,6 +20,7 @@ from orchestrator.models.errors import InputError, Unsupported
 from orchestrator.models.inventory import Inventory, load_inventory
 from orchestrator.models.job import load_job
 from orchestrator.models.states import JobState
+from orchestrator.nodes.forward import ForwardOptions
 from orchestrator.records.db import JobRecord
 from orchestrator.reporting.stacks import StackOptions
 from orchestrator.slurm.unsupported import NOT_YET
@@ -130,6 +131,7 @@ def refused_arguments(verb: str, inventory: Inventory, job: Any) -> list[Any]:
         "bench_allreduce": AllreduceOptions(),
         "check": CheckOptions(),
         "stack": StackOptions(),
+        "forward": ForwardOptions(6006),
     }
     given = {
         "inventory": inventory,

@@ -1,0 +1,41 @@
+"""`orch forward`'s pure parts: PORT[:LOCAL], the node it reaches, the local port."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from orchestrator.models.errors import InputError
+from orchestrator.nodes.forward import _listen, parse_ports
+
+
+def test_ports_are_port_or_port_colon_local() -> None:
+    assert parse_ports("6006") == (6006, None)
+    assert parse_ports("6006:16006") == (6006, 16006)
+    assert parse_ports("8888:0") == (8888, 0)
+
+
+@pytest.mark.parametrize("text", ["", "http", "0", "70000", "6006:", "6006:-1", "6006:x"])
+def test_a_port_that_is_not_one_is_an_input_error_with_a_hint(text: str) -> None:
+    if text == "6006:":  # an empty LOCAL is the same number
+        assert parse_ports(text) == (6006, None)
+        return
+    with pytest.raises(InputError) as caught:
+        parse_ports(text)
+    assert "not a port" in caught.value.message and caught.value.hint
+
+
+def test_the_local_side_listens_on_loopback_only_and_a_taken_port_is_exit_2() -> None:
+    listener = _listen(0)
+    try:
+        address, port = listener.getsockname()
+        assert address == "127.0.0.1"
+        with pytest.raises(InputError) as caught:
+            _listen(port)
+        assert f"port {port} on this machine is in use" in caught.value.message
+        assert caught.value.exit_code == 2 and "PORT:LOCAL" in caught.value.hint
+    finally:
+        listener.close()
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0
