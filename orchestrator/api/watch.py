@@ -22,7 +22,7 @@ from orchestrator import backends
 from orchestrator.api import PathLike, _owner_only, _path
 from orchestrator.api.lines import QuietReporter
 from orchestrator.backends import PullBars
-from orchestrator.nodes.forward import Forwarding, ForwardOptions, parse_ports
+from orchestrator.nodes.into import Forwarding, ForwardOptions, ShellOptions, parse_ports
 from orchestrator.records.db import JobDB
 from orchestrator.reporting.pull import Progress, PullReport, default_target
 from orchestrator.reporting.reporter import Reporter
@@ -51,6 +51,7 @@ __all__ = [
     "PullReport",
     "RankDump",
     "RankView",
+    "ShellOptions",
     "StackGroup",
     "StackOptions",
     "StackView",
@@ -58,6 +59,7 @@ __all__ = [
     "forward",
     "parse_ports",
     "pull",
+    "shell",
     "stack",
     "stack_lines",
     "top",
@@ -187,3 +189,29 @@ def forward(
         backend = backends.for_record(record)
         options = ForwardOptions(port, local_port, node)
         return backend.forward(record, options, reporter or QuietReporter())
+
+
+def shell(
+    job_id: str,
+    node: str | None = None,
+    command: Sequence[str] = (),
+    *,
+    reporter: Reporter | None = None,
+) -> int:
+    """`orch ssh`: a shell on the host of a running job's node (default: its master),
+    in the job's code directory, with the job's environment (not what only its ranks
+    get), on this process's terminal; or `command` there instead.
+
+    Returns:
+        The shell's (or the command's) exit status.
+
+    Raises:
+        InputError: no such job, it has ended (the hint says where its files are), no
+            such node.
+        HostError: the host does not answer.
+    """
+    with _owner_only():
+        record = JobDB().get(job_id)
+        backend = backends.for_record(record)
+        options = ShellOptions(node, tuple(command))
+        return backend.shell(record, options, reporter or QuietReporter())

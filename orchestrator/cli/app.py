@@ -25,6 +25,7 @@ VERBS = {
     "top": "cmd_top",
     "stack": "cmd_stack",
     "forward": "cmd_forward",
+    "ssh": "cmd_ssh",
     "kill": "cmd_kill",
     "pull": "cmd_pull",
     "check": "cmd_check",

@@ -45,6 +45,12 @@ NOT_YET: dict[str, tuple[str, str, str]] = {
         "carry a port across it",
         "on the laptop: ssh -L LOCAL:NODE:PORT LOGIN_NODE (squeue -j JOB names the nodes)",
     ),
+    "shell": (
+        "orch ssh",
+        "a Slurm job's nodes are Slurm's to hand out, and orch reaches them only through "
+        "srun on the login node",
+        "on the login node: srun --jobid SLURM_JOB --overlap --pty -w NODE bash",
+    ),
     "bench_allreduce": (
         "orch bench allreduce",
         "the sweep picks the inventory's hosts by name, and a Slurm inventory names only "

@@ -102,7 +102,10 @@ class Transport(Protocol):
     4. Commands may run concurrently on one transport, from several threads.
     5. `tunnel(port)` opens a TCP connection to `port` on the host's own loopback,
        made from the host (`orch forward`); HostError where nothing listens there.
-    6. `close()` releases the connection; it never raises.
+    6. `interactive(command)` runs a command with this process's stdin, stdout and
+       stderr (a terminal on the host where stdin is one here: `orch ssh`) and
+       returns its exit status.
+    7. `close()` releases the connection; it never raises.
     """
 
     name: str
@@ -118,6 +121,8 @@ class Transport(Protocol):
     ) -> RemoteProcess: ...
 
     def tunnel(self, port: int) -> Tunnel: ...
+
+    def interactive(self, command: str) -> int: ...
 
     def close(self) -> None: ...
 

@@ -150,6 +150,9 @@ class LocalTransport:
             proc.stderr.decode("utf-8", "replace"),
         )
 
+    def interactive(self, command: str) -> int:
+        return subprocess.call(["/bin/sh", "-c", command])
+
     def tunnel(self, port: int) -> SocketTunnel:
         try:
             return SocketTunnel(socket.create_connection(("127.0.0.1", port), timeout=10))

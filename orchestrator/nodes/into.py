@@ -1,5 +1,13 @@
-"""`orch forward`: a port on a running job's host, at the laptop's localhost.
+"""Into a running job: `orch ssh` (a shell where a node runs, in its directory, with
+its environment) and `orch forward` (a port on a job's host, at the laptop's
+localhost).
 
+`orch ssh` runs the agent's `shell` command in the node's directory (the agent version
+the job pinned) over one SSH connection, on a terminal of the host's where this one
+is a terminal (`Transport.interactive`): the environment reaches the shell through the
+node's own node.json, never an argv.
+
+`orch forward`:
 A listening socket on 127.0.0.1 (only this machine reaches it); each connection made
 to it gets a tunnel to the port on the host's own loopback, made from the host's side
 over the one SSH connection (`Transport.tunnel`: SSH's direct-tcpip channel), and the
@@ -22,6 +30,7 @@ from dataclasses import dataclass
 
 from orchestrator.models.errors import HostError, InputError
 from orchestrator.models.inventory import Host
+from orchestrator.nodes.agent import job_command
 from orchestrator.records.db import JobRecord, NodeRecord
 from orchestrator.transport import ConnectOptions, Transport, open_transport
 from orchestrator.transport.base import Tunnel
@@ -40,6 +49,33 @@ class ForwardOptions:
     port: int
     local_port: int | None = None
     node: str | None = None
+
+
+@dataclass(frozen=True)
+class ShellOptions:
+    """`orch ssh JOB [NODE] [-- COMMAND...]`: the node's host (None: the master's),
+    and a command to run instead of a shell."""
+
+    node: str | None = None
+    command: tuple[str, ...] = ()
+
+
+def shell(record: JobRecord, options: ShellOptions, notice: Callable[[str], None]) -> int:
+    """A shell (or the command) in the node's code directory with the job's
+    environment, on this process's terminal; its exit status.
+
+    Raises:
+        InputError: the job has ended, or has no node on that host.
+        HostError: the host does not answer.
+    """
+    node = running_node(record, options.node, "orch ssh")
+    transport = open_transport(node.host, ConnectOptions(notice=notice))
+    try:
+        transport.connect()
+        args = ("shell", "--", *options.command) if options.command else ("shell",)
+        return transport.interactive(job_command(node.host, node.job_dir, *args))
+    finally:
+        transport.close()
 
 
 def parse_ports(text: str) -> tuple[int, int | None]:
@@ -67,9 +103,11 @@ def running_node(record: JobRecord, name: str | None, verb: str) -> NodeRecord:
         InputError: the job has ended, or has no node on that host.
     """
     if record.state.is_terminal():
+        master = min(record.nodes, key=lambda n: n.node_rank, default=None)
+        files = f"; its files: {master.job_dir} on {master.host.name}" if master else ""
         raise InputError(
             f"job {record.id} has ended ({record.state.value}): {verb} reaches running jobs",
-            f"its output: orch logs {record.id}; its outputs: orch pull {record.id}",
+            f"its output: orch logs {record.id}; its outputs: orch pull {record.id}{files}",
         )
     if name is None:
         return min(record.nodes, key=lambda n: n.node_rank)

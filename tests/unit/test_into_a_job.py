@@ -1,4 +1,5 @@
-"""`orch forward`'s pure parts: PORT[:LOCAL], the node it reaches, the local port."""
+"""Into a running job, the pure parts: `orch forward`'s PORT[:LOCAL] and local port,
+`orch ssh`'s NODE and COMMAND."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import socket
 
 import pytest
 
+from orchestrator.cli.cmd_ssh import node_and_command
 from orchestrator.models.errors import InputError
-from orchestrator.nodes.forward import _listen, parse_ports
+from orchestrator.nodes.into import _listen, parse_ports
 
 
 def test_ports_are_port_or_port_colon_local() -> None:
@@ -39,3 +41,14 @@ def test_the_local_side_listens_on_loopback_only_and_a_taken_port_is_exit_2() ->
         listener.close()
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_orch_ssh_takes_a_node_and_after_the_double_dash_a_command() -> None:
+    argv = ["orch", "ssh", "job-1"]
+    assert node_and_command([], argv) == (None, [])
+    assert node_and_command(["node2"], [*argv, "node2"]) == ("node2", [])
+    assert node_and_command(["pwd"], [*argv, "--", "pwd"]) == (None, ["pwd"])
+    both = [*argv, "node2", "--", "ls", "-la"]
+    assert node_and_command(["node2", "ls", "-la"], both) == ("node2", ["ls", "-la"])
+    with pytest.raises(InputError):
+        node_and_command(["node2", "node3"], [*argv, "node2", "node3"])

@@ -1,11 +1,16 @@
-"""`orch forward`: a port of a running job's host at the laptop's localhost, through
-the job's host's SSH connection, until Ctrl-C; and its bad input."""
+"""Into a running job: `orch ssh` (a shell or a command in the node's directory with
+the job's environment, on a terminal where there is one) and `orch forward` (a port of
+a running job's host at the laptop's localhost, until Ctrl-C); and their bad input."""
 
 from __future__ import annotations
 
+import os
+import pty
+import select
 import signal
 import socket
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -115,3 +120,61 @@ def test_a_local_port_in_use_an_unknown_node_and_a_bad_port_are_exit_2_with_a_hi
         assert bad.returncode == 2 and "not a port" in bad.stderr
     finally:
         orch("kill", job_id, timeout=60)
+
+
+def test_orch_ssh_lands_in_the_nodes_directory_with_the_jobs_environment(
+    orch: OrchRunner, cluster: Cluster, tmp_path: Path
+) -> None:
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", HOSTS)
+    job = write_job(
+        tmp_path, "serve", "serve.py", nodes=2, args=[str(PORT)], env={"MY_SETTING": "set"}
+    )
+    submitted = orch("submit", job, "-i", inventory, "-d", timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = job_id_of(submitted.stdout)
+    probe = 'pwd; echo "setting=$MY_SETTING rank=${RANK:-none} job=$ORCH_JOB_ID"; exit 4'
+    try:
+        ran = orch("ssh", job_id, "--", probe, timeout=60)
+        assert ran.returncode == 4, ran.stderr
+        where, said = ran.stdout.splitlines()[:2]
+        assert where.endswith("/code") and job_id in where and "/node1/" in where, where
+        assert said == f"setting=set rank=none job={job_id}"
+        other = orch("ssh", job_id, "node2", "--", "pwd", timeout=60)
+        assert other.returncode == 0 and "/node2/" in other.stdout, other.stderr
+
+        # On a terminal: a shell of the host's, typed into.
+        mine, theirs = pty.openpty()
+        shell = subprocess.Popen(
+            [*orch_command(), "ssh", job_id],
+            env={**orch.controller.env(), "TERM": "dumb"},
+            stdin=theirs,
+            stdout=theirs,
+            stderr=theirs,
+            start_new_session=True,
+        )
+        os.close(theirs)
+        os.write(mine, b"echo typed-$MY_SETTING; exit 5\n")
+        seen = b""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if select.select([mine], [], [], 1.0)[0]:
+                try:
+                    chunk = os.read(mine, 4096)
+                except OSError:  # the terminal closed with the process
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            elif shell.poll() is not None:
+                break
+        os.close(mine)
+        if shell.poll() is None:
+            shell.kill()
+        assert shell.wait(timeout=30) == 5, seen
+        assert b"typed-set" in seen, seen
+    finally:
+        orch("kill", job_id, timeout=60)
+
+    ended = orch("ssh", job_id, timeout=30)
+    assert ended.returncode == 2 and "has ended" in ended.stderr
+    assert "its files:" in ended.stderr and "Traceback" not in ended.stderr
