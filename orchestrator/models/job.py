@@ -52,6 +52,7 @@ _JOB_KEYS = {
     "warm_idle": None,
     "stall_after": None,
     "on_stall": None,
+    "forward": None,
 }
 STALL_MIN_S = 10  # below this a stall is a step, not a hang: `stall_after:` says at least this
 ON_STALL = ("fail", "warn")
@@ -97,6 +98,9 @@ class JobSpec:
     # reported, once per stall.
     stall_after: int | None = None
     on_stall: str = "fail"
+    # Ports of the master's host at the laptop's 127.0.0.1 while an attached submit
+    # follows the job (`orch forward`): (port, local port; None: the same number).
+    forward: tuple[tuple[int, int | None], ...] = ()
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     def error(self, key: str, message: str, hint: str = "") -> SpecError:
@@ -222,6 +226,7 @@ def load_job(path: Path) -> JobSpec:
         cold=_load_warm(where),
         stall_after=_load_stall_after(where),
         on_stall=_load_on_stall(where),
+        forward=_load_forward(where),
         positions=dict(where.mapping.positions),
     )
 
@@ -246,6 +251,39 @@ def _load_stall_after(where: Where) -> int | None:
             "stall_after", f"must be at least {STALL_MIN_S} s, got {value}", STALL_HINT
         )
     return int(value)
+
+
+def port_pair(text: str) -> tuple[int, int | None]:
+    """`PORT` or `PORT:LOCAL` (LOCAL 0: any free port on the laptop).
+
+    Raises:
+        ValueError: not that, or a number out of range.
+    """
+    remote, _, local = text.partition(":")
+    port, local_port = int(remote), (int(local) if local else None)
+    if not 1 <= port <= 65535 or not (local_port is None or 0 <= local_port <= 65535):
+        raise ValueError(text)
+    return port, local_port
+
+
+def _load_forward(where: Where) -> tuple[tuple[int, int | None], ...]:
+    value = where.mapping.get("forward")
+    if value is None:
+        return ()
+    items = value if isinstance(value, list) else [value]
+    found = []
+    for item in items:
+        try:
+            if isinstance(item, bool) or not isinstance(item, (int, str)):
+                raise ValueError(item)
+            found.append(port_pair(str(item)))
+        except ValueError:
+            raise where.error(
+                "forward",
+                f"not a port: {item!r}",
+                "forward: [6006] or forward: ['8888:18888'] (the master's port, and the laptop's)",
+            ) from None
+    return tuple(found)
 
 
 def _load_on_stall(where: Where) -> str:

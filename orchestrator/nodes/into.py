@@ -25,11 +25,12 @@ import contextlib
 import errno
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.models.errors import HostError, InputError
 from orchestrator.models.inventory import Host
+from orchestrator.models.job import port_pair
 from orchestrator.nodes.agent import job_command
 from orchestrator.records.db import JobRecord, NodeRecord
 from orchestrator.transport import ConnectOptions, Transport, open_transport
@@ -84,16 +85,14 @@ def parse_ports(text: str) -> tuple[int, int | None]:
     Raises:
         InputError: not a port number (1-65535; LOCAL may be 0: any free port).
     """
-    remote, _, local = text.partition(":")
     try:
-        port, local_port = int(remote), (int(local) if local else None)
+        return port_pair(text)
     except ValueError:
         raise InputError(
-            f"not a port: {text!r}", "give PORT or PORT:LOCAL, e.g. 6006 or 6006:16006"
+            f"not a port: {text!r}",
+            "give PORT or PORT:LOCAL, e.g. 6006 or 6006:16006 (ports 1 to 65535; LOCAL 0: "
+            "any free port)",
         ) from None
-    if not 1 <= port <= 65535 or not (local_port is None or 0 <= local_port <= 65535):
-        raise InputError(f"not a port: {text!r}", "ports are 1 to 65535 (LOCAL 0: any free port)")
-    return port, local_port
 
 
 def running_node(record: JobRecord, name: str | None, verb: str) -> NodeRecord:
@@ -246,3 +245,29 @@ def _listen(port: int) -> socket.socket:
         raise
     listener.listen(16)
     return listener
+
+
+def open_forwards(
+    record: JobRecord, ports: Sequence[tuple[int, int | None]], notice: Callable[[str], None]
+) -> list[Forwarding]:
+    """The job file's `forward:`, opened for an attached submit: each port of the
+    master's host served in a thread of its own until closed. One that cannot open
+    (a local port in use, the host not answering) is said and skipped: the job runs
+    on without it."""
+    opened = []
+    for port, local_port in ports:
+        try:
+            node = running_node(record, None, "forward:")
+            forwarding = Forwarding(node.host, port, local_port, notice)
+        except (InputError, HostError) as exc:
+            notice(f"forward: port {port} not opened: {exc.message}")
+            continue
+        notice(f"forwarding port {port} of {node.host.name} to {forwarding.address}")
+        threading.Thread(target=_serve_quietly, args=(forwarding,), daemon=True).start()
+        opened.append(forwarding)
+    return opened
+
+
+def _serve_quietly(forwarding: Forwarding) -> None:
+    with contextlib.suppress(HostError):  # the job's own watch says the host is lost
+        forwarding.serve()

@@ -82,6 +82,11 @@ KEYS_NOT_YET: dict[str, tuple[str, str]] = {
         "drop stall_after: (and --stall-after) there; when the job seems hung, look with: "
         "orch stack JOB",
     ),
+    "forward": (
+        "a Slurm job's nodes are reached through the login node, and orch does not yet "
+        "carry a port across it",
+        "drop forward: there; on the laptop: ssh -L LOCAL:NODE:PORT LOGIN_NODE",
+    ),
 }
 
 

@@ -178,3 +178,33 @@ def test_orch_ssh_lands_in_the_nodes_directory_with_the_jobs_environment(
     ended = orch("ssh", job_id, timeout=30)
     assert ended.returncode == 2 and "has ended" in ended.stderr
     assert "its files:" in ended.stderr and "Traceback" not in ended.stderr
+
+
+def test_forward_in_the_job_file_opens_with_an_attached_submit_and_closes_with_the_job(
+    orch: OrchRunner, cluster: Cluster, tmp_path: Path
+) -> None:
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", HOSTS)
+    job = write_job(
+        tmp_path, "serve", "serve.py", nodes=2, args=[str(PORT), "20"], forward=[f"{PORT}:0"]
+    )
+    submit = subprocess.Popen(
+        [*orch_command(), "submit", str(job), "-i", str(inventory)],
+        env=orch.controller.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert submit.stderr is not None
+    errors = Lines(submit.stderr)
+    try:
+        errors.wait_for(f"forwarding port {PORT} of node1 to http://127.0.0.1:", 60)
+        said = next(line for line in errors.lines if f"forwarding port {PORT}" in line)
+        address = said.rsplit(" to ", 1)[1].strip()
+        wait_for(lambda: served_by(address) == "served by node 0\n", 30, "the page", poll=0.2)
+        assert submit.wait(timeout=90) == 0, errors.text()
+        local = int(address.rsplit(":", 1)[1].rstrip("/"))
+        assert local_port_free(local)
+    finally:
+        if submit.poll() is None:
+            submit.send_signal(signal.SIGINT)
+            submit.wait(timeout=60)

@@ -9,7 +9,9 @@ import pytest
 
 from orchestrator.cli.cmd_ssh import node_and_command
 from orchestrator.models.errors import InputError
+from orchestrator.models.job import load_job
 from orchestrator.nodes.into import _listen, parse_ports
+from tests.unit.conftest import WriteFile, expect_input_error
 
 
 def test_ports_are_port_or_port_colon_local() -> None:
@@ -52,3 +54,17 @@ def test_orch_ssh_takes_a_node_and_after_the_double_dash_a_command() -> None:
     assert node_and_command(["node2", "ls", "-la"], both) == ("node2", ["ls", "-la"])
     with pytest.raises(InputError):
         node_and_command(["node2", "node3"], [*argv, "node2", "node3"])
+
+
+def test_forward_in_the_job_file_takes_ports_and_rejects_the_rest_at_load(
+    write: WriteFile,
+) -> None:
+    write("train.py", "")
+    base = "name: t\nscript: train.py\n"
+    job = load_job(write("job.yaml", base + "forward: [6006, '8888:18888', '9000:0']\n"))
+    assert job.forward == ((6006, None), (8888, 18888), (9000, 0))
+    assert load_job(write("one.yaml", base + "forward: 6006\n")).forward == ((6006, None),)
+    assert load_job(write("none.yaml", base)).forward == ()
+    for bad in ("forward: [http]", "forward: [70000]", "forward: [true]", "forward: {a: 1}"):
+        error = expect_input_error(lambda b=bad: load_job(write("bad.yaml", base + b + "\n")))
+        assert "not a port" in error.message and error.hint and error.line == 3
