@@ -23,6 +23,7 @@ VERBS = {
     "status": "cmd_status",
     "logs": "cmd_logs",
     "top": "cmd_top",
+    "ui": "cmd_ui",
     "kill": "cmd_kill",
     "pull": "cmd_pull",
     "check": "cmd_check",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from orchestrator.models import placeholders
 from orchestrator.models.errors import SpecError, place
+from orchestrator.models.metrics import pattern_problem
 from orchestrator.models.schema import (
     Where,
     check_keys,
@@ -50,6 +51,7 @@ _JOB_KEYS = {
     "preload": None,
     "warm": None,
     "warm_idle": None,
+    "metrics": None,
 }
 OUTPUTS_FROM = ("rank0", "all")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -88,6 +90,9 @@ class JobSpec:
     preload: tuple[str, ...] = ("torch",)
     warm_idle: int = 600
     cold: str | None = None
+    # Regular expressions whose named groups are numbers `orch ui` plots, beside the
+    # forms it finds by default (reporting/metrics.py).
+    metrics: tuple[str, ...] = ()
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     def error(self, key: str, message: str, hint: str = "") -> SpecError:
@@ -211,6 +216,7 @@ def load_job(path: Path) -> JobSpec:
         preload=_load_preload(where),
         warm_idle=get_int(where, "warm_idle", default=600, minimum=1) or 600,
         cold=_load_warm(where),
+        metrics=_load_metrics(where),
         positions=dict(where.mapping.positions),
     )
 
@@ -228,6 +234,19 @@ def _load_preload(where: Where) -> tuple[str, ...]:
                 "preload", f"preload: {name!r} is not a module name", "write e.g. [torch, numpy]"
             )
     return names
+
+
+def _load_metrics(where: Where) -> tuple[str, ...]:
+    patterns = get_str_list(where, "metrics")
+    for pattern in patterns:
+        if (why := pattern_problem(pattern)) is not None:
+            raise where.error(
+                "metrics",
+                f"bad pattern {pattern!r}: {why}",
+                "write a regular expression with a named group per number, e.g. "
+                "'val acc (?P<val_acc>[0-9.]+)'",
+            )
+    return patterns
 
 
 def _load_warm(where: Where) -> str | None:

@@ -1,0 +1,138 @@
+"""Every recorded job as the page lists it, read from the records each refresh
+(`api.statuses(ask_hosts=False)`: no host asked, a few milliseconds), and the jobs
+that nothing follows brought up to date with their hosts now and then (`api.statuses`
+of each), so that a detached job that ended shows as ended.
+
+A job the page follows (its feed) needs no such asking: the follow records its nodes'
+ends as they come, as `orch logs -f` does.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator import api
+from orchestrator.api import JobStatus
+from orchestrator.api.errors import OrchError
+
+log = logging.getLogger(__name__)
+
+RECONCILE_EVERY_S = 10.0
+PLACES_EVERY_S = 3.0
+
+
+def status_json(status: JobStatus, user: str, place: str | None = None) -> dict[str, Any]:
+    """A job as the page draws it (the list's row and the job page's header)."""
+    spec = status.spec
+    return {
+        "id": status.id,
+        "name": status.name,
+        "state": status.state.value,
+        "note": status.note,
+        "place": place,
+        "user": user,
+        "created": status.created,
+        "started": status.started,
+        "ended": status.ended,
+        "duration": status.duration,
+        "exit_code": status.exit_code,
+        "attempt": status.attempt,
+        "restarts": status.restarts,
+        "earlier": [
+            {"attempt": e.attempt, "nodes": {h: s.value for h, s in e.nodes.items()}}
+            for e in status.earlier
+        ],
+        "master": f"{status.master_addr}:{status.master_port}" if status.master_port else "",
+        "nodes": [
+            {
+                "host": n.host,
+                "address": n.address,
+                "node_rank": n.node_rank,
+                "ranks": [n.ranks.start, n.ranks.stop],
+                "state": n.state.value,
+                "exit_code": n.exit_code,
+                "signal": n.signal,
+                "error": n.error,
+            }
+            for n in status.nodes
+        ],
+        "ranks": sum(len(n.ranks) for n in status.nodes),
+        "backend": spec.get("backend") or "ssh",
+        "path": spec.get("path"),
+        "entry": spec.get("entry"),
+        "args": list(spec.get("args") or ()),
+        "workdir": spec.get("workdir"),
+        "outputs": list(spec.get("outputs") or ()),
+        "metrics": list(spec.get("metrics") or ()),
+    }
+
+
+class Board:
+    """The jobs page's rows, and a version that changes when any row does.
+
+    Args:
+        following: the jobs followed now (their records need no asking of hosts).
+    """
+
+    def __init__(self, following: Callable[[], set[str]]) -> None:
+        self.user = getpass.getuser()
+        self.rows: list[dict[str, Any]] = []
+        self.version = 0
+        self.error: str | None = None
+        self._following = following
+        self._text = ""
+        self._places: dict[str, str] = {}
+        self._places_at = 0.0
+        self._reconciled_at = 0.0
+        self._reconciling = threading.Lock()
+
+    def refresh(self) -> None:
+        """Read the records again; now and then, ask the hosts of jobs nothing follows."""
+        try:
+            found = api.statuses(ask_hosts=False)
+        except OrchError as exc:
+            self.error = exc.message
+            return
+        self.error = None
+        now = time.monotonic()
+        pending = [s.id for s in found if s.state.value == "pending"]
+        if pending and now - self._places_at > PLACES_EVERY_S:
+            self._places_at = now
+            try:
+                self._places = api.places(pending)
+            except OrchError:
+                log.debug("places failed", exc_info=True)
+        rows = [status_json(s, self.user, self._places.get(s.id)) for s in found]
+        text = json.dumps(rows, sort_keys=True, default=str)
+        if text != self._text:
+            self._text, self.rows = text, rows
+            self.version += 1
+        unsettled = [s.id for s in found if not s.state.is_terminal()]
+        if unsettled and now - self._reconciled_at > RECONCILE_EVERY_S:
+            self._reconciled_at = now
+            threading.Thread(
+                target=self._reconcile, args=(unsettled,), name="ui-reconcile", daemon=True
+            ).start()
+
+    def row(self, job_id: str) -> dict[str, Any] | None:
+        return next((r for r in self.rows if r["id"] == job_id), None)
+
+    def _reconcile(self, job_ids: list[str]) -> None:
+        if not self._reconciling.acquire(blocking=False):
+            return
+        try:
+            followed = self._following()
+            for job_id in job_ids:
+                if job_id not in followed:
+                    try:
+                        api.statuses(job_id)
+                    except OrchError:
+                        log.debug("[job=%s] status failed", job_id, exc_info=True)
+        finally:
+            self._reconciling.release()
