@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator import api
-from orchestrator.api import JobStatus
+from orchestrator.api import JobState, JobStatus
 from orchestrator.api.errors import OrchError
 
 log = logging.getLogger(__name__)
@@ -100,35 +100,44 @@ class Board:
             self.error = exc.message
             return
         self.error = None
-        now = time.monotonic()
-        pending = [s.id for s in found if s.state.value == "pending"]
-        if pending and now - self._places_at > PLACES_EVERY_S:
-            self._places_at = now
-            try:
-                self._places = api.places(pending)
-            except OrchError:
-                log.debug("places failed", exc_info=True)
         rows = [status_json(s, self.user, self._places.get(s.id)) for s in found]
         text = json.dumps(rows, sort_keys=True, default=str)
         if text != self._text:
             self._text, self.rows = text, rows
             self.version += 1
+        # Where a job waits in line, and how a job nothing follows stands, are asked of
+        # the hosts: in a thread of their own, never holding up the next refresh.
+        now = time.monotonic()
+        pending = [s.id for s in found if s.state is JobState.PENDING]
         unsettled = [s.id for s in found if not s.state.is_terminal()]
-        if unsettled and now - self._reconciled_at > RECONCILE_EVERY_S:
-            self._reconciled_at = now
+        places_due = bool(pending) and now - self._places_at > PLACES_EVERY_S
+        reconcile_due = bool(unsettled) and now - self._reconciled_at > RECONCILE_EVERY_S
+        if (places_due or reconcile_due) and not self._reconciling.locked():
+            if places_due:
+                self._places_at = now
+            if reconcile_due:
+                self._reconciled_at = now
             threading.Thread(
-                target=self._reconcile, args=(unsettled,), name="ui-reconcile", daemon=True
+                target=self._ask_hosts,
+                args=(pending if places_due else [], unsettled if reconcile_due else []),
+                name="ui-hosts-of-jobs",
+                daemon=True,
             ).start()
 
     def row(self, job_id: str) -> dict[str, Any] | None:
         return next((r for r in self.rows if r["id"] == job_id), None)
 
-    def _reconcile(self, job_ids: list[str]) -> None:
+    def _ask_hosts(self, pending: list[str], unsettled: list[str]) -> None:
         if not self._reconciling.acquire(blocking=False):
             return
         try:
+            if pending:
+                try:
+                    self._places = api.places(pending)
+                except OrchError:
+                    log.debug("places failed", exc_info=True)
             followed = self._following()
-            for job_id in job_ids:
+            for job_id in unsettled:
                 if job_id not in followed:
                     try:
                         api.statuses(job_id)

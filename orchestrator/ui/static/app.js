@@ -66,6 +66,10 @@
     return n.toFixed(i ? 1 : 0) + " " + units[i];
   }
 
+  function percent(v) {
+    return v === null ? "" : `${v.toFixed(v < 10 ? 1 : 0)}%`;
+  }
+
   function duration(row) {
     if (!row.started) return "";
     const end = row.ended || Date.now() / 1000;
@@ -461,6 +465,14 @@
     const draw = (box, key, data, format) => {
       const hosts = Object.keys(data.hosts);
       const values = hosts.map((h) => data.hosts[h][key]);
+      if (!values.some((v) => v.some((x) => x !== null))) {
+        if (made[box.id]) { made[box.id].chart.destroy(); delete made[box.id]; }
+        box.replaceChildren(el("div", { class: "muted" }, key === "gpu"
+          ? "no GPU sampled: no nvidia-smi on these hosts, or no job running"
+          : "no samples yet: they come every few seconds from running jobs"));
+        return;
+      }
+      if (!made[box.id]) box.replaceChildren();
       const plotted = [data.time, ...values];
       const id = box.id + hosts.join(",");
       if (made[box.id] && made[box.id].id === id) { made[box.id].chart.setData(plotted); return; }
@@ -468,7 +480,7 @@
       const chart = new uPlot({
         width: Math.max(box.clientWidth - 10, 300), height: 200,
         series: [{}, ...hosts.map((h, i) => ({ label: h, stroke: palette(i, hosts.length), width: 1.5, spanGaps: false, points: { show: false } }))],
-        axes: [{}, { values: (u, ticks) => ticks.map(format) }],
+        axes: [{}, { size: 80, values: (u, ticks) => ticks.map(format) }],
         legend: { show: hosts.length <= 32 },
       }, plotted, box);
       made[box.id] = { id, chart };
@@ -479,9 +491,9 @@
         el("tbody", {}, ...rows))) : el("div", { class: "muted" }, "none"));
     const source = events("/api/hosts/events", {
       history: (data) => {
-        draw(cpuBox, "cpu", data, (v) => (v === null ? "" : `${Math.round(v)}%`));
+        draw(cpuBox, "cpu", data, percent);
         draw(memBox, "mem", data, (v) => (v === null ? "" : bytes(v)));
-        draw(gpuBox, "gpu", data, (v) => (v === null ? "" : `${Math.round(v)}%`));
+        draw(gpuBox, "gpu", data, percent);
       },
       cluster: (found) => {
         holders.replaceChildren(el("h2", {}, "Who holds what"), ...found.map((inv) => {

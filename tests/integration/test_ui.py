@@ -1,0 +1,252 @@
+"""`orch ui` in a real browser on the test cluster: Debian's Chromium, headless, driven by
+Playwright for Python. A 2-node job whose rank 0 prints Hugging Face Trainer dict lines
+and rank 1 `loss=` lines, and rank 0 a hostile line (HTML, a script, escape sequences,
+bytes that are not UTF-8, a megabyte on one line): the job shows in the list within 2 s
+of its submit, a line a rank prints on cue within 2 s, both ranks' loss curves get
+points, the hostile line is text, requests without the token (or from another origin)
+are refused, and the kill button ends the job. Screenshots of each page go to the
+test's directory (and, with ORCH_UI_DOCS_SHOTS=1, to docs/)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import REPO_ROOT, Cluster, OrchRunner, orch_command, skip_or_fail
+from tests.support import assert_no_job_left, job_id_of, status_json, write_workdir_job
+
+pytestmark = pytest.mark.cluster
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+# No torch in the ranks: each is up in a moment. Rank 0 prints the Trainer's dict lines,
+# rank 1 `step=N loss=X`; rank 0 prints the hostile lines once, and every rank the
+# marker's text once the file named by its argument exists.
+RANKS = r"""
+import os, sys, time
+rank = int(os.environ["RANK"])
+marker = sys.argv[1]
+out = sys.stdout
+if rank == 0:
+    print("<script>window.pwned=1</script><img src=x onerror='window.pwned=2'><b>bold</b>")
+    print("\x1b[31mred\x1b[0m \x1b]0;a title\x07after the title \x07 bell")
+    out.flush()
+    out.buffer.write(b"not utf-8: \xff\xfe\xfd end\n")
+    out.buffer.write(b"Z" * 1_000_000 + b"\n")
+    out.buffer.flush()
+said = False
+i = 0
+while True:
+    loss = 2.0 - 0.01 * i
+    if rank == 0:
+        print("{'loss': %.4f, 'grad_norm': 1.5, 'learning_rate': 5e-05, 'epoch': %.2f}" % (loss, i / 10))
+    else:
+        print("step=%d loss=%.4f lr=0.001" % (i, loss))
+    if not said and os.path.exists(marker):
+        print("marker " + open(marker).read())
+        said = True
+    out.flush()
+    i += 1
+    time.sleep(0.2)
+"""
+APPEAR_S = 2.0  # the issue's bound: a job, and a line, on the page within 2 s
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        skip_or_fail("no chromium (Debian's package: make test-deps installs it)")
+    assert found is not None
+    return found
+
+
+class UiProcess:
+    """`orch ui` started as a controller would, in a session of its own."""
+
+    def __init__(self, orch: OrchRunner, inventory: Path) -> None:
+        self.proc = subprocess.Popen(
+            [*orch_command(), "ui", "--no-browser", "-i", str(inventory)],
+            env=orch.controller.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        assert self.url.startswith("http://127.0.0.1:"), self.proc.stderr
+        self.base, _, query = self.url.partition("/?")
+        self.token = query.removeprefix("token=")
+
+    def stop(self) -> tuple[int, str]:
+        """Ctrl-C, as the user stops it: its exit code and stderr."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            _, err = self.proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            _, err = self.proc.communicate(timeout=10)
+            raise AssertionError("orch ui did not stop on Ctrl-C") from None
+        return self.proc.returncode, err
+
+
+@pytest.fixture
+def ui(orch: OrchRunner, inventory: Path) -> Iterator[UiProcess]:
+    started = UiProcess(orch, inventory)
+    try:
+        yield started
+    finally:
+        code, err = started.stop()
+        assert (code, "Traceback" in err) == (130, False), err
+
+
+def fetch(url: str, method: str = "GET", **headers: str) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read()
+
+
+def test_the_page_shows_a_job_live_with_its_curves_and_kills_it(
+    cluster: Cluster, orch: OrchRunner, ui: UiProcess, tmp_path: Path
+) -> None:
+    browser_path = chromium()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "ranks.py").write_text(RANKS)
+    marker = tmp_path / "marker"  # the hosts see this machine's /tmp
+    job = write_workdir_job(
+        tmp_path, work, "ranks.py", name="ui", nodes=2, args=[str(marker)], warm=False
+    )
+    inventory = cluster.write_inventory(tmp_path / "two.yaml", hosts=[1, 2])
+    with playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=browser_path)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(ui.url)
+            page.wait_for_selector("#jobs")
+
+            submit = orch.popen("submit", "-d", job, "-i", inventory)
+            assert submit.stdout is not None
+            job_id = job_id_of(submit.stdout.readline())
+            submitted = time.monotonic()
+            page.wait_for_selector(f'#jobs tr[data-job="{job_id}"]', timeout=APPEAR_S * 1000)
+            appeared = time.monotonic() - submitted
+            _out, err = submit.communicate(timeout=90)
+            assert submit.returncode == 0, err
+            assert appeared <= APPEAR_S
+            try:
+                page.wait_for_selector(
+                    f'#jobs tr[data-job="{job_id}"] [data-state="running"]', timeout=20_000
+                )
+                page.screenshot(path=tmp_path / "ui-jobs.png", full_page=True)
+                page.click(f'#jobs tr[data-job="{job_id}"] a')
+                page.wait_for_selector("#log .line", timeout=30_000)
+
+                cue = uuid.uuid4().hex
+                marker.write_text(cue)
+                cued = time.monotonic()
+                page.wait_for_selector(f'#log .line:has-text("marker {cue}")', timeout=5_000)
+                assert time.monotonic() - cued <= APPEAR_S
+
+                assert_loss_curves_of_both_ranks(page, job_id)
+                assert_hostile_lines_are_text(page)
+                assert_refused_without_the_token(ui, job_id)
+                # Each rank's row, from orch top's samples, with how long since it printed.
+                page.wait_for_selector('#ranks tr[data-rank="1"]', timeout=30_000)
+                assert "ago" in (page.locator('#ranks tr[data-rank="0"]').text_content() or "")
+                page.screenshot(path=tmp_path / "ui-job.png", full_page=True)
+
+                page.once("dialog", lambda dialog: dialog.accept())
+                page.click("#kill")
+                page.wait_for_selector('#job-head [data-state="killed"]', timeout=60_000)
+            finally:
+                orch("kill", job_id, timeout=60)
+            assert status_json(orch, job_id)["state"] == "killed"
+            assert_no_job_left(cluster, [1, 2])
+
+            page.goto(ui.url + "#/hosts")
+            page.wait_for_selector("#units", timeout=30_000)
+            page.screenshot(path=tmp_path / "ui-hosts.png", full_page=True)
+            assert errors == []
+        finally:
+            browser.close()
+    if os.environ.get("ORCH_UI_DOCS_SHOTS"):
+        for name in ("ui-jobs.png", "ui-job.png", "ui-hosts.png"):
+            shutil.copy(tmp_path / name, REPO_ROOT / "docs" / name)
+
+
+def assert_loss_curves_of_both_ranks(page: playwright_api.Page, job_id: str) -> None:
+    """Rank 0's dict lines and rank 1's `loss=` lines both give loss points, drawn."""
+    page.wait_for_function(
+        "() => { const i = document.querySelector('#curve-info');"
+        " return i && i.dataset.metric === 'loss' && Number(i.dataset.points) >= 10; }",
+        timeout=20_000,
+    )
+    assert page.locator("#chart canvas").count() >= 1
+    points = page.evaluate(
+        "async (job) => { const t = new URLSearchParams(location.search).get('token');"
+        " const r = await fetch(`/api/job/${job}/curves?token=${t}`); return (await r.json()).points; }",
+        job_id,
+    )
+    loss_ranks = {p[0] for p in points if p[1] == "loss"}
+    assert loss_ranks == {0, 1}
+    assert any(p[1] == "learning_rate" and p[0] == 0 for p in points), "the dict's other pairs"
+    steps = sorted(p[2] for p in points if p[1] == "loss" and p[0] == 1)
+    assert steps[:3] == [0, 1, 2], "rank 1's own step=N"
+
+
+def assert_hostile_lines_are_text(page: playwright_api.Page) -> None:
+    script = page.locator('#log .line:has-text("window.pwned=1")')
+    script.wait_for(timeout=10_000)
+    text = script.text_content() or ""
+    assert "<script>window.pwned=1</script><img src=x onerror='window.pwned=2'><b>bold</b>" in text
+    assert page.evaluate("typeof window.pwned") == "undefined"
+    assert page.locator("#log img, #log script, #log b").count() == 0
+    coloured = page.locator('#log .line:has-text("after the title")').text_content() or ""
+    assert "red after the title" in coloured and "\x1b" not in coloured
+    assert "\u2407 bell" in coloured, "a BEL shows as its symbol"
+    broken = page.locator('#log .line:has-text("not utf-8")').text_content() or ""
+    assert "not utf-8: \ufffd\ufffd\ufffd end" in broken
+    long = page.locator('#log .line:has-text("more characters")').text_content() or ""
+    assert long.startswith("[node1 r0] ZZZZ") and "more characters]" in long
+    assert len(long) < 10_000
+
+
+def assert_refused_without_the_token(ui: UiProcess, job_id: str) -> None:
+    for path in ("/", "/api/jobs", "/static/app.js", f"/api/job/{job_id}/curves.csv"):
+        assert fetch(ui.base + path) == (403, b"forbidden\n"), path
+        assert fetch(f"{ui.base}{path}?token=not-{ui.token}")[0] == 403, path
+    kill = f"{ui.base}/api/action/kill/{job_id}"
+    assert fetch(f"{kill}?token={ui.token}", "POST")[0] == 403, "the token in a header only"
+    foreign = fetch(kill, "POST", **{"X-Orch-Token": ui.token, "Origin": "http://evil.example"})
+    assert foreign[0] == 403, "another origin"
+    assert fetch(f"{ui.base}/?token={ui.token}")[0] == 200
+
+
+def test_a_port_in_use_is_an_error_with_a_hint(orch: OrchRunner) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused = orch("ui", "--no-browser", "--port", str(port), timeout=30)
+    assert refused.returncode == 2
+    assert refused.stdout == ""
+    assert f"error: cannot listen on 127.0.0.1:{port}" in refused.stderr
+    assert "hint: pick another port: orch ui --port N" in refused.stderr
