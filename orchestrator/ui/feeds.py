@@ -107,7 +107,8 @@ class JobFeed:
             first = self._seq - len(self._lines)  # the oldest line still held
             start = max(seq, first, self._seq - limit)
             skipped = start - seq if seq < start else 0
-            lines = list(islice(self._lines, start - first, None)) if start < self._seq else []
+            # from the end: a page that follows wants the last few of 20,000
+            lines = list(islice(reversed(self._lines), self._seq - start))[::-1]
             return lines, self._seq, skipped
 
     def bars(self) -> dict[str, Any]:

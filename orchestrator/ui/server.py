@@ -127,6 +127,7 @@ class Routes:
             Route("/api/job/{job_id}/events", self.job_events),
             Route("/api/job/{job_id}/curves", self.curves),
             Route("/api/job/{job_id}/curves.csv", self.curves_csv),
+            Route("/api/job/{job_id}/dry-run", self.dry_run),
             Route("/api/hosts/events", self.hosts_events),
             Route("/api/action/kill/{job_id}", self.kill, methods=["POST"]),
             # HOOK(stack): `orch stack` (branch `stack`) adds Job.stack() to the API; the
@@ -277,6 +278,22 @@ class Routes:
             media_type="text/csv; charset=utf-8",
             headers={"content-disposition": f'attachment; filename="{job_id}-curves.csv"'},
         )
+
+    async def dry_run(self, request: Request) -> Response:
+        """What `orch submit --dry-run` prints for the job's file now, with the page's
+        first inventory: each host's command line and environment (the job file may
+        have changed since it ran)."""
+        try:
+            job_id = await self._resolve(request.path_params["job_id"])
+            (status,) = await asyncio.to_thread(api.statuses, job_id, None, ask_hosts=False)
+            path = status.spec.get("path")
+            if not path:
+                raise InputError(f"job {job_id} has no job file on record", "")
+            inventory = self.state.cluster.inventories[0]
+            lines = await asyncio.to_thread(api.dry_run, path, inventory)
+        except OrchError as exc:
+            return _error(exc)
+        return JSONResponse({"job": job_id, "path": path, "lines": lines})
 
     # ------------------------------------------------------------ hosts
 

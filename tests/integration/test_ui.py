@@ -49,17 +49,35 @@ said = False
 i = 0
 while True:
     loss = 2.0 - 0.01 * i
-    if rank == 0:
-        print("{'loss': %.4f, 'grad_norm': 1.5, 'learning_rate': 5e-05, 'epoch': %.2f}" % (loss, i / 10))
+    if rank == 0:  # as the Trainer does: a tqdm bar, and its logs printed through it
+        out.write("\rtrain %d/1000 [%s]" % (i, "#" * (i % 20)))
+        out.flush()
+        time.sleep(0.1)
+        print("\r{'loss': %.4f, 'grad_norm': 1.5, 'learning_rate': 5e-05, 'epoch': %.2f}" % (loss, i / 10))
     else:
         print("step=%d loss=%.4f lr=0.001" % (i, loss))
+        time.sleep(0.1)
     if not said and os.path.exists(marker):
         print("marker " + open(marker).read())
         said = True
     out.flush()
     i += 1
-    time.sleep(0.2)
+    time.sleep(0.1)
 """
+# A stand-in nvidia-smi on node2 (its PATH only): one GPU at 55%, held by its ranks
+# (as tests/integration/test_top.py has it).
+FAKE_SMI = """\
+#!/bin/sh
+case "$1" in
+  --query-gpu=*) echo "0, GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0, 55, 20480, 81559" ;;
+  --query-compute-apps=*)
+    for f in logs/rank-*.pid; do
+      read -r pid rest < "$f"
+      echo "$pid, GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0, 20470"
+    done ;;
+esac
+"""
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 APPEAR_S = 2.0  # the issue's bound: a job, and a line, on the page within 2 s
 
 
@@ -132,7 +150,13 @@ def test_the_page_shows_a_job_live_with_its_curves_and_kills_it(
     job = write_workdir_job(
         tmp_path, work, "ranks.py", name="ui", nodes=2, args=[str(marker)], warm=False
     )
-    inventory = cluster.write_inventory(tmp_path / "two.yaml", hosts=[1, 2])
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text(FAKE_SMI)
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    inventory = cluster.write_inventory(
+        tmp_path / "two.yaml", hosts=[1, 2], node2={"env": {"PATH": f"{fake_bin}:{HOST_PATH}"}}
+    )
     with playwright_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=browser_path)
         try:
@@ -165,6 +189,10 @@ def test_the_page_shows_a_job_live_with_its_curves_and_kills_it(
                 page.wait_for_selector(f'#log .line:has-text("marker {cue}")', timeout=5_000)
                 assert time.monotonic() - cued <= APPEAR_S
 
+                # rank 0's bar, condensed as a terminal shows it, while it moves
+                bar = page.locator('#bars .bar:has-text("train ")')
+                bar.wait_for(timeout=10_000)
+                assert (bar.text_content() or "").startswith("[node1 r0]train ")
                 assert_loss_curves_of_both_ranks(page, job_id)
                 assert_hostile_lines_are_text(page)
                 assert_refused_without_the_token(ui, job_id)
@@ -183,6 +211,7 @@ def test_the_page_shows_a_job_live_with_its_curves_and_kills_it(
 
             page.goto(ui.url + "#/hosts")
             page.wait_for_selector("#units", timeout=30_000)
+            page.wait_for_selector("#chart-gpu canvas", timeout=30_000)  # node2's GPU
             page.screenshot(path=tmp_path / "ui-hosts.png", full_page=True)
             assert errors == []
         finally:

@@ -241,8 +241,7 @@
     };
     const drawBars = (data) => {
       bars.replaceChildren(...data.shown.map(([host, rank, text]) => {
-        const bar = el("div", { class: "bar" }, el("span", { class: "prefix" }, rank === null ? `[${host}]` : `[${host} r${rank}]`), text);
-        return bar;
+        return el("div", { class: "bar" }, el("span", { class: "prefix" }, rank === null ? `[${host}]` : `[${host} r${rank}]`), text);
       }));
       if (data.hidden) {
         const spread = data.low !== null ? ` (${Math.round(data.low * 100)}% to ${Math.round(data.high * 100)}%)` : "";
@@ -280,6 +279,13 @@
       stack.disabled = false;
     } }, "Stacks");
     const csv = el("a", { href: url("/api/job/" + encodeURIComponent(jobId) + "/curves.csv"), id: "csv" }, "curves as CSV");
+    const dryRunText = el("pre", { class: "mono scroll", id: "dry-run" });
+    const dryRun = el("details", { ontoggle: async (e) => {
+      if (!e.target.open || dryRunText.textContent) return;
+      dryRunText.textContent = "…";
+      const data = await getJSON("/api/job/" + encodeURIComponent(jobId) + "/dry-run");
+      dryRunText.textContent = data.error ? `${data.error}\n${data.hint || ""}` : data.lines.join("\n");
+    } }, el("summary", {}, "command lines: what orch submit --dry-run prints for its job file now"), dryRunText);
     const drawHead = (row) => {
       current = row;
       const running = !["succeeded", "failed", "killed", "lost"].includes(row.state);
@@ -304,7 +310,7 @@
           el("div", {}, "restarts"), el("div", {}, `${row.attempt} of ${row.restarts}`),
           el("div", {}, "outputs"), el("div", { class: "mono" }, row.outputs.join(" ") || "none"),
           el("div", {}, "metrics"), el("div", { class: "mono" }, row.metrics.join("  ") || "the default forms")),
-        el("h2", {}, "Attempts"), timeline);
+        el("h2", {}, "Attempts"), timeline, dryRun);
       nodes.replaceChildren(el("h2", {}, "Nodes"), el("table", { id: "nodes" },
         el("thead", {}, el("tr", {}, ...["host", "node rank", "ranks", "state", "exit", "why"].map((h) => el("th", {}, h)))),
         el("tbody", {}, ...row.nodes.map((n) => el("tr", { "data-host": n.host },
