@@ -12,6 +12,7 @@
   const MAX_LINES = 20000;      // lines a job page holds
   const MAX_DOM_LINES = 2000;   // lines in the document at once (filtered)
   const MAX_RANK_SERIES = 64;   // per-rank curves drawn at once
+  const CHART_EVERY_MS = 1900;  // a curve is redrawn this often at most
   const main = document.getElementById("main");
   const conn = document.getElementById("conn");
   let page = null;              // the current page: {close()}
@@ -328,18 +329,28 @@
     ranks.append(el("div", { class: "scroll" }, el("table", { id: "ranks" },
       el("thead", {}, el("tr", {}, ...["rank", "host", "CPU", "memory", "lines/s", "last line", "behind"].map((h) => el("th", {}, h)))),
       rankBody)));
+    let idleCells = [];  // [cell, idle seconds at the sample]
     const drawRanks = () => {
       if (!top) return;
-      const since = (Date.now() - topAt) / 1000;
+      idleCells = [];
       rankBody.replaceChildren(...top.nodes.flatMap((n) => n.state === "unreachable"
-        ? [el("tr", {}, el("td", {}, ""), el("td", {}, n.host), el("td", { colspan: 5 }, stateBadge("lost"), " ", n.error || ""))]
-        : n.ranks.filter((r) => r.rank !== null).map((r) => el("tr", { "data-rank": r.rank },
-          el("td", {}, `r${r.rank}`), el("td", {}, n.host),
-          el("td", {}, r.cpu_percent === null ? "" : `${Math.round(r.cpu_percent)}%`),
-          el("td", {}, bytes(r.rss_bytes)),
-          el("td", {}, r.lines_per_s === null ? "" : r.lines_per_s.toFixed(1)),
-          el("td", {}, r.idle_s === null ? "" : span(r.idle_s + since) + " ago"),
-          el("td", { class: "wrap" }, r.behind || "")))));
+        ? [el("tr", { "data-host": n.host }, el("td", {}, ""), el("td", {}, n.host), el("td", { colspan: 5 }, stateBadge("lost"), " ", n.error || ""))]
+        : n.ranks.filter((r) => r.rank !== null).map((r) => {
+          const idle = el("td", {});
+          if (r.idle_s !== null) idleCells.push([idle, r.idle_s]);
+          return el("tr", { "data-rank": r.rank },
+            el("td", {}, `r${r.rank}`), el("td", {}, n.host),
+            el("td", {}, r.cpu_percent === null ? "" : `${Math.round(r.cpu_percent)}%`),
+            el("td", {}, bytes(r.rss_bytes)),
+            el("td", {}, r.lines_per_s === null ? "" : r.lines_per_s.toFixed(1)),
+            idle,
+            el("td", { class: "wrap" }, r.behind || ""));
+        })));
+      tickRanks();
+    };
+    const tickRanks = () => {
+      const since = (Date.now() - topAt) / 1000;
+      for (const [cell, idle] of idleCells) cell.textContent = span(idle + since) + " ago";
     };
 
     // the curves
@@ -349,55 +360,59 @@
     const info = el("span", { class: "muted", id: "curve-info", "data-points": 0 });
     const chartBox = el("div", { class: "chart", id: "chart" });
     curves.append(el("div", { class: "row" }, metric, xAxis, mode, info), chartBox);
-    const series = new Map(); // name -> Map(rank -> [[step, time, value]...])
-    let chart = null, chartKey = "", dirty = false, truncated = false;
+    // name -> {count, ranks: Map(rank -> [[step, time, value]...]), mean: Map(step -> [sum, n, tsum, tn])}:
+    // the mean is kept as the points come, so that drawing it costs its steps, not
+    // every point of every rank (256 ranks are one curve).
+    const series = new Map();
+    let chart = null, chartKey = "", dirty = false, truncated = false, drawnAt = 0;
     const takePoints = (data) => {
       truncated = data.truncated;
       for (const [rank, name, step, time, value] of data.points) {
-        let byRank = series.get(name);
-        if (!byRank) {
-          byRank = new Map();
-          series.set(name, byRank);
-          const option = el("option", { value: name }, name);
-          metric.append(option);
+        let one = series.get(name);
+        if (!one) {
+          one = { count: 0, ranks: new Map(), mean: new Map() };
+          series.set(name, one);
+          metric.append(el("option", { value: name }, name));
           if (!metric.value || (name.includes("loss") && !metric.value.includes("loss"))) metric.value = name;
         }
-        let points = byRank.get(rank);
-        if (!points) byRank.set(rank, points = []);
+        one.count += 1;
+        let points = one.ranks.get(rank);
+        if (!points) one.ranks.set(rank, points = []);
         points.push([step, time, value]);
+        let cell = one.mean.get(step);
+        if (!cell) one.mean.set(step, cell = [0, 0, 0, 0]);
+        cell[0] += value; cell[1] += 1;
+        if (time !== null) { cell[2] += time; cell[3] += 1; }
       }
       dirty = true;
     };
     const drawChart = () => {
       dirty = false;
+      drawnAt = Date.now();
       const name = metric.value;
-      const byRank = series.get(name);
-      if (!byRank) { info.textContent = "no numbers found in the ranks' lines yet"; return; }
+      const one = series.get(name);
+      if (!one) { info.textContent = "no numbers found in the ranks' lines yet"; return; }
       const byTime = xAxis.value === "time";
-      const ranksShown = [...byRank.keys()].sort((a, b) => a - b);
-      let total = 0;
-      for (const r of ranksShown) total += byRank.get(r).length;
-      info.textContent = `${name}: ${total} points from ${ranksShown.length} ranks` + (truncated ? " (the first ones only: see the CSV)" : "");
-      info.dataset.points = total;
+      const ranksShown = [...one.ranks.keys()].sort((a, b) => a - b);
+      info.textContent = `${name}: ${one.count} points from ${ranksShown.length} ranks` + (truncated ? " (the first ones only: see the CSV)" : "");
+      info.dataset.points = one.count;
       info.dataset.metric = name;
       let data, labels;
       if (mode.value === "mean") {
-        const sums = new Map();
-        for (const r of ranksShown) for (const [step, time, value] of byRank.get(r)) {
-          const cell = sums.get(step) || [0, 0, 0, 0];
-          cell[0] += value; cell[1] += 1; if (time !== null) { cell[2] += time; cell[3] += 1; }
-          sums.set(step, cell);
+        let rows = [];
+        for (const [step, c] of one.mean) {
+          const x = byTime ? (c[3] ? c[2] / c[3] : null) : step;
+          if (x !== null) rows.push([x, c[0] / c[1]]);
         }
-        let rows = [...sums.entries()].map(([step, c]) => [byTime ? (c[3] ? c[2] / c[3] : null) : step, c[0] / c[1]]);
-        rows = rows.filter((row) => row[0] !== null).sort((a, b) => a[0] - b[0]);
+        rows = rows.sort((a, b) => a[0] - b[0]);
         data = [rows.map((row) => row[0]), rows.map((row) => row[1])];
-        labels = ["mean"];
+        labels = [ranksShown.length > 1 ? `mean of ${ranksShown.length} ranks` : `r${ranksShown[0]}`];
       } else {
         const shown = ranksShown.slice(0, MAX_RANK_SERIES);
         const xs = new Set();
         const maps = shown.map((r) => {
           const m = new Map();
-          for (const [step, time, value] of byRank.get(r)) {
+          for (const [step, time, value] of one.ranks.get(r)) {
             const x = byTime ? time : step;
             if (x === null) continue;
             m.set(x, value); xs.add(x);
@@ -407,8 +422,9 @@
         const sorted = [...xs].sort((a, b) => a - b);
         data = [sorted, ...maps.map((m) => sorted.map((x) => (m.has(x) ? m.get(x) : null)))];
         labels = shown.map((r) => `r${r}`);
+        if (ranksShown.length > shown.length) info.textContent += ` (the first ${shown.length} drawn)`;
       }
-      const key = `${name}|${xAxis.value}|${mode.value}|${labels.length}`;
+    const key = `${name}|${xAxis.value}|${mode.value}|${labels.length}`;
       if (!chart || key !== chartKey) {
         if (chart) chart.destroy();
         chartKey = key;
@@ -442,12 +458,12 @@
       if (!current) drawHead(row);
     });
     const timer = setInterval(() => {
-      if (dirty) drawChart();
+      if (dirty && Date.now() - drawnAt > CHART_EVERY_MS) drawChart();
       if (current && current.started && !current.ended) {
         const cell = document.getElementById("job-duration");
         if (cell) cell.textContent = duration(current);
       }
-      drawRanks();
+      tickRanks();
     }, 1000);
     return { close() { source.close(); clearInterval(timer); if (chart) chart.destroy(); } };
   }
