@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator import api
-from orchestrator.api import JobState, JobStatus
+from orchestrator.api import JobState, JobStatus, NodeStatus
 from orchestrator.api.errors import OrchError
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def status_json(status: JobStatus, user: str, place: str | None = None) -> dict[
                 "address": n.address,
                 "node_rank": n.node_rank,
                 "ranks": [n.ranks.start, n.ranks.stop],
-                "state": n.state.value,
+                "state": _node_state(status, n),
                 "exit_code": n.exit_code,
                 "signal": n.signal,
                 "error": n.error,
@@ -71,6 +71,14 @@ def status_json(status: JobStatus, user: str, place: str | None = None) -> dict[
         "outputs": list(spec.get("outputs") or ()),
         "metrics": list(spec.get("metrics") or ()),
     }
+
+
+def _node_state(status: JobStatus, node: NodeStatus) -> str:
+    """A node's state; one still running, as its record says, in a job that has ended is
+    lost: its host never answered again (the record keeps the last state it knew)."""
+    if status.state.is_terminal() and not node.state.is_terminal():
+        return JobState.LOST.value
+    return node.state.value
 
 
 class Board:
@@ -91,6 +99,7 @@ class Board:
         self._places_at = 0.0
         self._reconciled_at = 0.0
         self._reconciling = threading.Lock()
+        self._asked: dict[str, tuple[float, JobStatus]] = {}
 
     def refresh(self) -> None:
         """Read the records again; now and then, ask the hosts of jobs nothing follows."""
@@ -100,6 +109,17 @@ class Board:
             self.error = exc.message
             return
         self.error = None
+        now = time.monotonic()
+        # Where the hosts were asked of a job that has not ended, their answer is the
+        # fresher (a node whose host does not answer is lost in it, not in the record).
+        found = [
+            asked[1]
+            if not s.state.is_terminal()
+            and (asked := self._asked.get(s.id)) is not None
+            and now - asked[0] < 2 * RECONCILE_EVERY_S
+            else s
+            for s in found
+        ]
         rows = [status_json(s, self.user, self._places.get(s.id)) for s in found]
         text = json.dumps(rows, sort_keys=True, default=str)
         if text != self._text:
@@ -107,7 +127,6 @@ class Board:
             self.version += 1
         # Where a job waits in line, and how a job nothing follows stands, are asked of
         # the hosts: in a thread of their own, never holding up the next refresh.
-        now = time.monotonic()
         pending = [s.id for s in found if s.state is JobState.PENDING]
         unsettled = [s.id for s in found if not s.state.is_terminal()]
         places_due = bool(pending) and now - self._places_at > PLACES_EVERY_S
@@ -140,8 +159,10 @@ class Board:
             for job_id in unsettled:
                 if job_id not in followed:
                     try:
-                        api.statuses(job_id)
+                        (asked,) = api.statuses(job_id)
                     except OrchError:
                         log.debug("[job=%s] status failed", job_id, exc_info=True)
+                        continue
+                    self._asked[job_id] = (time.monotonic(), asked)
         finally:
             self._reconciling.release()

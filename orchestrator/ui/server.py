@@ -28,6 +28,7 @@ from starlette.routing import Route
 from orchestrator import api
 from orchestrator.api import curves as api_curves
 from orchestrator.api.errors import InputError, OrchError
+from orchestrator.ui.feeds import MAX_LINES
 from orchestrator.ui.guard import Guard, Verdict
 from orchestrator.ui.sampling import history
 from orchestrator.ui.state import UiState
@@ -210,8 +211,13 @@ class Routes:
         except OrchError as exc:
             return _error(exc, 404)
         state = self.state
-        row = state.board.row(job_id) or {}
-        feed = state.feeds.get(job_id, int(row.get("ranks") or 1))
+        row = state.board.row(job_id)
+        if row is None:  # the jobs list has not been read yet
+            (status,) = await asyncio.to_thread(api.statuses, job_id, None, ask_hosts=False)
+            ranks = sum(len(n.ranks) for n in status.nodes)
+        else:
+            ranks = int(row["ranks"])
+        feed = state.feeds.get(job_id, ranks)
         store = await asyncio.to_thread(state.curves_of, job_id)
 
         async def events() -> AsyncIterator[str]:
@@ -220,7 +226,10 @@ class Routes:
             slow = 0.0
             while True:
                 state.touch(f"job:{job_id}")
-                lines, seq_next, skipped = feed.since(seq, LINES_PER_EVENT)
+                # the whole buffer at first (a job's past, every rank's tail), then
+                # what came since, at most LINES_PER_EVENT a tick (a page fallen behind
+                # is told how many it missed)
+                lines, seq_next, skipped = feed.since(seq, LINES_PER_EVENT if seq else MAX_LINES)
                 if lines or skipped:
                     seq = seq_next
                     yield _event(

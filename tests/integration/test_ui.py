@@ -279,3 +279,114 @@ def test_a_port_in_use_is_an_error_with_a_hint(orch: OrchRunner) -> None:
     assert refused.stdout == ""
     assert f"error: cannot listen on 127.0.0.1:{port}" in refused.stderr
     assert "hint: pick another port: orch ui --port N" in refused.stderr
+
+
+HOSTS, RANKS_PER_HOST, LINES_PER_RANK = 32, 8, 300
+
+
+def record_a_job_of_lost_hosts(home: Path) -> str:
+    """A running job of 32 hosts x 8 ranks in a controller's records, with 300 lines of
+    each rank in its log copy, whose hosts all refuse connections (127.0.0.2, port 9:
+    loopback, where nothing listens): a page at scale, every host lost."""
+    from orchestrator.models.inventory import Host
+    from orchestrator.models.states import JobState
+    from orchestrator.records.db import JobDB, JobRecord, NodeRecord
+    from orchestrator.records.logmirror import LogMirror
+
+    job_id = "wide-5ca1e0"
+    nodes = [
+        NodeRecord(
+            Host(f"host{i:02d}", "127.0.0.2", port=9),
+            i,
+            i * RANKS_PER_HOST,
+            RANKS_PER_HOST,
+            f"~/.orch/jobs/{job_id}/host{i:02d}",
+            JobState.RUNNING,
+        )
+        for i in range(HOSTS)
+    ]
+    spec = {"path": str(home / "wide.yaml"), "entry": "train.py", "args": [], "restarts": 0}
+    started = time.time() - 600
+    record = JobRecord(job_id, "wide", JobState.RUNNING, "127.0.0.2", 29500, spec, nodes)
+    record.created = record.started = started
+    JobDB(home).add(record)
+    mirror = LogMirror(home / "logs", job_id)
+    for node in nodes:
+        for rank in node.ranks:
+            text = "".join(
+                f"step={s} loss={2.0 - s / LINES_PER_RANK + rank / 1000:.4f} rank {rank}\n"
+                for s in range(LINES_PER_RANK)
+            )
+            mirror.write(node.host.name, str(rank), 0, text.encode())
+    mirror.close()
+    return job_id
+
+
+def test_the_page_stays_usable_at_32_hosts_and_256_ranks_every_host_lost(
+    orch: OrchRunner, tmp_path: Path
+) -> None:
+    browser_path = chromium()
+    home = orch.controller.state_dir
+    job_id = record_a_job_of_lost_hosts(home)
+    ranks = HOSTS * RANKS_PER_HOST
+    inventory = tmp_path / "none.yaml"
+    inventory.write_text("hosts:\n  - {name: here, address: localhost}\n")
+    ui = UiProcess(orch, inventory)
+    try:
+        with playwright_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=browser_path)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                opened = time.monotonic()
+                page.goto(f"{ui.url}#/job/{job_id}")
+                # Every rank's last lines (the mirror: no host answers), and every point.
+                page.wait_for_selector('#log .line:has-text("rank 255")', timeout=30_000)
+                page.wait_for_function(
+                    f"() => Number(document.querySelector('#curve-info')?.dataset.points) === {ranks * LINES_PER_RANK}",
+                    timeout=30_000,
+                )
+                loaded = time.monotonic() - opened
+                assert page.locator("#log .line").count() <= 2000, "the document holds 2,000"
+                # Every host lost: the follow stopped, said so, and the page goes on.
+                page.wait_for_selector(
+                    "#action-message:has-text('following stopped')", timeout=60_000
+                )
+                # the last lines of each rank, 8,000 in all (31 of each of 256), and orch's
+                # notices: a host's that could not be read, each, and the follow's end
+                shown = page.locator("#log-count").text_content() or ""
+                assert shown == f"{31 * ranks + HOSTS + 1} lines"
+                # every rank, every host's own lines, and "every rank"
+                assert page.locator("#rank-filter option").count() == ranks + HOSTS + 1
+                # The page answers at once: a rank filter and a search, each under a second.
+                for act, check in (
+                    (
+                        lambda: page.select_option("#rank-filter", "r200"),
+                        "[...document.querySelectorAll('#log .line')].every(l => l.textContent.startsWith('[host25 r200] '))",
+                    ),
+                    (
+                        lambda: page.fill("#log-search", "step=299 "),
+                        "document.querySelectorAll('#log .line').length === 1",
+                    ),
+                ):
+                    started = time.monotonic()
+                    act()
+                    page.wait_for_function(f"() => {check}", timeout=5_000)
+                    assert time.monotonic() - started < 1.0
+                page.select_option("#curve-mode", "ranks")
+                page.wait_for_selector("#curve-info:has-text('the first 64 drawn')", timeout=5_000)
+                # Every host lost, shown as lost.
+                page.wait_for_function(
+                    f"() => document.querySelectorAll('#nodes [data-state=\"lost\"]').length === {HOSTS}",
+                    timeout=60_000,
+                )
+                page.screenshot(path=tmp_path / "ui-wide.png", full_page=True)
+                assert errors == []
+                print(f"256 ranks: the page had every line and point after {loaded:.1f} s")
+            finally:
+                browser.close()
+    finally:
+        code, err = ui.stop()
+    assert code == 130, err
+    assert "Traceback" not in err

@@ -221,9 +221,14 @@
       known.add(key);
       const label = rank === null ? `${host} (torchrun)` : `rank ${rank} (${host})`;
       const option = el("option", { value: key }, label);
-      const options = [...rankFilter.options].slice(1);
-      const after = options.find((o) => rank !== null && o.value.startsWith("r") && Number(o.value.slice(1)) > rank);
-      rankFilter.insertBefore(option, after || null);
+      // ranks in order, then each host's own lines
+      let after = null;
+      if (rank !== null) {
+        for (const o of rankFilter.options) {
+          if (o.value[0] === "h" || (o.value[0] === "r" && Number(o.value.slice(1)) > rank)) { after = o; break; }
+        }
+      }
+      rankFilter.insertBefore(option, after);
     };
     const takeLines = (data) => {
       const stick = follow.checked && atBottom();
@@ -289,6 +294,10 @@
     } }, el("summary", {}, "command lines: what orch submit --dry-run prints for its job file now"), dryRunText);
     const drawHead = (row) => {
       current = row;
+      for (const n of row.nodes) {
+        addRankOption(n.host, null);
+        for (let r = n.ranks[0]; r < n.ranks[1]; r++) addRankOption(n.host, r);
+      }
       const running = !["succeeded", "failed", "killed", "lost"].includes(row.state);
       kill.disabled = !running;
       stack.disabled = !running;
@@ -312,7 +321,7 @@
           el("div", {}, "outputs"), el("div", { class: "mono" }, row.outputs.join(" ") || "none"),
           el("div", {}, "metrics"), el("div", { class: "mono" }, row.metrics.join("  ") || "the default forms")),
         el("h2", {}, "Attempts"), timeline, dryRun);
-      nodes.replaceChildren(el("h2", {}, "Nodes"), el("table", { id: "nodes" },
+      nodes.replaceChildren(el("h2", {}, "Nodes"), el("div", { class: "scroll" }, el("table", { id: "nodes" },
         el("thead", {}, el("tr", {}, ...["host", "node rank", "ranks", "state", "exit", "why"].map((h) => el("th", {}, h)))),
         el("tbody", {}, ...row.nodes.map((n) => el("tr", { "data-host": n.host },
           el("td", {}, n.host, el("div", { class: "muted mono" }, n.address)),
@@ -320,7 +329,7 @@
           el("td", {}, n.ranks[1] - n.ranks[0] === 1 ? `r${n.ranks[0]}` : `r${n.ranks[0]}–r${n.ranks[1] - 1}`),
           el("td", {}, stateBadge(n.state)),
           el("td", {}, n.signal || (n.exit_code === null ? "" : String(n.exit_code))),
-          el("td", { class: "wrap" }, n.error || ""))))));
+          el("td", { class: "wrap" }, n.error || "")))))));
     };
 
     // the ranks, from the samples
