@@ -22,9 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.cluster import REPO_ROOT, Cluster, OrchRunner, orch_command, skip_or_fail
-from tests.support import assert_no_job_left, job_id_of, status_json, write_workdir_job
+from tests.support import assert_no_job_left, job_id_of, status_json
 
 pytestmark = pytest.mark.cluster
 
@@ -32,11 +33,11 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 
 # No torch in the ranks: each is up in a moment. Rank 0 prints the Trainer's dict lines,
 # rank 1 `step=N loss=X`; rank 0 prints the hostile lines once, and every rank the
-# marker's text once the file named by its argument exists.
+# marker's text once the file named by $MARKER exists.
 RANKS = r"""
 import os, sys, time
 rank = int(os.environ["RANK"])
-marker = sys.argv[1]
+marker = os.environ["MARKER"]
 out = sys.stdout
 if rank == 0:
     print("<script>window.pwned=1</script><img src=x onerror='window.pwned=2'><b>bold</b>")
@@ -94,7 +95,8 @@ class UiProcess:
 
     def __init__(self, orch: OrchRunner, inventory: Path) -> None:
         self.proc = subprocess.Popen(
-            [*orch_command(), "ui", "--no-browser", "-i", str(inventory)],
+            [*orch_command(), "ui", "--no-browser", "-i", inventory.name],
+            cwd=inventory.parent,
             env=orch.controller.env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -147,8 +149,18 @@ def test_the_page_shows_a_job_live_with_its_curves_and_kills_it(
     work.mkdir()
     (work / "ranks.py").write_text(RANKS)
     marker = tmp_path / "marker"  # the hosts see this machine's /tmp
-    job = write_workdir_job(
-        tmp_path, work, "ranks.py", name="ui", nodes=2, args=[str(marker)], warm=False
+    job = tmp_path / "train.yaml"
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "name": "train",
+                "workdir": "work",
+                "script": "ranks.py",
+                "nodes": 2,
+                "env": {"MARKER": str(marker)},
+                "warm": False,
+            }
+        )
     )
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
@@ -166,7 +178,15 @@ def test_the_page_shows_a_job_live_with_its_curves_and_kills_it(
             page.goto(ui.url)
             page.wait_for_selector("#jobs")
 
-            submit = orch.popen("submit", "-d", job, "-i", inventory)
+            submit = subprocess.Popen(  # in its directory, as a user types it
+                [*orch_command(), "submit", "-d", job.name, "-i", inventory.name],
+                cwd=tmp_path,
+                env=orch.controller.env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
             assert submit.stdout is not None
             job_id = job_id_of(submit.stdout.readline())
             submitted = time.monotonic()
@@ -199,6 +219,8 @@ def test_the_page_shows_a_job_live_with_its_curves_and_kills_it(
                 # Each rank's row, from orch top's samples, with how long since it printed.
                 page.wait_for_selector('#ranks tr[data-rank="1"]', timeout=30_000)
                 assert "ago" in (page.locator('#ranks tr[data-rank="0"]').text_content() or "")
+                page.wait_for_selector('#ranks tr[data-rank="0"] td:has-text("%")', timeout=30_000)
+                bar.wait_for(timeout=10_000)
                 page.screenshot(path=tmp_path / "ui-job.png", full_page=True)
 
                 page.once("dialog", lambda dialog: dialog.accept())
