@@ -304,7 +304,8 @@
       const timeline = el("div", { class: "timeline" },
         ...row.earlier.map((a) => el("span", { class: "attempt" }, `attempt ${a.attempt}: ` +
           Object.entries(a.nodes).map(([h, s]) => `${h} ${s}`).join(", "))),
-        el("span", { class: "attempt" }, `attempt ${row.attempt} (now): ${row.state}`));
+        el("span", { class: "attempt" }, `attempt ${row.attempt} (now, ${row.state}): ` +
+          row.nodes.map((n) => `${n.host} ${n.state}`).join(", ")));
       head.replaceChildren(
         el("div", { class: "row" }, el("h1", { class: "grow" }, row.name, " ", el("span", { class: "muted mono" }, row.id)),
           stateBadge(row.state), kill, stack, csv),
