@@ -214,16 +214,29 @@ class Routes:
         row = state.board.row(job_id)
         if row is None:  # the jobs list has not been read yet
             (status,) = await asyncio.to_thread(api.statuses, job_id, None, ask_hosts=False)
-            ranks = sum(len(n.ranks) for n in status.nodes)
+            ranks, waiting = sum(len(n.ranks) for n in status.nodes), status.state.value
         else:
-            ranks = int(row["ranks"])
-        feed = state.feeds.get(job_id, ranks)
+            ranks, waiting = int(row["ranks"]), row["state"]
+        # A job waiting in line for its GPUs is followed once it starts, not before.
+        feed = None if waiting == "pending" else state.feeds.get(job_id, ranks)
         store = await asyncio.to_thread(state.curves_of, job_id)
 
         async def events() -> AsyncIterator[str]:
             seq = points = 0
             shown_version, shown_bars, shown_top, shown_done = -1, "", 0.0, False
             slow = 0.0
+            nonlocal feed
+            while feed is None:
+                state.touch(f"job:{job_id}")
+                current = state.board.row(job_id)
+                if current is not None and state.board.version != shown_version:
+                    shown_version = state.board.version
+                    yield _event("status", current)
+                if current is not None and current["state"] != "pending":
+                    feed = state.feeds.get(job_id, int(current["ranks"]))
+                    break
+                yield ": waiting\n\n"
+                await asyncio.sleep(SLOW_TICK_S)
             while True:
                 state.touch(f"job:{job_id}")
                 # the whole buffer at first (a job's past, every rank's tail), then
