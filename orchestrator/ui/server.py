@@ -14,6 +14,7 @@ import json
 import logging
 import mimetypes
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from importlib import resources
 from pathlib import Path
@@ -28,6 +29,7 @@ from starlette.routing import Route
 from orchestrator import api
 from orchestrator.api import curves as api_curves
 from orchestrator.api.errors import InputError, OrchError
+from orchestrator.ui.board import status_json
 from orchestrator.ui.feeds import MAX_LINES
 from orchestrator.ui.guard import Guard, Verdict
 from orchestrator.ui.sampling import history
@@ -201,8 +203,6 @@ class Routes:
             (status,) = await asyncio.to_thread(api.statuses, job_id, None, ask_hosts=False)
         except OrchError as exc:
             return _error(exc, 404)
-        from orchestrator.ui.board import status_json
-
         return JSONResponse(status_json(status, self.state.board.user))
 
     async def job_events(self, request: Request) -> Response:
@@ -385,8 +385,6 @@ def _all_curves_csv(job_id: str) -> str:
 
 
 def _an_hour_ago() -> float:
-    import time
-
     return time.time() - 3600
 
 
