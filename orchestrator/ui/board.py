@@ -28,7 +28,9 @@ PLACES_EVERY_S = 3.0
 
 
 def status_json(status: JobStatus, user: str, place: str | None = None) -> dict[str, Any]:
-    """A job as the page draws it (the list's row and the job page's header)."""
+    """A job as the page draws it (the list's row and the job page's header). No
+    duration: the page counts it from `started`, so that a running job's row changes
+    only when the job does (and the list is sent again only then)."""
     spec = status.spec
     return {
         "id": status.id,
@@ -40,7 +42,6 @@ def status_json(status: JobStatus, user: str, place: str | None = None) -> dict[
         "created": status.created,
         "started": status.started,
         "ended": status.ended,
-        "duration": status.duration,
         "exit_code": status.exit_code,
         "attempt": status.attempt,
         "restarts": status.restarts,
