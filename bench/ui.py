@@ -9,7 +9,7 @@ run, on the same job and at the same time:
 - baseline: `orch logs -f JOB` (its output to /dev/null), following every rank;
 - orch ui:  `orch ui` with headless Chromium (Debian's, through Playwright) showing
             the job's page: the live log, the bars, the curves (every line parsed
-            for its numbers), the ranks sampled as `orch top` samples them (every 5 s),
+            for its numbers), the ranks sampled as `orch top` samples them (every 10 s),
             the jobs list refreshed from the records.
 
 Each is one process on the controller; its CPU seconds over each `--window` s
@@ -217,7 +217,7 @@ seconds per minute of each process, the median of {len(rows)} windows of
 
 The target is at most {TARGET}x: {verdict} it. What `orch ui` does beyond following:
 it parses every line for its numbers (the curves), sends the lines, bars and points to
-the page as server-sent events, samples the job as `orch top` does every 5 s, and
+the page as server-sent events, samples the job as `orch top` does every 10 s, and
 reads the job records every 0.5 s for the jobs list.
 """
     print(body)

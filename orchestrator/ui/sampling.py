@@ -22,9 +22,11 @@ from orchestrator.api.errors import OrchError
 
 log = logging.getLogger(__name__)
 
-SAMPLE_S = 5.0  # between two samples of a job (orch top's default is 2)
-RETRY_S = 30.0  # after a sampler failed (its hosts down)
 BUCKET_S = 10.0  # the hosts' history, in steps of this
+# Between two samples of a job (orch top's default is 2 s): one per step of the history;
+# more would draw nothing more.
+SAMPLE_S = BUCKET_S
+RETRY_S = 30.0  # after a sampler failed (its hosts down)
 HOSTS_EVERY_S = 15.0
 
 
