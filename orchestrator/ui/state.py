@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.5
 CURVES_EVERY_S = 1.0
+BOARD_EVERY_S = 1.0
 LOOKING_S = 15.0  # a page that has not asked for this long is gone
 MAX_POINTS = 400_000  # a job's points the page holds; the CSV has them all
 
@@ -71,6 +72,7 @@ class UiState:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._curves_at = 0.0
+        self._board_at = 0.0
         self._thread = threading.Thread(target=self._tick, name="ui-ticker", daemon=True)
 
     def start(self) -> None:
@@ -120,13 +122,17 @@ class UiState:
                 log.warning("ui refresh failed", exc_info=True)
 
     def _once(self) -> None:
-        self.board.refresh()
+        now = time.monotonic()
+        # The jobs list is read each tick while a page lists the jobs (a new job shows
+        # within a second), else each second: a job's page wants only its own changes.
+        if self.looking_at("jobs") or now - self._board_at >= BOARD_EVERY_S:
+            self._board_at = now
+            self.board.refresh()
         self.feeds.sweep()
         running = [r["id"] for r in self.board.rows if r["state"] == "running"]
         self.samplers.ensure(running)
         if self.looking_at("hosts"):
             self.cluster.refresh()
-        now = time.monotonic()
         if now - self._curves_at >= CURVES_EVERY_S:
             self._curves_at = now
             with self._lock:
