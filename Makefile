@@ -74,6 +74,7 @@ bench: compile test-deps
 	$(PY) bench/waiting_line.py
 	$(PY) bench/top.py
 	$(PY) bench/slurm.py
+	$(PY) bench/ui.py
 	$(PY) bench/warm.py
 	$(MAKE) bench-deps
 	$(PY) bench/warm.py --hosts 8 --transformers
