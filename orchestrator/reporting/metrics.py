@@ -6,7 +6,8 @@ A training script already prints what a person watches (`epoch 1 loss 0.41`,
 plots those numbers with no change to the script. What is found by default:
 
 1. A dict line, as the Trainer logs it: every `'name': number` pair of a line that
-   starts with `{` (`{'loss': 2.1, 'learning_rate': 5e-05, 'epoch': 0.5}`).
+   starts with `{` (`{'loss': 2.1, 'learning_rate': 5e-05, 'epoch': 0.5}`), a number
+   wrapped as numpy and torch print theirs too (`np.float64(0.53)`, `tensor(0.5)`).
 2. `name=number` and `name: number` anywhere in a line, for any name that starts with
    a letter (`lr=3e-4`, `val_acc: 0.91`).
 3. `name number`, for the names a training loop prints that way: `loss` and every name
@@ -35,7 +36,10 @@ STEP_NAMES = frozenset({"step", "global_step", "iter", "iteration"})
 
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _END = r"(?![\w]|\.\d)"  # the number ends here: not `1.2.3`, not `12abc`
-_DICT_PAIR = re.compile(rf"""['"]([A-Za-z_][\w./-]{{0,63}})['"]\s*:\s*({_NUMBER}){_END}""")
+# A value may come wrapped, as numpy 2 and torch print theirs: np.float64(0.53), tensor(0.5)
+_DICT_PAIR = re.compile(
+    rf"""['"]([A-Za-z_][\w./-]{{0,63}})['"]\s*:\s*(?:[A-Za-z_][\w.]{{0,31}}\()?({_NUMBER}){_END}"""
+)
 _SAID = re.compile(rf"(?<![\w.-])([A-Za-z][\w./-]{{0,63}}?)\s*[=:]\s*({_NUMBER}){_END}")
 _SPOKEN = re.compile(
     rf"(?<![\w.-])(\w*loss|acc|accuracy|lr|ppl|perplexity|epoch|step|iter|iteration)"

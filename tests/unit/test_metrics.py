@@ -37,6 +37,8 @@ def test_a_hugging_face_trainer_dict_line_gives_every_pair() -> None:
         "{'train_runtime': 12.3, 'train_samples_per_second': 80.1, 'train_loss': 1.9, 'epoch': 3.0}"
     )
     assert found(end)["train_loss"] == 1.9
+    wrapped = "{'loss': 0.69, 'grad_norm': np.float64(0.53), 'x': tensor(2.5, device='cuda:0')}"
+    assert found(wrapped) == {"loss": 0.69, "grad_norm": 0.53, "x": 2.5}
 
 
 def test_a_training_loops_line_gives_each_number_and_its_step() -> None:
