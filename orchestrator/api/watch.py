@@ -24,6 +24,7 @@ from orchestrator.api.lines import QuietReporter
 from orchestrator.backends import PullBars
 from orchestrator.nodes.into import Forwarding, ForwardOptions, ShellOptions, parse_ports
 from orchestrator.records.db import JobDB
+from orchestrator.records.samples import SampleLog
 from orchestrator.reporting.pull import Progress, PullReport, default_target
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.reporting.stacks import Frame, RankDump, StackGroup, StackOptions, StackView
@@ -32,9 +33,11 @@ from orchestrator.reporting.top import (
     INTERVAL_S,
     SILENT_S,
     GpuView,
+    HostSample,
     NodeView,
     RankView,
     TopView,
+    host_samples,
     pick_job,
 )
 
@@ -45,6 +48,7 @@ __all__ = [
     "Forwarding",
     "Frame",
     "GpuView",
+    "HostSample",
     "NodeView",
     "Progress",
     "PullBars",
@@ -59,6 +63,7 @@ __all__ = [
     "forward",
     "parse_ports",
     "pull",
+    "samples",
     "shell",
     "stack",
     "stack_lines",
@@ -110,11 +115,14 @@ def top(
     interval_s: float = INTERVAL_S,
     silent_s: float = SILENT_S,
     reporter: Reporter | None = None,
+    *,
+    keep: bool = False,
 ) -> Iterator[TopView]:
     """`orch top`: refreshes of a running job (default: the newest that has not
     ended), `interval_s` apart, until it ends (the last view says so) or the caller
     stops. The first has no rates yet: they need two samples. `silent_s`: how long a
-    rank that prints may be silent before it is behind.
+    rank that prints may be silent before it is behind. `keep`: each refresh's hosts
+    go into the job's records too (`samples` reads them back: a page's hosts over time).
 
     Raises:
         InputError: no such job, it has ended, or none runs.
@@ -125,7 +133,26 @@ def top(
         record = pick_job(store, job_id)
         backend = backends.for_record(record)
         views = backend.top(record, store, reporter or QuietReporter(), interval_s, silent_s)
-    yield from views
+        kept = SampleLog(store.home, record.id) if keep else None
+    for view in views:
+        if kept is not None:
+            with _owner_only():
+                kept.add(s.to_json() for s in host_samples(view))
+        yield view
+
+
+def samples(job_id: str, since: float | None = None) -> list[HostSample]:
+    """What `top(keep=True)` kept of a job: each host at each refresh, of the last hour
+    (or since `since`), oldest first.
+
+    Raises:
+        InputError: no such job.
+    """
+    with _owner_only():
+        store = JobDB()
+        record = store.get(job_id)
+        rows = SampleLog(store.home, record.id).read(since)
+    return [HostSample.from_json(row) for row in rows]
 
 
 def stack(

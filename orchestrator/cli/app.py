@@ -26,6 +26,7 @@ VERBS = {
     "stack": "cmd_stack",
     "forward": "cmd_forward",
     "ssh": "cmd_ssh",
+    "ui": "cmd_ui",
     "kill": "cmd_kill",
     "pull": "cmd_pull",
     "check": "cmd_check",

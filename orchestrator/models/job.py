@@ -9,6 +9,7 @@ from pathlib import Path
 
 from orchestrator.models import placeholders
 from orchestrator.models.errors import SpecError, place
+from orchestrator.models.metrics import pattern_problem
 from orchestrator.models.schema import (
     Where,
     check_keys,
@@ -53,6 +54,7 @@ _JOB_KEYS = {
     "stall_after": None,
     "on_stall": None,
     "forward": None,
+    "metrics": None,
 }
 STALL_MIN_S = 10  # below this a stall is a step, not a hang: `stall_after:` says at least this
 ON_STALL = ("fail", "warn")
@@ -101,6 +103,9 @@ class JobSpec:
     # Ports of the master's host at the laptop's 127.0.0.1 while an attached submit
     # follows the job (`orch forward`): (port, local port; None: the same number).
     forward: tuple[tuple[int, int | None], ...] = ()
+    # Regular expressions whose named groups are numbers `orch ui` plots, beside the
+    # forms it finds by default (reporting/metrics.py).
+    metrics: tuple[str, ...] = ()
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     def error(self, key: str, message: str, hint: str = "") -> SpecError:
@@ -227,6 +232,7 @@ def load_job(path: Path) -> JobSpec:
         stall_after=_load_stall_after(where),
         on_stall=_load_on_stall(where),
         forward=_load_forward(where),
+        metrics=_load_metrics(where),
         positions=dict(where.mapping.positions),
     )
 
@@ -308,6 +314,19 @@ def _load_preload(where: Where) -> tuple[str, ...]:
                 "preload", f"preload: {name!r} is not a module name", "write e.g. [torch, numpy]"
             )
     return names
+
+
+def _load_metrics(where: Where) -> tuple[str, ...]:
+    patterns = get_str_list(where, "metrics")
+    for pattern in patterns:
+        if (why := pattern_problem(pattern)) is not None:
+            raise where.error(
+                "metrics",
+                f"bad pattern {pattern!r}: {why}",
+                "write a regular expression with a named group per number, e.g. "
+                "'val acc (?P<val_acc>[0-9.]+)'",
+            )
+    return patterns
 
 
 def _load_warm(where: Where) -> str | None:

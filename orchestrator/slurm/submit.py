@@ -200,6 +200,7 @@ def record_of(sj: SlurmJob, partition: str, login: Host) -> JobRecord:
         "backend": "slurm",
         "outputs": list(sj.job.outputs),
         "outputs_from": sj.job.outputs_from,
+        "metrics": list(sj.job.metrics),
         "slurm": _slurm_spec(sj, partition, login),
         "restarts": sj.job.restarts,
         "attempt": 0,

@@ -287,6 +287,7 @@ def record_of(plan: LaunchPlan) -> JobRecord:
         "workdir": str(job.workdir),
         "outputs": list(job.outputs),
         "outputs_from": job.outputs_from,
+        "metrics": list(job.metrics),
         "restarts": job.restarts,
         "attempt": int(plan.nodes[0].env.get("ORCH_ATTEMPT", "0")),
         "stall_after": job.stall_after,
