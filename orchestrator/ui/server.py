@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from orchestrator import api
 from orchestrator.api import curves as api_curves
+from orchestrator.api import watch
 from orchestrator.api.errors import InputError, OrchError
 from orchestrator.ui.board import status_json
 from orchestrator.ui.feeds import MAX_LINES
@@ -133,8 +134,6 @@ class Routes:
             Route("/api/job/{job_id}/dry-run", self.dry_run),
             Route("/api/hosts/events", self.hosts_events),
             Route("/api/action/kill/{job_id}", self.kill, methods=["POST"]),
-            # HOOK(stack): `orch stack` (branch `stack`) adds Job.stack() to the API; the
-            # page shows its button only where `features.stack` says the API has it.
             Route("/api/action/stack/{job_id}", self.stack, methods=["POST"]),
         ]
         return Starlette(routes=routes, middleware=[])
@@ -359,21 +358,20 @@ class Routes:
         )
 
     async def stack(self, request: Request) -> Response:
-        # HOOK(stack): calls Job.stack() where the API has it; its result shown as text.
-        if not _has_stack():
-            return _error(InputError("this orch has no stack verb", "update orch"), 404)
+        """Every rank's stack, grouped, as `orch stack` prints it (kept in the job's
+        records as every `orch stack` is)."""
         try:
             job_id = await self._resolve(request.path_params["job_id"])
-            handle = api.job(job_id)
-            result = await asyncio.to_thread(handle.stack)  # type: ignore[attr-defined]
+            found = await asyncio.to_thread(watch.stack, job_id)
         except OrchError as exc:
             return _error(exc)
-        return JSONResponse({"job": job_id, "text": str(result)})
+        text = "\n".join(watch.stack_lines(found, False))
+        return JSONResponse({"job": job_id, "text": text, "saved": found.saved})
 
 
 def _has_stack() -> bool:
-    """HOOK(stack): whether the API can take every rank's stack (`orch stack`)."""
-    return callable(getattr(api.Job, "stack", None))
+    """Whether the page shows the stack button: the API has `orch stack`."""
+    return callable(getattr(watch, "stack", None))
 
 
 def _all_curves_csv(job_id: str) -> str:

@@ -231,6 +231,17 @@ def test_the_page_shows_a_job_live_with_its_curves_and_kills_it(
                 bar.wait_for(timeout=10_000)
                 page.screenshot(path=tmp_path / "ui-job.png", full_page=True)
 
+                # Every rank's stack, grouped, as orch stack prints it.
+                page.click("#stack")
+                taken = page.locator("#stack-output")
+                taken.wait_for(state="visible", timeout=60_000)
+                page.wait_for_function(
+                    "() => /ranks? +node1 r0/.test(document.querySelector('#stack-output')"
+                    ".textContent)",
+                    timeout=60_000,
+                )
+                assert "ranks.py" in (taken.text_content() or "")
+
                 page.once("dialog", lambda dialog: dialog.accept())
                 page.click("#kill")
                 page.wait_for_selector('#job-head [data-state="killed"]', timeout=60_000)

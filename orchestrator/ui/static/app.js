@@ -272,7 +272,7 @@
         "killed: " + Object.entries(data.killed).map(([h, n]) => `${h} ${n} processes`).join(", ") +
         (data.unreachable.length ? "; not reached: " + data.unreachable.join("; ") : "");
     } }, "Kill");
-    // HOOK(stack): shown only where the API has a stack verb (features.stack).
+    // Every rank's stack, grouped, as orch stack prints it (features.stack).
     const stackOut = el("pre", { id: "stack-output", class: "mono scroll", hidden: true });
     const stack = el("button", { id: "stack", hidden: !features.stack, onclick: async () => {
       if (!current) return;
