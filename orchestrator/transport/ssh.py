@@ -287,14 +287,18 @@ class SshTransport:
         transport = self._conn.client.get_transport()
         return None if transport is None else str(transport.remote_cipher)
 
-    def _channel(self) -> paramiko.Channel:
-        transport = self._conn.client.get_transport()
+    def _active(self) -> paramiko.Transport:
+        transport: paramiko.Transport | None = self._conn.client.get_transport()
         if transport is None or not transport.is_active():
             raise HostError(
                 self.name,
                 f"lost the SSH connection to {self._target}",
                 "check that the host is up and reachable from this machine",
             )
+        return transport
+
+    def _channel(self) -> paramiko.Channel:
+        transport = self._active()
         try:
             channel: paramiko.Channel = transport.open_session(timeout=self.options.connect_timeout)
             return channel
@@ -374,13 +378,7 @@ class SshTransport:
             channel.close()
 
     def tunnel(self, port: int) -> paramiko.Channel:
-        transport = self._conn.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise HostError(
-                self.name,
-                f"lost the SSH connection to {self._target}",
-                "check that the host is up and reachable from this machine",
-            )
+        transport = self._active()
         try:
             channel: paramiko.Channel = transport.open_channel(
                 "direct-tcpip",

@@ -30,6 +30,15 @@ def page(address: str) -> str:
         return str(answer.read().decode())
 
 
+def serving_job(orch: OrchRunner, cluster: Cluster, tmp_path: Path, **keys: object) -> str:
+    """A detached job of two nodes, each serving its page on PORT; its id."""
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", HOSTS)
+    job = write_job(tmp_path, "serve", "serve.py", nodes=2, args=[str(PORT)], **keys)
+    submitted = orch("submit", job, "-i", inventory, "-d", timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    return job_id_of(submitted.stdout)
+
+
 def local_port_free(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) != 0
@@ -38,11 +47,7 @@ def local_port_free(port: int) -> bool:
 def test_forward_carries_the_masters_page_and_another_nodes_and_ends_on_ctrl_c(
     orch: OrchRunner, cluster: Cluster, tmp_path: Path
 ) -> None:
-    inventory = cluster.write_inventory(tmp_path / "inv.yaml", HOSTS)
-    job = write_job(tmp_path, "serve", "serve.py", nodes=2, args=[str(PORT)])
-    submitted = orch("submit", job, "-i", inventory, "-d", timeout=60)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = job_id_of(submitted.stdout)
+    job_id = serving_job(orch, cluster, tmp_path)
     try:
         forward = subprocess.Popen(
             [*orch_command(), "forward", job_id, f"{PORT}:0"],
@@ -100,11 +105,7 @@ def served_by(address: str) -> str | None:
 def test_a_local_port_in_use_an_unknown_node_and_a_bad_port_are_exit_2_with_a_hint(
     orch: OrchRunner, cluster: Cluster, tmp_path: Path
 ) -> None:
-    inventory = cluster.write_inventory(tmp_path / "inv.yaml", HOSTS)
-    job = write_job(tmp_path, "serve", "serve.py", nodes=2, args=[str(PORT)])
-    submitted = orch("submit", job, "-i", inventory, "-d", timeout=60)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = job_id_of(submitted.stdout)
+    job_id = serving_job(orch, cluster, tmp_path)
     try:
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
@@ -125,13 +126,7 @@ def test_a_local_port_in_use_an_unknown_node_and_a_bad_port_are_exit_2_with_a_hi
 def test_orch_ssh_lands_in_the_nodes_directory_with_the_jobs_environment(
     orch: OrchRunner, cluster: Cluster, tmp_path: Path
 ) -> None:
-    inventory = cluster.write_inventory(tmp_path / "inv.yaml", HOSTS)
-    job = write_job(
-        tmp_path, "serve", "serve.py", nodes=2, args=[str(PORT)], env={"MY_SETTING": "set"}
-    )
-    submitted = orch("submit", job, "-i", inventory, "-d", timeout=60)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = job_id_of(submitted.stdout)
+    job_id = serving_job(orch, cluster, tmp_path, env={"MY_SETTING": "set"})
     probe = 'pwd; echo "setting=$MY_SETTING rank=${RANK:-none} job=$ORCH_JOB_ID"; exit 4'
     try:
         ran = orch("ssh", job_id, "--", probe, timeout=60)
