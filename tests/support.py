@@ -15,7 +15,7 @@ import re
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -293,3 +293,20 @@ def assert_slurm_clean(slurm: SlurmCluster) -> None:
             slurm.wait_for(clean, f"{host.name} clean", 30)
         except ClusterError:
             raise AssertionError(f"left on {host.name}: {left}") from None
+
+
+def stop_warm(cluster: Cluster, hosts: Sequence[int]) -> None:
+    """End the warm interpreters on these hosts, by pid, and forget them."""
+    for i in hosts:
+        for pid, _ in warm_processes(cluster, i):
+            cluster.exec_on(i, ["kill", "-KILL", str(pid)])
+        wait_for(lambda i=i: not warm_processes(cluster, i), 10, f"node{i}'s warm interpreters")
+        subprocess.run(["rm", "-rf", str(cluster.home(i) / ".orch" / "warm")], check=True)
+
+
+def two_and_one_without_warm(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
+    """node1 with 2 slots, node2 with 1; no warm interpreter before or after (a
+    fixture's body)."""
+    stop_warm(cluster, [1, 2])
+    yield cluster.write_inventory(tmp_path / "two_and_one.yaml", [1, 2], node1={"slots": 2})
+    stop_warm(cluster, [1, 2])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import stat
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +23,8 @@ from tests.support import (
     assert_no_job_left,
     job_id_of,
     start_attached,
+    two_and_one_without_warm,
     wait_for,
-    warm_processes,
     write_job,
 )
 
@@ -37,18 +36,7 @@ HOSTS = [1, 2]
 @pytest.fixture
 def two_and_one(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
     """node1 with 2 slots, node2 with 1; no warm interpreter before or after."""
-    stop_warm(cluster)
-    yield cluster.write_inventory(tmp_path / "two_and_one.yaml", HOSTS, node1={"slots": 2})
-    stop_warm(cluster)
-
-
-def stop_warm(cluster: Cluster) -> None:
-    """End the warm interpreters on the test's hosts, by pid, and forget them."""
-    for i in HOSTS:
-        for pid, _ in warm_processes(cluster, i):
-            cluster.exec_on(i, ["kill", "-KILL", str(pid)])
-        wait_for(lambda i=i: not warm_processes(cluster, i), 10, f"node{i}'s warm interpreters")
-        subprocess.run(["rm", "-rf", str(cluster.home(i) / ".orch" / "warm")], check=True)
+    yield from two_and_one_without_warm(cluster, tmp_path)
 
 
 def hang_job(tmp_path: Path, **keys: object) -> Path:

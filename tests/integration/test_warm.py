@@ -22,6 +22,7 @@ from tests.support import (
     job_id_of,
     job_processes,
     start_attached,
+    two_and_one_without_warm,
     wait_for,
     warm_processes,
     write_job,
@@ -38,18 +39,7 @@ PER_SUBMIT = ("MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "SSH_CLIENT", "SSH_CONNE
 @pytest.fixture
 def two_and_one(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
     """node1 with 2 slots, node2 with 1; no warm interpreter before or after."""
-    stop_warm(cluster)
-    yield cluster.write_inventory(tmp_path / "two_and_one.yaml", HOSTS, node1={"slots": 2})
-    stop_warm(cluster)
-
-
-def stop_warm(cluster: Cluster) -> None:
-    """End the warm interpreters on the test's hosts, by pid, and forget them."""
-    for i in HOSTS:
-        for pid, _ in warm_processes(cluster, i):
-            cluster.exec_on(i, ["kill", "-KILL", str(pid)])
-        wait_for(lambda i=i: not warm_processes(cluster, i), 10, f"node{i}'s warm interpreters")
-        subprocess.run(["rm", "-rf", str(cluster.home(i) / ".orch" / "warm")], check=True)
+    yield from two_and_one_without_warm(cluster, tmp_path)
 
 
 def warm_records(cluster: Cluster, i: int) -> list[dict[str, Any]]:
