@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.models import placeholders
+from orchestrator.models.environment import Environment, parse_requirement, read_requirements
 from orchestrator.models.errors import SpecError, place
 from orchestrator.models.schema import (
     Where,
@@ -52,6 +53,8 @@ _JOB_KEYS = {
     "warm_idle": None,
     "stall_after": None,
     "on_stall": None,
+    "environment": None,
+    "wheels": None,
 }
 STALL_MIN_S = 10  # below this a stall is a step, not a hang: `stall_after:` says at least this
 ON_STALL = ("fail", "warn")
@@ -97,6 +100,9 @@ class JobSpec:
     # reported, once per stall.
     stall_after: int | None = None
     on_stall: str = "fail"
+    # The packages each host's virtual environment holds over its python
+    # (docs/ENVIRONMENTS.md); None: the host's python as it is.
+    environment: Environment | None = None
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     def error(self, key: str, message: str, hint: str = "") -> SpecError:
@@ -222,6 +228,7 @@ def load_job(path: Path) -> JobSpec:
         cold=_load_warm(where),
         stall_after=_load_stall_after(where),
         on_stall=_load_on_stall(where),
+        environment=_load_environment(where, base, workdir),
         positions=dict(where.mapping.positions),
     )
 
@@ -302,6 +309,52 @@ def _load_exclude(where: Where) -> tuple[str, ...]:
                 "write gitignore patterns, e.g. data/ or *.ckpt",
             )
     return patterns
+
+
+def _load_environment(where: Where, base: Path, workdir: Path) -> Environment | None:
+    """`environment:` (a requirements file in the workdir, or a list) and `wheels:` (a
+    directory inside the workdir), each line checked as pip would read it."""
+    value = where.mapping.get("environment")
+    wheels = get_str(where, "wheels")
+    if value is None:
+        if wheels is not None:
+            raise where.error(
+                "wheels", "wheels: without environment:", "add environment: requirements.txt"
+            )
+        return None
+    if isinstance(value, list):
+        requirements = []
+        for item in get_str_list(where, "environment"):
+            try:
+                found = parse_requirement(item)
+            except ValueError as exc:
+                raise where.error(
+                    "environment", str(exc), "list requirements as pip reads them: numpy==2.3.1"
+                ) from None
+            if found is not None:
+                requirements.append(found)
+        env = Environment(tuple(requirements), where.path)
+    else:
+        name = get_str(where, "environment") or ""
+        path = (workdir / name).resolve()
+        if not path.is_relative_to(workdir) or not path.is_file():
+            raise where.error(
+                "environment",
+                f"requirements file {name} not found in workdir {workdir}",
+                "give a requirements file's path relative to the workdir, or a list "
+                "of requirements: environment: [numpy==2.3.1, tqdm]",
+            )
+        env = Environment(read_requirements(path, str(path)), name)
+    if wheels is None:
+        return env
+    directory = (base / wheels).resolve()
+    if not directory.is_dir() or not directory.is_relative_to(workdir):
+        raise where.error(
+            "wheels",
+            f"wheels: {wheels} is not a directory inside the workdir {workdir}",
+            "put the wheels in a directory of the workdir: they travel with the code",
+        )
+    return Environment(env.requirements, env.source, directory.relative_to(workdir).as_posix())
 
 
 def _check_script(where: Where, workdir: Path, script: str) -> str:

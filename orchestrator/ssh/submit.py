@@ -15,7 +15,9 @@ from pathlib import Path
 from orchestrator.agent.kernel import placement
 from orchestrator.agent.kernel.lease_wire import LeaseStart
 from orchestrator.agent.kernel.placement import restart_delay
+from orchestrator.agent.kernel.replies import EnvReady
 from orchestrator.models.clocks import HostClock
+from orchestrator.models.environment import environment_digest
 from orchestrator.models.errors import (
     HostError,
     Interrupted,
@@ -26,7 +28,7 @@ from orchestrator.models.errors import (
 from orchestrator.models.inventory import Host, Inventory, pick_hosts
 from orchestrator.models.job import JobSpec
 from orchestrator.models.states import JobState
-from orchestrator.nodes import ops
+from orchestrator.nodes import envs, ops
 from orchestrator.nodes.group import HostGroup
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord, new_job_id
 from orchestrator.records.logmirror import LogMirror
@@ -183,7 +185,8 @@ def _attempt(
 
         try:
             phase(reporter, f"pushing {tree.total_bytes / 1e6:.1f} MB of code")
-            push_code(plan, group, tree, reporter)
+            plan = push_code(plan, group, tree, reporter)
+            nodes = {n.host.name: n for n in plan.nodes}
             phase(reporter, f"starting {_count(plan.nodes, 'node')}")
             queued = start_nodes(plan, group, reporter, store, start, sub.no_wait, detach)
             if not queued:
@@ -242,7 +245,12 @@ def _keep(
     if not (sub.job.restarts or (queued and several) or sub.job.stall_after):
         return  # `stall_after:`: the keeper is the detached job's stall watchdog too
     line = None if not queued else "together" if several else "alone"
-    push = lambda p, g: push_code(p, g, tree, reporter)  # noqa: E731
+
+    def push(p: LaunchPlan, g: HostGroup) -> None:
+        # The spares' code (and environment) for a later attempt: the keeper renders
+        # that attempt's nodes on the hosts, from their templates.
+        push_code(p, g, tree, reporter)
+
     try:
         start_keeper(plan, sub.candidates, group, tree.digest, push, reporter, store, line)
     except OrchError:
@@ -347,9 +355,13 @@ def _start(node: NodeLaunch, transport: Transport) -> LeaseStart:
 # ---------------------------------------------------------------- code push
 
 
-def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter) -> None:
-    """Build the job's code snapshot on every node, then run its `setup:` where it has
-    not yet run for this setup text and code version. Nothing is started here.
+def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter) -> LaunchPlan:
+    """Build the job's code snapshot on every node, then its environment where it has
+    one (docs/ENVIRONMENTS.md), then run its `setup:` where it has not yet run for this
+    setup text, code version, interpreter and environment. Nothing is started here.
+
+    Returns:
+        The plan, each node with its environment's python where the job has one.
 
     Nodes whose hosts share a filesystem share one snapshot: the code goes to the
     first of them, and setup runs there once (once per interpreter).
@@ -360,8 +372,11 @@ def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter
     """
     snapshots = plan.snapshots()
     script = plan.job.setup
+    env_digest = environment_digest_of(plan.job, tree)
     keys = {
-        n.host.name: setup_key(script, tree.digest, n.host.python) for n in plan.nodes if script
+        n.host.name: setup_key(script, tree.digest, f"{n.host.python}\0{env_digest or ''}")
+        for n in plan.nodes
+        if script
     }
     progress = reporter.progress if isinstance(reporter, ProgressReporter) else None
     results = push(
@@ -393,8 +408,70 @@ def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter
         if len(nodes) > 1:
             others = ", ".join(n.host.name for n in nodes[1:])
             reporter.notice(f"code: {others} share the filesystem of {name}: one copy for all")
+    if env_digest is not None:
+        plan = _ensure_environment(plan, group, env_digest, reporter)
+        snapshots = plan.snapshots()
     if script:
         _run_setup(plan, group, snapshots, keys, results, tree.digest, reporter)
+    return plan
+
+
+def environment_digest_of(job: JobSpec, tree: Tree) -> str | None:
+    """The controller's digest of the job's environment (its requirements and the
+    wheels pushed with the code), or None where the job has none.
+
+    Raises:
+        InputError: `wheels:` holds no wheel that the push carries.
+    """
+    env = job.environment
+    if env is None:
+        return None
+    wheels: dict[str, str] = {}
+    if env.wheels is not None:
+        prefix = "" if env.wheels == "." else env.wheels.rstrip("/") + "/"
+        wheels = {
+            e.path[len(prefix) :]: e.value
+            for e in tree.entries
+            if e.path.startswith(prefix) and e.path.endswith(".whl") and e.key is not None
+        }
+        if not wheels:
+            raise job.error(
+                "wheels",
+                f"no .whl file in {env.wheels} travels with the code",
+                "put the wheels there, and check that .gitignore, .orchignore and "
+                "exclude: leave them in",
+            )
+    return environment_digest(env, wheels)
+
+
+def _ensure_environment(
+    plan: LaunchPlan, group: HostGroup, digest: str, reporter: Reporter
+) -> LaunchPlan:
+    """Make sure every node's host has the job's environment (built where missing; hosts
+    sharing a filesystem wait for one build) and give each node its python.
+
+    Raises:
+        InfraError: a build failed: the packages and hosts, nothing started.
+    """
+    env = plan.job.environment
+    assert env is not None
+    nodes = {n.host.name: n for n in plan.nodes}
+
+    def one(host: Host, transport: Transport) -> EnvReady:
+        return envs.ensure(host, transport, nodes[host.name].job_dir, env, digest)
+
+    replies = group.each(one, only=nodes)
+    failed = {name: r for name, r in replies.items() if r.error is not None or not r.python}
+    if failed:
+        raise envs.failure(env, failed)
+    built = [f"{name} ({r.seconds:.1f} s)" for name, r in replies.items() if r.built]
+    if built:
+        reporter.notice(f"environment: built on {', '.join(built)}")
+    else:
+        log.info("environment ready on %s", ", ".join(replies))
+    return replace(
+        plan, nodes=tuple(replace(n, python=replies[n.host.name].python) for n in plan.nodes)
+    )
 
 
 def _run_setup(
@@ -440,7 +517,7 @@ def _run_setup(
                 reporter.output(f"{name} setup", None, (text + "\n").encode())
 
             transport = group.transports[node.host.name]
-            ops.setup(node, transport, script, keys[node.host.name], digest, line)
+            ops.setup(node, transport, script, keys[node.host.name], digest, line, node.python)
 
     group.each(run_setup, only=todo)
 

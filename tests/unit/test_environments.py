@@ -1,0 +1,186 @@
+"""A job's `environment:`: loading and its errors, its name (key), and the host's build
+(agent/host/envs.py) run here on this machine's python with a wheel made in the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from orchestrator.agent.host import envs
+from orchestrator.agent.kernel.requests import EnvRequest
+from orchestrator.models.environment import Environment, environment_digest
+from orchestrator.models.job import load_job
+from tests.unit.conftest import WriteFile, expect_input_error
+
+
+@pytest.fixture
+def code(tmp_path: Path) -> Path:
+    workdir = tmp_path / "code"
+    workdir.mkdir()
+    (workdir / "train.py").write_text("print('hello')\n")
+    return workdir
+
+
+def test_requirements_file_loads_without_comments(
+    write: WriteFile, code: Path, tmp_path: Path
+) -> None:
+    (code / "requirements.txt").write_text(
+        "# pinned\nnumpy==2.3.1  # fast\n\ntqdm>=4,<5\nfoo[bar]\n"
+    )
+    job = load_job(
+        write("job.yaml", "workdir: code\nscript: train.py\nenvironment: requirements.txt\n")
+    )
+    assert job.environment == Environment(
+        ("numpy==2.3.1", "tqdm>=4,<5", "foo[bar]"), "requirements.txt"
+    )
+
+
+def test_inline_list_and_wheels_load(write: WriteFile, code: Path) -> None:
+    (code / "wheels").mkdir()
+    job = load_job(
+        write(
+            "job.yaml",
+            "workdir: code\nscript: train.py\nenvironment: [numpy==2.3.1, tqdm]\nwheels: code/wheels\n",
+        )
+    )
+    assert job.environment is not None
+    assert job.environment.requirements == ("numpy==2.3.1", "tqdm")
+    assert job.environment.wheels == "wheels"
+
+
+def test_missing_requirements_file_is_bad_input_at_its_key(write: WriteFile, code: Path) -> None:
+    path = write("job.yaml", "workdir: code\nscript: train.py\nenvironment: reqs.txt\n")
+    error = expect_input_error(lambda: load_job(path))
+    assert "job.yaml:3" in str(error)
+    assert "reqs.txt not found" in str(error)
+
+
+def test_unparsable_requirement_line_is_named_by_its_line(write: WriteFile, code: Path) -> None:
+    (code / "requirements.txt").write_text("numpy\n\nnot a requirement!\n")
+    path = write("job.yaml", "workdir: code\nscript: train.py\nenvironment: requirements.txt\n")
+    error = expect_input_error(lambda: load_job(path))
+    assert "requirements.txt:3" in str(error)
+    assert "not a requirement!" in str(error)
+
+
+def test_pip_options_are_refused(write: WriteFile, code: Path) -> None:
+    path = write("job.yaml", "workdir: code\nscript: train.py\nenvironment: [--index-url=x]\n")
+    assert "pip option" in str(expect_input_error(lambda: load_job(path)))
+
+
+def test_wheels_outside_the_workdir_are_refused(
+    write: WriteFile, code: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    path = write(
+        "job.yaml", "workdir: code\nscript: train.py\nenvironment: [a]\nwheels: elsewhere\n"
+    )
+    assert "inside the workdir" in str(expect_input_error(lambda: load_job(path)))
+
+
+def test_digest_follows_requirements_and_wheels() -> None:
+    one = Environment(("a==1",), "x")
+    assert environment_digest(one, {}) == environment_digest(Environment(("a==1",), "y"), {})
+    assert environment_digest(one, {}) != environment_digest(Environment(("a==2",), "x"), {})
+    assert environment_digest(one, {"a.whl": "1"}) != environment_digest(one, {"a.whl": "2"})
+
+
+def test_env_key_differs_per_digest_and_is_stable() -> None:
+    assert envs.env_key("a" * 64) == envs.env_key("a" * 64)
+    assert envs.env_key("a" * 64) != envs.env_key("b" * 64)
+
+
+def _tiny_wheel(tmp_path: Path, name: str, version: str) -> Path:
+    """A wheel of a one-module package `name`, made with this python's pip, offline."""
+    src = tmp_path / f"src-{name}-{version}"
+    (src / name).mkdir(parents=True)
+    (src / name / "__init__.py").write_text(f"VERSION = {version!r}\n")
+    (src / "pyproject.toml").write_text(
+        f'[project]\nname = "{name}"\nversion = "{version}"\n'
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+    )
+    out = tmp_path / "code" / "wheels"
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        check=True,
+    )
+    return out
+
+
+def _request(envs_dir: Path, requirements: list[str]) -> EnvRequest:
+    digest = environment_digest(Environment(tuple(requirements), "t"), {})
+    return EnvRequest(envs=str(envs_dir), digest=digest, requirements=requirements, wheels="wheels")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="venvs as the hosts have them")
+def test_build_publishes_one_owner_only_env_reused_and_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _tiny_wheel(tmp_path, "orchtiny", "1.0")
+    monkeypatch.chdir(tmp_path)  # the job directory: code/wheels is beside
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # pip, not a uv of this machine
+    envs_dir = tmp_path / "envs"
+    request = _request(envs_dir, ["orchtiny==1.0"])
+    replies: list[object] = []
+    # Two builds of one environment at once: one builds, the other waits and uses it.
+    threads = [
+        threading.Thread(target=lambda: replies.append(envs.ensure(request))) for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    built = [r for r in replies if getattr(r, "built", False)]
+    assert len(built) == 1, replies
+    first = built[0]
+    assert first.error is None
+    python = str(first.python)
+    assert {r.python for r in replies} == {python}
+    out = subprocess.run(
+        [python, "-c", "import orchtiny, pytest; print(orchtiny.VERSION)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "1.0"  # its own package, and the host python's (pytest)
+    assert os.stat(envs_dir).st_mode & 0o077 == 0
+    assert [p.name for p in envs_dir.iterdir() if p.name.startswith(".build-")] == []
+    again = envs.ensure(request)
+    assert again.python == python and not again.built
+    rows = envs.listing(str(envs_dir))
+    assert [r.requirements for r in rows] == [["orchtiny==1.0"]]
+    assert envs.collect(str(envs_dir), days=1.0) == []
+    assert envs.collect(str(envs_dir), days=-1.0) == [rows[0].key]
+    assert envs.listing(str(envs_dir)) == []
+
+
+def test_unresolvable_requirement_names_it_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "code" / "wheels").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    envs_dir = tmp_path / "envs"
+    reply = envs.ensure(_request(envs_dir, ["orch-no-such-package==9"]))
+    assert reply.error is not None
+    assert reply.missing == ["orch-no-such-package==9"]
+    assert [p for p in envs_dir.iterdir() if not p.name.endswith(".lock")] == []
+    assert json.loads(reply.to_json()).get("python") is None
