@@ -460,10 +460,19 @@ def _ensure_environment(
     def one(host: Host, transport: Transport) -> EnvReady:
         return envs.ensure(host, transport, nodes[host.name].job_dir, env, digest)
 
-    replies = group.each(one, only=nodes)
+    # First the host of each group sharing a filesystem (it builds where needed), then
+    # the others of the group, which find it there.
+    firsts = [name for name in plan.snapshots() if name in nodes]
+    replies = group.each(one, only=firsts)
     failed = {name: r for name, r in replies.items() if r.error is not None or not r.python}
     if failed:
         raise envs.failure(env, failed)
+    others = [name for name in nodes if name not in replies]
+    if others:
+        replies.update(group.each(one, only=others))
+        failed = {name: r for name, r in replies.items() if r.error is not None or not r.python}
+        if failed:
+            raise envs.failure(env, failed)
     built = [f"{name} ({r.seconds:.1f} s)" for name, r in replies.items() if r.built]
     if built:
         reporter.notice(f"environment: built on {', '.join(built)}")

@@ -1,0 +1,120 @@
+"""`environment:` on the real cluster, offline (the test hosts reach no index): wheels
+made in the test travel with the code; one environment per host (one for the two
+hosts that share a home), reused by the next job, rebuilt for a changed requirement;
+an unresolvable requirement starts nothing (docs/ENVIRONMENTS.md)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import Cluster, OrchRunner
+from tests.support import assert_no_job_left, write_workdir_job
+
+pytestmark = pytest.mark.cluster
+
+SCRIPT = "import sys, socket, orchtiny\nprint('TINY', orchtiny.VERSION, socket.gethostname(), sys.prefix, flush=True)\n"
+
+
+def make_wheel(tmp_path: Path, wheels: Path, version: str) -> None:
+    """A wheel of `orchtiny` (one module), built here with no index."""
+    src = tmp_path / f"orchtiny-{version}"
+    (src / "orchtiny").mkdir(parents=True)
+    (src / "orchtiny" / "__init__.py").write_text(f"VERSION = {version!r}\n")
+    (src / "pyproject.toml").write_text(
+        f'[project]\nname = "orchtiny"\nversion = "{version}"\n'
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+    )
+    wheels.mkdir(exist_ok=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(src),
+        ],
+        check=True,
+    )
+
+
+def tiny_lines(stdout: str) -> dict[str, tuple[str, str]]:
+    """host -> (orchtiny's version, the rank's sys.prefix)."""
+    return {m[2]: (m[1], m[3]) for m in re.finditer(r"TINY (\S+) (\S+) (\S+)", stdout)}
+
+
+def published(home: Path) -> list[str]:
+    envs = home / ".orch" / "envs"
+    return sorted(p.name for p in envs.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def test_environment_built_once_per_filesystem_reused_rebuilt_and_refused(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "tiny.py").write_text(SCRIPT)
+    make_wheel(tmp_path, work / "wheels", "1.0")
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml")
+    common = {"launcher": "python", "nodes": 3, "wheels": str(work / "wheels")}
+    job = write_workdir_job(tmp_path, work, "tiny.py", environment=["orchtiny==1.0"], **common)
+    with cluster.shared_home([1, 2]) as home:
+        first = orch("submit", job, "-i", inventory, timeout=300)
+        assert first.returncode == 0, first.stdout + first.stderr
+        built = [line for line in first.stderr.splitlines() if "environment: built on" in line]
+        # node1 and node2 share one home: one build there (node2 waited for it), one on node3.
+        assert len(built) == 1 and "node1" in built[0] and "node3" in built[0], first.stderr
+        assert "node2" not in built[0]
+        ran = tiny_lines(first.stdout)
+        assert {h: v for h, (v, _) in ran.items()} == {
+            "node1": "1.0",
+            "node2": "1.0",
+            "node3": "1.0",
+        }
+        assert all("/.orch/envs/" in prefix for _, prefix in ran.values()), ran
+        assert len(published(home)) == 1 and len(published(cluster.home(3))) == 1
+
+        # The same requirements again (the code edited): nothing is installed.
+        (work / "tiny.py").write_text(SCRIPT + "print('edited', flush=True)\n")
+        second = orch("submit", job, "-i", inventory, timeout=300)
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert "environment: built" not in second.stderr, second.stderr
+        assert tiny_lines(second.stdout) == ran
+
+        # A changed requirement: another environment, built on each filesystem.
+        make_wheel(tmp_path, work / "wheels", "2.0")
+        changed = write_workdir_job(
+            tmp_path, work, "tiny.py", environment=["orchtiny==2.0"], **common
+        )
+        third = orch("submit", changed, "-i", inventory, timeout=300)
+        assert third.returncode == 0, third.stdout + third.stderr
+        assert "environment: built on" in third.stderr
+        assert {v for v, _ in tiny_lines(third.stdout).values()} == {"2.0"}
+        assert len(published(home)) == 2 and len(published(cluster.home(3))) == 2
+
+        # A requirement no wheel satisfies: exit 3 naming it and the hosts, nothing
+        # started, nothing half-built left.
+        bad = write_workdir_job(
+            tmp_path, work, "tiny.py", environment=["orch-no-such-package==1"], **common
+        )
+        refused = orch("submit", bad, "-i", inventory, timeout=300)
+        assert refused.returncode == 3, refused.stdout + refused.stderr
+        assert "orch-no-such-package" in refused.stderr
+        assert "node1, node2, node3" in refused.stderr or "node1, node3" in refused.stderr
+        assert "Traceback" not in refused.stderr
+        assert "TINY" not in refused.stdout
+        for where in (home, cluster.home(3)):
+            assert len(published(where)) == 2
+            assert [
+                p for p in (where / ".orch" / "envs").iterdir() if p.name.startswith(".build-")
+            ] == []
+        assert_no_job_left(cluster, [1, 2, 3])
