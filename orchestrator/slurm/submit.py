@@ -66,6 +66,10 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
         from orchestrator.slurm.unsupported import refuse_key
 
         refuse_key("stall_after", job.where("stall_after"))
+    if job.environment is not None:
+        from orchestrator.slurm.unsupported import refuse_key
+
+        refuse_key("environment", job.where("environment"))
     login = inventory.hosts[0]
     root = layout.job_root(login.workdir, job_id)
     return SlurmJob(job, job_id, section_of(inventory), login.python, root, inventory.path)

@@ -70,6 +70,13 @@ KEYS_NOT_YET: dict[str, tuple[str, str]] = {
         "drop stall_after: (and --stall-after) there; when the job seems hung, look with: "
         "orch stack JOB",
     ),
+    "environment": (
+        "the environment is built on each SSH host by the controller before the start, "
+        "and a Slurm job's nodes are not known until Slurm starts it",
+        "build a venv once on the shared filesystem (python -m venv "
+        "--system-site-packages; pip install -r requirements.txt) and name its python "
+        "as python: in the inventory",
+    ),
 }
 
 

@@ -16,7 +16,7 @@ from orchestrator.agent.host import envs
 from orchestrator.agent.kernel.requests import EnvRequest
 from orchestrator.models.environment import Environment, environment_digest
 from orchestrator.models.job import load_job
-from tests.unit.conftest import WriteFile, expect_input_error
+from tests.unit.conftest import Orch, WriteFile, expect_input_error
 
 
 @pytest.fixture
@@ -184,3 +184,25 @@ def test_unresolvable_requirement_names_it_and_leaves_nothing(
     assert reply.missing == ["orch-no-such-package==9"]
     assert [p for p in envs_dir.iterdir() if not p.name.endswith(".lock")] == []
     assert json.loads(reply.to_json()).get("python") is None
+
+
+def test_environment_on_a_slurm_cluster_is_refused_by_name_with_exit_2(
+    orch: Orch, write: WriteFile, code: Path
+) -> None:
+    inventory = write("hpc.yaml", "slurm:\n  login: login1.hpc.example.edu\n  partition: gpu\n")
+    job = write("job.yaml", "workdir: code\nscript: train.py\nenvironment: [tqdm]\n")
+    run = orch("submit", job, "-i", inventory, "--dry-run")
+    assert run.returncode == 2, run
+    assert f"error: {job}:3:14: environment: is not for the slurm backend yet" in run.stderr
+    assert "hint: build a venv once" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_dry_run_with_an_unparsable_requirement_exits_2_naming_the_line(
+    orch: Orch, write: WriteFile, code: Path
+) -> None:
+    (code / "requirements.txt").write_text("tqdm\nnumpy=2\n")
+    job = write("job.yaml", "workdir: code\nscript: train.py\nenvironment: requirements.txt\n")
+    run = orch("submit", job, "--dry-run")
+    assert run.returncode == 2, run
+    assert f"error: {code / 'requirements.txt'}:2:1: not a requirement: 'numpy=2'" in run.stderr
+    assert "hint: " in run.stderr and "Traceback" not in run.stderr
