@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Sequence
 
 from orchestrator.agent.kernel import layout, messages
 from orchestrator.agent.kernel.replies import EnvList, EnvReady
 from orchestrator.agent.kernel.requests import EnvRequest
 from orchestrator.models.environment import Environment
-from orchestrator.models.errors import HostError, InfraError, RemoteCommandError
+from orchestrator.models.errors import InfraError, OrchError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
-from orchestrator.nodes.group import HostGroup
+from orchestrator.nodes.group import connect_reachable
 from orchestrator.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -87,8 +88,12 @@ def failure(env: Environment, failed: dict[str, EnvReady]) -> InfraError:
     )
 
 
-def listing(group: HostGroup, days: float | None = None) -> dict[str, EnvList]:
-    """Each host's environments (`days`: first remove those unused that long)."""
+def listing(
+    hosts: Sequence[Host], notice: Callable[[str], None], days: float | None = None
+) -> tuple[dict[str, EnvList], list[OrchError]]:
+    """Each reachable host's environments of this user (`days`: first remove those
+    unused that long), and the errors of the hosts that did not answer. Hosts that
+    share a machine and workdir are asked once."""
 
     def one(host: Host, transport: Transport) -> EnvList:
         where = layout.envs_dir(host.workdir)
@@ -96,7 +101,8 @@ def listing(group: HostGroup, days: float | None = None) -> dict[str, EnvList]:
         reply = agent.run(host, transport, args, timeout=LIST_TIMEOUT_S)
         return agent.parse(host, EnvList, reply)
 
-    return group.each(one)
-
-
-__all__ = ["HostError", "ensure", "failure", "keep_days", "listing"]
+    unique = list({(h.user, h.address, h.port, h.workdir): h for h in hosts}.values())
+    group, failures = connect_reachable(unique, notice)
+    with group:
+        results, more = group.try_each(one)
+    return results, [*failures, *more]

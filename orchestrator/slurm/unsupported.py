@@ -33,6 +33,11 @@ NOT_YET: dict[str, tuple[str, str, str]] = {
         "remove the job directories you no longer need on the login node (orch status "
         "JOB --json names each job's)",
     ),
+    "envs": (
+        "orch env",
+        "orch builds no environment on a Slurm cluster yet (environment: is refused there)",
+        "list the venvs you made on the shared filesystem on the login node",
+    ),
     "exec": (
         "orch exec",
         "the partition's nodes are Slurm's to hand out, and only the login node is in the "

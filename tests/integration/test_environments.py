@@ -118,3 +118,18 @@ def test_environment_built_once_per_filesystem_reused_rebuilt_and_refused(
                 p for p in (where / ".orch" / "envs").iterdir() if p.name.startswith(".build-")
             ] == []
         assert_no_job_left(cluster, [1, 2, 3])
+
+        # orch env lists them per host; orch gc keeps them while they are recent, and
+        # removes them once unused for ORCH_KEEP_ENVS_DAYS.
+        listed = orch("env", "-i", inventory, timeout=120)
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        rows = [line for line in listed.stdout.splitlines() if "orchtiny==" in line]
+        assert {line.split(":")[0] for line in rows} == {"node1", "node2", "node3"}
+        assert sum("orchtiny==2.0" in line for line in rows) == 3
+        kept = orch("gc", "-i", inventory, timeout=120)
+        assert kept.returncode == 0, kept.stdout + kept.stderr
+        assert len(published(home)) == 2
+        gone = orch("gc", "-i", inventory, env={"ORCH_KEEP_ENVS_DAYS": "0"}, timeout=120)
+        assert gone.returncode == 0, gone.stdout + gone.stderr
+        assert "unused environments" in gone.stdout
+        assert published(home) == [] and published(cluster.home(3)) == []

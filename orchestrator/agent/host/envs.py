@@ -279,7 +279,10 @@ def collect(root: str, days: float) -> list[str]:
             except OSError:
                 continue
             gone = os.path.join(root, f"{BUILD_PREFIX}{row.key}-gc")
-            os.rename(os.path.join(root, row.key), gone)  # unpublished first, then removed
+            try:  # unpublished first, then removed
+                os.rename(os.path.join(root, row.key), gone)
+            except OSError:  # a host sharing this filesystem collected it meanwhile
+                continue
             shutil.rmtree(gone, ignore_errors=True)
             removed.append(row.key)
         finally:
