@@ -5,15 +5,17 @@ an unresolvable requirement starts nothing (docs/ENVIRONMENTS.md)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.cluster import Cluster, OrchRunner
-from tests.support import assert_no_job_left, write_workdir_job
+from tests.support import assert_no_job_left, job_id_of, wait_for, write_workdir_job
 
 pytestmark = pytest.mark.cluster
 
@@ -133,3 +135,69 @@ def test_environment_built_once_per_filesystem_reused_rebuilt_and_refused(
         assert gone.returncode == 0, gone.stdout + gone.stderr
         assert "unused environments" in gone.stdout
         assert published(home) == [] and published(cluster.home(3)) == []
+
+
+WARM_SCRIPT = (
+    "import os, sys, orchtiny\n"
+    "print('TINY', orchtiny.VERSION, os.environ['ORCH_NODE_RANK'], sys.prefix, flush=True)\n"
+)
+
+
+def node_pids(cluster: Cluster, i: int, job_id: str) -> dict[str, Any]:
+    path = cluster.home(i) / ".orch" / "jobs" / job_id / f"node{i}" / "pid.json"
+    found: dict[str, Any] = json.loads(path.read_text())
+    return found
+
+
+def warm_ready(cluster: Cluster, i: int) -> list[dict[str, Any]]:
+    folder = cluster.home(i) / ".orch" / "warm"
+    found = []
+    for path in sorted(folder.glob("*/*.json")) if folder.exists() else []:
+        try:
+            record = json.loads(path.read_text())
+        except ValueError:  # being written
+            continue
+        if record.get("state") == "ready":
+            found.append(record)
+    return found
+
+
+def test_an_edit_resubmit_in_an_environment_runs_warm_with_no_install(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "tiny.py").write_text(WARM_SCRIPT)
+    make_wheel(tmp_path, work / "wheels", "3.0")
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml")
+    job = write_workdir_job(
+        tmp_path,
+        work,
+        "tiny.py",
+        environment=["orchtiny==3.0"],
+        wheels=str(work / "wheels"),
+        hosts=["node1", "node2"],
+    )
+    try:
+        first = orch("submit", job, "-i", inventory, timeout=300)
+        assert first.returncode == 0, first.stdout + first.stderr
+        first_id = job_id_of(first.stdout)
+        assert not any(node_pids(cluster, i, first_id).get("warm") for i in (1, 2))
+        # The warm interpreter each node left runs the environment's python.
+        wait_for(lambda: all(warm_ready(cluster, i) for i in (1, 2)), 90, "warm interpreters")
+        for i in (1, 2):
+            assert any("/.orch/envs/" in str(r.get("python")) for r in warm_ready(cluster, i))
+
+        (work / "tiny.py").write_text(WARM_SCRIPT + "print('edited', flush=True)\n")
+        again = orch("submit", job, "-i", inventory, timeout=300)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "environment: built" not in again.stderr and "cold start" not in again.stderr
+        again_id = job_id_of(again.stdout)
+        assert all(node_pids(cluster, i, again_id).get("warm") for i in (1, 2))
+        versions = re.findall(r"TINY (\S+) \d (\S+)", again.stdout)
+        assert len(versions) == 2 and all(
+            v == "3.0" and "/.orch/envs/" in p for v, p in versions
+        ), again.stdout
+        assert again.stdout.count("edited") == 2
+    finally:
+        orch("warm", "--stop", "-i", inventory, timeout=120)
