@@ -494,6 +494,7 @@ class Overrides:
     no_wait: bool = False  # where the GPUs or slots are held, fail at once (exit 3)
     cold: bool = False  # start cold even where a warm interpreter waits (--cold)
     stall_after: int | None = None  # --stall-after: the job's stall_after: instead
+    wheels: Path | None = None  # --wheels: the job's wheels: instead (inside the workdir)
 
 
 def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
@@ -524,6 +525,21 @@ def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
         raise InputError(
             f"--stall-after {over.stall_after}: must be at least {STALL_MIN_S} s", STALL_HINT
         )
+    environment = job.environment
+    if over.wheels is not None:
+        directory = over.wheels.resolve()
+        if environment is None:
+            raise InputError(
+                f"--wheels {over.wheels}: {job.path} has no environment:",
+                "add environment: requirements.txt (or a list) to the job file",
+            )
+        if not directory.is_dir() or not directory.is_relative_to(job.workdir):
+            raise InputError(
+                f"--wheels {over.wheels}: not a directory inside the workdir {job.workdir}",
+                "put the wheels in a directory of the workdir: they travel with the code",
+            )
+        wheels = directory.relative_to(job.workdir).as_posix()
+        environment = Environment(environment.requirements, environment.source, wheels)
     for value in (*over.args, *over.env.values()):
         for name in placeholders.unknown(value):
             raise InputError(
@@ -540,4 +556,5 @@ def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
         args=over.args if over.replace_args else (*job.args, *over.args),
         cold="--cold" if over.cold else job.cold,
         stall_after=over.stall_after if over.stall_after is not None else job.stall_after,
+        environment=environment,
     )

@@ -206,3 +206,20 @@ def test_dry_run_with_an_unparsable_requirement_exits_2_naming_the_line(
     assert run.returncode == 2, run
     assert f"error: {code / 'requirements.txt'}:2:1: not a requirement: 'numpy=2'" in run.stderr
     assert "hint: " in run.stderr and "Traceback" not in run.stderr
+
+
+def test_wheels_option_replaces_the_jobs_and_must_be_in_the_workdir(
+    write: WriteFile, code: Path, tmp_path: Path
+) -> None:
+    from orchestrator.models.errors import InputError
+    from orchestrator.models.job import Overrides, with_overrides
+
+    (code / "offline").mkdir()
+    job = load_job(write("job.yaml", "workdir: code\nscript: train.py\nenvironment: [tqdm]\n"))
+    over = with_overrides(job, Overrides(wheels=code / "offline"))
+    assert over.environment == Environment(("tqdm",), job.path, "offline")
+    with pytest.raises(InputError, match="not a directory inside the workdir"):
+        with_overrides(job, Overrides(wheels=tmp_path))
+    bare = load_job(write("bare.yaml", "workdir: code\nscript: train.py\n"))
+    with pytest.raises(InputError, match="has no environment"):
+        with_overrides(bare, Overrides(wheels=code / "offline"))
