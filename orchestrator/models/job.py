@@ -55,6 +55,7 @@ _JOB_KEYS = {
     "on_stall": None,
     "environment": None,
     "wheels": None,
+    "setup_inputs": None,
 }
 STALL_MIN_S = 10  # below this a stall is a step, not a hang: `stall_after:` says at least this
 ON_STALL = ("fail", "warn")
@@ -103,6 +104,9 @@ class JobSpec:
     # The packages each host's virtual environment holds over its python
     # (docs/ENVIRONMENTS.md); None: the host's python as it is.
     environment: Environment | None = None
+    # Workdir paths (fnmatch patterns) whose contents, with the setup text, interpreter
+    # and environment, key `setup:` instead of the code version (docs/CODE_PUSH.md).
+    setup_inputs: tuple[str, ...] | None = None
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     def error(self, key: str, message: str, hint: str = "") -> SpecError:
@@ -229,6 +233,7 @@ def load_job(path: Path) -> JobSpec:
         stall_after=_load_stall_after(where),
         on_stall=_load_on_stall(where),
         environment=_load_environment(where, base, workdir),
+        setup_inputs=_load_setup_inputs(where),
         positions=dict(where.mapping.positions),
     )
 
@@ -307,6 +312,25 @@ def _load_exclude(where: Where) -> tuple[str, ...]:
                 "exclude",
                 f"bad pattern {pattern!r}: {why}",
                 "write gitignore patterns, e.g. data/ or *.ckpt",
+            )
+    return patterns
+
+
+def _load_setup_inputs(where: Where) -> tuple[str, ...] | None:
+    """`setup_inputs:`: the workdir's files that `setup:` reads (patterns; [] for none)."""
+    if where.mapping.get("setup_inputs") is None:
+        return None
+    patterns = get_str_list(where, "setup_inputs")
+    if not get_str(where, "setup"):
+        raise where.error(
+            "setup_inputs", "setup_inputs: without setup:", "drop setup_inputs:, or add setup:"
+        )
+    for pattern in patterns:
+        if not pattern or pattern.startswith("/"):
+            raise where.error(
+                "setup_inputs",
+                f"bad path {pattern!r}",
+                "paths in the workdir, relative to it: [requirements.txt, setup/*.sh]",
             )
     return patterns
 

@@ -50,7 +50,7 @@ from orchestrator.ssh.watch import watch_job
 from orchestrator.sync.manifest import Tree, scan_workdir
 from orchestrator.sync.push import PushResult, push
 from orchestrator.sync.relay import Relay
-from orchestrator.sync.store import setup_key
+from orchestrator.sync.store import setup_inputs_digest, setup_key
 from orchestrator.transport import ConnectOptions, Transport
 
 log = logging.getLogger(__name__)
@@ -373,8 +373,15 @@ def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter
     snapshots = plan.snapshots()
     script = plan.job.setup
     env_digest = environment_digest_of(plan.job, tree)
+    # Keyed by the code version, or with `setup_inputs:` by those files alone.
+    inputs = plan.job.setup_inputs
+    version = (
+        tree.digest
+        if inputs is None
+        else setup_inputs_digest(((e.path, e.value) for e in tree.entries), inputs)
+    )
     keys = {
-        n.host.name: setup_key(script, tree.digest, f"{n.host.python}\0{env_digest or ''}")
+        n.host.name: setup_key(script, version, f"{n.host.python}\0{env_digest or ''}")
         for n in plan.nodes
         if script
     }
@@ -508,7 +515,8 @@ def _run_setup(
                 todo.setdefault(name, []).append(node)
             runs.setdefault(key, node.host.name)
     if cached:
-        reporter.notice(f"setup: cached on {', '.join(cached)} (same setup and code ran there)")
+        what = "code" if plan.job.setup_inputs is None else "setup_inputs"
+        reporter.notice(f"setup: cached on {', '.join(cached)} (same setup and {what} ran there)")
     if reused:
         reporter.notice(f"setup: {'; '.join(reused)} (one filesystem)")
     if not todo:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable, Sequence
 
 from orchestrator.models.errors import (
     InputError,
@@ -44,6 +45,26 @@ def setup_key(script: str, digest: str, python: str) -> str:
     """Names one run of `setup:`: the setup text, the code version and the interpreter
     (a setup that installs packages must run again for another interpreter)."""
     return hashlib.sha256(f"{script}\0{digest}\0{python}".encode()).hexdigest()
+
+
+def setup_inputs_digest(entries: Iterable[tuple[str, str]], patterns: Sequence[str]) -> str:
+    """What a `setup:` with `setup_inputs:` is keyed by instead of the code version: the
+    paths and contents (hashes) of the pushed files that the patterns (fnmatch, against
+    the path in the workdir) name, so that an edit elsewhere leaves setup cached.
+
+    Args:
+        entries: the pushed tree's (path, value) pairs (a file's sha256).
+        patterns: the job's `setup_inputs:`.
+    """
+    import fnmatch
+    import json
+
+    chosen = sorted(
+        (path, value)
+        for path, value in entries
+        if any(fnmatch.fnmatchcase(path, p) for p in patterns)
+    )
+    return hashlib.sha256(json.dumps(chosen).encode()).hexdigest()
 
 
 def snapshot_retention() -> int:

@@ -201,3 +201,35 @@ def test_an_edit_resubmit_in_an_environment_runs_warm_with_no_install(
         assert again.stdout.count("edited") == 2
     finally:
         orch("warm", "--stop", "-i", inventory, timeout=120)
+
+
+def test_setup_with_setup_inputs_runs_again_only_when_they_change(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "main.py").write_text("print('ran main', flush=True)\n")
+    (work / "prepare.txt").write_text("v1\n")
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml")
+    marker = f"setup-inputs-{tmp_path.name}"
+    job = write_workdir_job(
+        tmp_path,
+        work,
+        "main.py",
+        launcher="python",
+        hosts=["node1", "node3"],
+        setup=f"cat prepare.txt >> ~/{marker}",
+        setup_inputs=["prepare.txt"],
+    )
+    first = orch("submit", job, "-i", inventory, timeout=180)
+    assert first.returncode == 0, first.stdout + first.stderr
+    (work / "main.py").write_text("print('ran main, edited', flush=True)\n")
+    edited = orch("submit", job, "-i", inventory, timeout=180)
+    assert edited.returncode == 0, edited.stdout + edited.stderr
+    assert "setup: cached on node1, node3 (same setup and setup_inputs ran there)" in edited.stderr
+    assert "ran main, edited" in edited.stdout
+    (work / "prepare.txt").write_text("v2\n")
+    changed = orch("submit", job, "-i", inventory, timeout=180)
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    for host in ("node1", "node3"):
+        assert (cluster.home(host) / marker).read_text() == "v1\nv2\n"

@@ -223,3 +223,20 @@ def test_wheels_option_replaces_the_jobs_and_must_be_in_the_workdir(
     bare = load_job(write("bare.yaml", "workdir: code\nscript: train.py\n"))
     with pytest.raises(InputError, match="has no environment"):
         with_overrides(bare, Overrides(wheels=code / "offline"))
+
+
+def test_setup_inputs_key_follows_only_the_named_files() -> None:
+    from orchestrator.sync.store import setup_inputs_digest
+
+    tree = [("train.py", "a"), ("requirements.txt", "b"), ("scripts/x.sh", "c")]
+    key = setup_inputs_digest(tree, ["requirements.txt", "scripts/*.sh"])
+    edited = [("train.py", "z"), ("requirements.txt", "b"), ("scripts/x.sh", "c")]
+    assert setup_inputs_digest(edited, ["requirements.txt", "scripts/*.sh"]) == key
+    changed = [("train.py", "a"), ("requirements.txt", "B"), ("scripts/x.sh", "c")]
+    assert setup_inputs_digest(changed, ["requirements.txt", "scripts/*.sh"]) != key
+
+
+def test_setup_inputs_without_setup_is_bad_input(write: WriteFile, code: Path) -> None:
+    path = write("job.yaml", "workdir: code\nscript: train.py\nsetup_inputs: [a.txt]\n")
+    error = expect_input_error(lambda: load_job(path))
+    assert "job.yaml:3" in str(error) and "setup_inputs: without setup:" in str(error)
