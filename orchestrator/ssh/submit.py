@@ -14,8 +14,10 @@ from pathlib import Path
 
 from orchestrator.agent.kernel import placement
 from orchestrator.agent.kernel.lease_wire import LeaseStart
+from orchestrator.agent.kernel.messages import parse_message
 from orchestrator.agent.kernel.placement import restart_delay
 from orchestrator.agent.kernel.replies import EnvReady
+from orchestrator.agent.kernel.requests import NodeTemplate
 from orchestrator.models.clocks import HostClock
 from orchestrator.models.environment import environment_digest
 from orchestrator.models.errors import (
@@ -485,9 +487,16 @@ def _ensure_environment(
         reporter.notice(f"environment: built on {', '.join(built)}")
     else:
         log.info("environment ready on %s", ", ".join(replies))
-    return replace(
-        plan, nodes=tuple(replace(n, python=replies[n.host.name].python) for n in plan.nodes)
-    )
+
+    def in_env(node: NodeLaunch) -> NodeLaunch:
+        python = replies[node.host.name].python
+        assert python is not None
+        # The template too: a detached job's keeper renders a later attempt's node
+        # on this host from it, which then runs in the environment as well.
+        template = parse_message(NodeTemplate, {**node.template.as_dict(), "python": python})
+        return replace(node, python=python, template=template)
+
+    return replace(plan, nodes=tuple(in_env(n) for n in plan.nodes))
 
 
 def _run_setup(
