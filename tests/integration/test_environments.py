@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 
 from tests.cluster import Cluster, OrchRunner
-from tests.support import assert_no_job_left, job_id_of, wait_for, write_workdir_job
+from tests.support import (
+    assert_no_job_left,
+    job_id_of,
+    job_processes,
+    wait_for,
+    write_workdir_job,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -233,3 +239,49 @@ def test_setup_with_setup_inputs_runs_again_only_when_they_change(
     assert changed.returncode == 0, changed.stdout + changed.stderr
     for host in ("node1", "node3"):
         assert (cluster.home(host) / marker).read_text() == "v1\nv2\n"
+
+
+RESTART_SCRIPT = """
+import os, sys, time, orchtiny
+attempt, rank = int(os.environ["ORCH_ATTEMPT"]), os.environ["RANK"]
+print("ENVRUN", attempt, rank, orchtiny.VERSION, sys.prefix, flush=True)
+if attempt == 0:
+    if rank == "1":
+        sys.exit(3)
+    time.sleep(30)
+"""
+
+
+def test_a_detached_jobs_restart_by_its_keeper_runs_in_the_environment(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "restart.py").write_text(RESTART_SCRIPT)
+    make_wheel(tmp_path, work / "wheels", "4.0")
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml")
+    job = write_workdir_job(
+        tmp_path,
+        work,
+        "restart.py",
+        environment=["orchtiny==4.0"],
+        wheels=str(work / "wheels"),
+        hosts=["node1", "node2"],
+        restarts=1,
+        nproc_per_node=1,
+        warm=False,
+    )
+    done = orch("submit", "-d", job, "-i", inventory, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = job_id_of(done.stdout)
+
+    def ended() -> bool:
+        shown = orch("status", job_id, timeout=60)
+        return "succeeded" in shown.stdout
+
+    wait_for(ended, 90, "the keeper's second attempt to succeed", poll=1.0)
+    logs = orch("logs", job_id, timeout=60)
+    runs = re.findall(r"ENVRUN (\d) (\d) (\S+) (\S+)", logs.stdout)
+    assert {(a, r) for a, r, _, _ in runs} == {("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")}
+    assert all(v == "4.0" and "/.orch/envs/" in p for _, _, v, p in runs), runs
+    wait_for(lambda: not any(job_processes(cluster, i) for i in (1, 2)), 15, "no job process left")
