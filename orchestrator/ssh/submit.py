@@ -397,6 +397,7 @@ def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter
         shares={name: nodes[0].shares for name, nodes in snapshots.items() if nodes[0].shares},
         # The other hosts fetch from the master, at the address their ranks reach it.
         relay=Relay(plan.master.snapshot_host, plan.master_addr),
+        env=env_digest,
     )
     log.info(
         "pushed %s",
@@ -418,7 +419,8 @@ def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter
             others = ", ".join(n.host.name for n in nodes[1:])
             reporter.notice(f"code: {others} share the filesystem of {name}: one copy for all")
     if env_digest is not None:
-        plan = _ensure_environment(plan, group, env_digest, reporter)
+        ready = {h: r.env_python for h, r in results.items() if r.env_python}
+        plan = _ensure_environment(plan, group, env_digest, reporter, ready)
         snapshots = plan.snapshots()
     if script:
         _run_setup(plan, group, snapshots, keys, results, tree.digest, reporter)
@@ -454,10 +456,15 @@ def environment_digest_of(job: JobSpec, tree: Tree) -> str | None:
 
 
 def _ensure_environment(
-    plan: LaunchPlan, group: HostGroup, digest: str, reporter: Reporter
+    plan: LaunchPlan,
+    group: HostGroup,
+    digest: str,
+    reporter: Reporter,
+    ready: dict[str, str],
 ) -> LaunchPlan:
     """Make sure every node's host has the job's environment (built where missing; hosts
-    sharing a filesystem wait for one build) and give each node its python.
+    sharing a filesystem wait for one build) and give each node its python. `ready`:
+    the hosts whose push found it built (host -> its python), asked nothing more.
 
     Raises:
         InfraError: a build failed: the packages and hosts, nothing started.
@@ -471,8 +478,12 @@ def _ensure_environment(
 
     # First the host of each group sharing a filesystem (it builds where needed), then
     # the others of the group, which find it there.
-    firsts = [name for name in plan.snapshots() if name in nodes]
-    replies = group.each(one, only=firsts)
+    firsts = [name for name in plan.snapshots() if name in nodes and name not in ready]
+    replies = {name: EnvReady(python=python) for name, python in ready.items() if name in nodes}
+    if replies:
+        log.info("environment: the push found it built on %s", ", ".join(replies))
+    if firsts:
+        replies.update(group.each(one, only=firsts))
     failed = {name: r for name, r in replies.items() if r.error is not None or not r.python}
     if failed:
         raise envs.failure(env, failed)

@@ -93,9 +93,11 @@ def test_environment_built_once_per_filesystem_reused_rebuilt_and_refused(
 
         # The same requirements again (the code edited): nothing is installed.
         (work / "tiny.py").write_text(SCRIPT + "print('edited', flush=True)\n")
-        second = orch("submit", job, "-i", inventory, timeout=300)
+        second = orch("-v", "submit", job, "-i", inventory, timeout=300)
         assert second.returncode == 0, second.stdout + second.stderr
         assert "environment: built" not in second.stderr, second.stderr
+        # Checked in the push's own round trip on node1 and node3 (node2 shares node1's).
+        assert "environment: the push found it built on node1, node3" in second.stderr
         assert tiny_lines(second.stdout) == ran
 
         # A changed requirement: another environment, built on each filesystem.

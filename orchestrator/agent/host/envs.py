@@ -75,6 +75,21 @@ def env_key(digest: str) -> str:
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
 
 
+def ready_python(envs: str, digest: str) -> str | None:
+    """The python of the environment `digest` where it is built here (its use noted),
+    else None: what the code push's snapshot answers, so that a later job with the same
+    environment needs no round trip of its own for it."""
+    root = os.path.expanduser(envs)
+    try:
+        st = os.stat(root)
+    except OSError:
+        return None
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None  # `ensure` refuses it, saying why
+    final = os.path.join(root, env_key(digest))
+    return os.path.join(final, "bin", "python") if _ready(final) else None
+
+
 def ensure(request: EnvRequest) -> EnvReady:
     """The environment of `request` on this host, built first where it is missing."""
     import fcntl

@@ -98,6 +98,7 @@ class SyncReply(Reply):
     setup_done: bool = False
     missing: Sequence[str] = ()
     need_manifest: bool = False
+    env_python: str | None = None  # the job's environment's, where it is built here
     error: str | None = None
     changed: str | None = None  # an object whose bytes did not match their key
     relayed: int = 0  # objects fetched from the seed host's relay, and their bytes

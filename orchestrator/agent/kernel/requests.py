@@ -310,6 +310,10 @@ class SnapshotRequest(Request):
     setup: str | None = None
     keep: int | None = None
     nodes: Sequence[str] = ()
+    # The job's environment (EnvRequest.digest) and where the host keeps environments:
+    # the reply says its python where it is built, in this round trip.
+    env: str | None = None
+    envs: str | None = None
 
 
 class RelayConfig(Request):
