@@ -240,3 +240,24 @@ def test_setup_inputs_without_setup_is_bad_input(write: WriteFile, code: Path) -
     path = write("job.yaml", "workdir: code\nscript: train.py\nsetup_inputs: [a.txt]\n")
     error = expect_input_error(lambda: load_job(path))
     assert "job.yaml:3" in str(error) and "setup_inputs: without setup:" in str(error)
+
+
+def test_a_killed_builds_leftovers_are_never_used_and_go_at_the_next_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _tiny_wheel(tmp_path, "orchtiny", "1.0")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    envs_dir = tmp_path / "envs"
+    envs_dir.mkdir(mode=0o700)
+    request = _request(envs_dir, ["orchtiny==1.0"])
+    key = envs.env_key(request.digest)
+    # What a build killed halfway leaves: its temporary directory, never published.
+    half = envs_dir / f".build-{key}-killed"
+    (half / "bin").mkdir(parents=True)
+    assert envs.ready_python(str(envs_dir), request.digest) is None
+    assert envs.listing(str(envs_dir)) == []
+    reply = envs.ensure(request)
+    assert reply.built and reply.error is None
+    assert not half.exists()
+    assert envs.ready_python(str(envs_dir), request.digest) == reply.python
