@@ -60,7 +60,16 @@ class SshBackend:
 
         plan = self.plan(job, inventory)
         files = collect_files(plan.job.workdir, plan.job.exclude)  # and its ignore files read
-        return [*describe(plan), "", f"pushes {len(files)} files from {plan.job.workdir}"]
+        lines = [*describe(plan), "", f"pushes {len(files)} files from {plan.job.workdir}"]
+        env = plan.job.environment
+        if env is not None:
+            source = f", installed from {env.wheels} with no index" if env.wheels else ""
+            held = ", ".join(env.requirements) or "nothing more"
+            lines.append(
+                f"runs each node in its host's environment of {env.source} ({held}{source}), "
+                "built where missing"
+            )
+        return lines
 
     def plan(self, job: JobSpec, inventory: Inventory) -> LaunchPlan:
         from orchestrator.ssh import submit as submitting

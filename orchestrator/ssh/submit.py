@@ -486,7 +486,10 @@ def _ensure_environment(
         replies.update(group.each(one, only=firsts))
     failed = {name: r for name, r in replies.items() if r.error is not None or not r.python}
     if failed:
-        raise envs.failure(env, failed)
+        groups = plan.snapshots()  # a group's others would have used the same build
+        raise envs.failure(
+            env, {n.host.name: failed[name] for name in failed for n in groups[name]}
+        )
     others = [name for name in nodes if name not in replies]
     if others:
         replies.update(group.each(one, only=others))

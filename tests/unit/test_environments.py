@@ -261,3 +261,20 @@ def test_a_killed_builds_leftovers_are_never_used_and_go_at_the_next_build(
     assert reply.built and reply.error is None
     assert not half.exists()
     assert envs.ready_python(str(envs_dir), request.digest) == reply.python
+
+
+def test_dry_run_says_the_environment_each_node_runs_in(
+    orch: Orch, write: WriteFile, code: Path
+) -> None:
+    (code / "requirements.txt").write_text("tqdm\n")
+    (code / "wheels").mkdir()
+    job = write(
+        "job.yaml",
+        "workdir: code\nscript: train.py\nenvironment: requirements.txt\nwheels: code/wheels\n",
+    )
+    run = orch("submit", job, "--dry-run")
+    assert run.returncode == 0, run
+    assert (
+        "runs each node in its host's environment of requirements.txt (tqdm, installed "
+        "from wheels with no index), built where missing" in run.stdout
+    )
