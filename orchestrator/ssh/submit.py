@@ -248,10 +248,10 @@ def _keep(
         return  # `stall_after:`: the keeper is the detached job's stall watchdog too
     line = None if not queued else "together" if several else "alone"
 
-    def push(p: LaunchPlan, g: HostGroup) -> None:
+    def push(p: LaunchPlan, g: HostGroup) -> LaunchPlan:
         # The spares' code (and environment) for a later attempt: the keeper renders
         # that attempt's nodes on the hosts, from their templates.
-        push_code(p, g, tree, reporter)
+        return push_code(p, g, tree, reporter)
 
     try:
         start_keeper(plan, sub.candidates, group, tree.digest, push, reporter, store, line)

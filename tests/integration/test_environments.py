@@ -287,3 +287,34 @@ def test_a_detached_jobs_restart_by_its_keeper_runs_in_the_environment(
     assert {(a, r) for a, r, _, _ in runs} == {("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")}
     assert all(v == "4.0" and "/.orch/envs/" in p for _, _, v, p in runs), runs
     wait_for(lambda: not any(job_processes(cluster, i) for i in (1, 2)), 15, "no job process left")
+
+
+def test_a_keeper_restart_on_a_spare_runs_in_the_environment_built_there(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "restart.py").write_text(RESTART_SCRIPT)
+    make_wheel(tmp_path, work / "wheels", "5.0")
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml")
+    job = write_workdir_job(
+        tmp_path,
+        work,
+        "restart.py",
+        environment=["orchtiny==5.0"],
+        wheels=str(work / "wheels"),
+        nodes=2,
+        restarts=1,
+        nproc_per_node=1,
+        warm=False,
+    )
+    done = orch("submit", "-d", job, "-i", inventory, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "spares: node3" in done.stderr, done.stderr
+    job_id = job_id_of(done.stdout)
+    wait_for(lambda: "succeeded" in orch("status", job_id, timeout=60).stdout, 90, "attempt 2")
+    logs = orch("logs", job_id, timeout=60)
+    runs = re.findall(r"\[(node\d) r\d\] ENVRUN (\d) \d (\S+) (\S+)", logs.stdout)
+    assert ("node3", "1") in {(h, a) for h, a, _, _ in runs}, logs.stdout
+    assert all(v == "5.0" and "/.orch/envs/" in p for _, _, v, p in runs), runs
+    wait_for(lambda: not any(job_processes(cluster, i) for i in (1, 2, 3)), 15, "no job process")
