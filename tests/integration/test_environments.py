@@ -318,3 +318,32 @@ def test_a_keeper_restart_on_a_spare_runs_in_the_environment_built_there(
     assert ("node3", "1") in {(h, a) for h, a, _, _ in runs}, logs.stdout
     assert all(v == "5.0" and "/.orch/envs/" in p for _, _, v, p in runs), runs
     wait_for(lambda: not any(job_processes(cluster, i) for i in (1, 2, 3)), 15, "no job process")
+
+
+def test_a_bare_host_python_without_torch_runs_a_job_whose_environment_brings_its_packages(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    bare = getattr(sys, "_base_executable", sys.executable)  # the hosts' venv's own base
+    probe = subprocess.run([bare, "-c", "import torch"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip(f"{bare} has torch: no bare python to test with here")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "tiny.py").write_text(SCRIPT)
+    make_wheel(tmp_path, work / "wheels", "6.0")
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", defaults={"python": bare})
+    plain = write_workdir_job(tmp_path, work, "tiny.py", launcher="python", hosts=["node3"])
+    refused = orch("submit", plain, "-i", inventory, timeout=120)
+    assert refused.returncode == 3 and "torch is not installed" in refused.stderr, refused.stderr
+    job = write_workdir_job(
+        tmp_path,
+        work,
+        "tiny.py",
+        launcher="python",
+        hosts=["node3"],
+        environment=["orchtiny==6.0"],
+        wheels=str(work / "wheels"),
+    )
+    ran = orch("submit", job, "-i", inventory, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert tiny_lines(ran.stdout)["node3"][0] == "6.0"

@@ -174,8 +174,10 @@ def preflight(job: JobSpec, hosts: Sequence[Host], group: HostGroup) -> Prefligh
     wanted = job.rendezvous_port or DEFAULT_PORT
     modules = _modules_to_find(job)
     marks = _marks(hosts)
+    # A job's environment may bring torch itself over a bare host python.
+    verdict = probe if job.environment is None else probe_host
     probes = group.each(
-        lambda h, t: probe(
+        lambda h, t: verdict(
             h,
             t,
             master_addr,
@@ -251,7 +253,11 @@ def _judge(
     for status in statuses:
         if status.error is not None:
             problems.append(unusable(status.host, status.error, status.error_topic))
-        elif status.facts is not None and not status.facts.torch_version:
+        elif (
+            status.facts is not None
+            and not status.facts.torch_version
+            and (job is None or job.environment is None)  # else the environment may bring it
+        ):
             problems.append(unusable(status.host, torch_missing(status.host), "torch"))
         elif status.facts is not None:
             facts[status.host.name] = status.facts
@@ -307,8 +313,8 @@ def _master_addr_or_none(group: HostGroup, master: Host) -> str | None:
 
 def _modules_to_find(job: JobSpec | None) -> list[str]:
     """The job's module, when it is not in the workdir: it must be installed on the hosts."""
-    if job is None or not job.module:
-        return []
+    if job is None or not job.module or job.environment is not None:
+        return []  # (an environment may install it: its build says so where it does not)
     top = job.module.split(".")[0]
     in_workdir = (job.workdir / top).is_dir() or (job.workdir / f"{top}.py").is_file()
     return [] if in_workdir else [top]
