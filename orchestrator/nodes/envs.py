@@ -65,6 +65,14 @@ def ensure(
     return agent.parse(host, EnvReady, reply)
 
 
+def ready(host: Host, transport: Transport, digest: str) -> str | None:
+    """The python of the environment `digest` where `host` has it built, else None
+    (`orch check`)."""
+    args = ["env", "ready", layout.envs_dir(host.workdir), digest]
+    reply = agent.run(host, transport, args, timeout=LIST_TIMEOUT_S)
+    return agent.parse(host, EnvReady, reply).python
+
+
 def failure(env: Environment, failed: dict[str, EnvReady]) -> InfraError:
     """One error for every host whose build failed: the packages not found and the
     hosts, else the installer's last lines per host."""

@@ -19,7 +19,6 @@ from orchestrator.agent.kernel.placement import restart_delay
 from orchestrator.agent.kernel.replies import EnvReady
 from orchestrator.agent.kernel.requests import NodeTemplate
 from orchestrator.models.clocks import HostClock
-from orchestrator.models.environment import environment_digest
 from orchestrator.models.errors import (
     HostError,
     Interrupted,
@@ -52,7 +51,7 @@ from orchestrator.ssh.watch import watch_job
 from orchestrator.sync.manifest import Tree, scan_workdir
 from orchestrator.sync.push import PushResult, push
 from orchestrator.sync.relay import Relay
-from orchestrator.sync.store import setup_inputs_digest, setup_key
+from orchestrator.sync.store import environment_digest_of, setup_inputs_digest, setup_key
 from orchestrator.transport import ConnectOptions, Transport
 
 log = logging.getLogger(__name__)
@@ -425,34 +424,6 @@ def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter
     if script:
         _run_setup(plan, group, snapshots, keys, results, tree.digest, reporter)
     return plan
-
-
-def environment_digest_of(job: JobSpec, tree: Tree) -> str | None:
-    """The controller's digest of the job's environment (its requirements and the
-    wheels pushed with the code), or None where the job has none.
-
-    Raises:
-        InputError: `wheels:` holds no wheel that the push carries.
-    """
-    env = job.environment
-    if env is None:
-        return None
-    wheels: dict[str, str] = {}
-    if env.wheels is not None:
-        prefix = "" if env.wheels == "." else env.wheels.rstrip("/") + "/"
-        wheels = {
-            e.path[len(prefix) :]: e.value
-            for e in tree.entries
-            if e.path.startswith(prefix) and e.path.endswith(".whl") and e.key is not None
-        }
-        if not wheels:
-            raise job.error(
-                "wheels",
-                f"no .whl file in {env.wheels} travels with the code",
-                "put the wheels there, and check that .gitignore, .orchignore and "
-                "exclude: leave them in",
-            )
-    return environment_digest(env, wheels)
 
 
 def _ensure_environment(

@@ -25,10 +25,13 @@ import hashlib
 import os
 from collections.abc import Iterable, Sequence
 
+from orchestrator.models.environment import environment_digest
 from orchestrator.models.errors import (
     InputError,
 )
 from orchestrator.models.inventory import Host
+from orchestrator.models.job import JobSpec
+from orchestrator.sync.manifest import Tree
 
 # ---------------------------------------------------------------- hosts
 
@@ -65,6 +68,34 @@ def setup_inputs_digest(entries: Iterable[tuple[str, str]], patterns: Sequence[s
         if any(fnmatch.fnmatchcase(path, p) for p in patterns)
     )
     return hashlib.sha256(json.dumps(chosen).encode()).hexdigest()
+
+
+def environment_digest_of(job: JobSpec, tree: Tree) -> str | None:
+    """The controller's digest of the job's environment (its requirements and the
+    wheels pushed with the code), or None where the job has none.
+
+    Raises:
+        InputError: `wheels:` holds no wheel that the push carries.
+    """
+    env = job.environment
+    if env is None:
+        return None
+    wheels: dict[str, str] = {}
+    if env.wheels is not None:
+        prefix = "" if env.wheels == "." else env.wheels.rstrip("/") + "/"
+        wheels = {
+            e.path[len(prefix) :]: e.value
+            for e in tree.entries
+            if e.path.startswith(prefix) and e.path.endswith(".whl") and e.key is not None
+        }
+        if not wheels:
+            raise job.error(
+                "wheels",
+                f"no .whl file in {env.wheels} travels with the code",
+                "put the wheels there, and check that .gitignore, .orchignore and "
+                "exclude: leave them in",
+            )
+    return environment_digest(env, wheels)
 
 
 def snapshot_retention() -> int:

@@ -76,6 +76,13 @@ def test_environment_built_once_per_filesystem_reused_rebuilt_and_refused(
     common = {"launcher": "python", "nodes": 3, "wheels": str(work / "wheels")}
     job = write_workdir_job(tmp_path, work, "tiny.py", environment=["orchtiny==1.0"], **common)
     with cluster.shared_home([1, 2]) as home:
+        before = orch("check", "-i", inventory, job, timeout=120)
+        assert (
+            "environment: " in before.stdout
+            and "(orchtiny==1.0, from wheels with no index): the next submit builds it on "
+            "node1, node2, node3"
+            in before.stdout
+        ), before.stdout + before.stderr
         first = orch("submit", job, "-i", inventory, timeout=300)
         assert first.returncode == 0, first.stdout + first.stderr
         built = [line for line in first.stderr.splitlines() if "environment: built on" in line]
@@ -90,6 +97,8 @@ def test_environment_built_once_per_filesystem_reused_rebuilt_and_refused(
         }
         assert all("/.orch/envs/" in prefix for _, prefix in ran.values()), ran
         assert len(published(home)) == 1 and len(published(cluster.home(3))) == 1
+        after = orch("check", "-i", inventory, job, timeout=120)
+        assert "no index): built on node1, node2, node3" in after.stdout, after.stdout
 
         # The same requirements again (the code edited): nothing is installed.
         (work / "tiny.py").write_text(SCRIPT + "print('edited', flush=True)\n")

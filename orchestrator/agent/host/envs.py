@@ -51,6 +51,9 @@ def main(args: list[str]) -> int:
         reply = ensure(request)
         print(reply.to_json())
         return 0 if reply.error is None else 1
+    if args[:1] == ["ready"] and len(args) == 3:  # orch check: built here, or not yet
+        print(EnvReady(python=ready_python(args[1], args[2])).to_json())
+        return 0
     if args[:1] == ["list"] and len(args) == 2:
         print(EnvList(envs=listing(os.path.expanduser(args[1]))).to_json())
         return 0
@@ -59,7 +62,9 @@ def main(args: list[str]) -> int:
         removed = collect(root, float(args[2]))
         print(EnvList(envs=listing(root), removed=removed).to_json())
         return 0
-    sys.stderr.write("usage: env ensure JOB_DIR | env list ENVS | env gc ENVS DAYS\n")
+    sys.stderr.write(
+        "usage: env ensure JOB_DIR | env ready ENVS DIGEST | env list ENVS | env gc ENVS DAYS\n"
+    )
     return 2
 
 
