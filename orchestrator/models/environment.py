@@ -88,6 +88,65 @@ def read_requirements(path: Path, shown: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def read_pyproject(path: Path, shown: str) -> tuple[str, ...]:
+    """The requirements of a `pyproject.toml`: its `[project] dependencies`, each pinned
+    to the version its `uv.lock` beside it resolved, where it has one (the lock's other
+    packages are left to the installer: uv.lock keeps their platform markers on the
+    edges between packages, and a flat list would ask a Linux host for Windows-only
+    ones).
+
+    Raises:
+        SpecError: not TOML, no `[project] dependencies` list, or a dependency that is
+            not a requirement.
+    """
+    import tomllib
+
+    hint = "give [project] dependencies as pip reads them (docs/ENVIRONMENTS.md)"
+    try:
+        data = tomllib.loads(path.read_text(errors="replace"))
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(shown, f"not TOML: {exc}", hint) from None
+    deps = data.get("project", {}).get("dependencies")
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+        raise SpecError(shown, "no [project] dependencies list", hint)
+    pinned = _uv_lock_versions(path.parent / "uv.lock")
+    out = []
+    for dep in deps:
+        try:
+            found = parse_requirement(dep)
+        except ValueError as exc:
+            raise SpecError(shown, f"dependencies: {exc}", hint) from None
+        if found is None:
+            continue
+        match = _REQUIREMENT_RE.match(found)
+        name = match.group("name") if match else found
+        version = pinned.get(_normalized(name))
+        if version is not None and not re.search(r"[<>=!~@]", found.split(";")[0]):
+            marker = found.partition(";")[2]
+            found = f"{found.split(';')[0].strip()}=={version}" + (f" ;{marker}" if marker else "")
+        out.append(found)
+    return tuple(out)
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _uv_lock_versions(path: Path) -> dict[str, str]:
+    """Package name (normalized) -> version, from a uv.lock; empty where there is none."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+    found = {}
+    for package in data.get("package", []):
+        if isinstance(package, dict) and "name" in package and "version" in package:
+            found[_normalized(str(package["name"]))] = str(package["version"])
+    return found
+
+
 def environment_digest(env: Environment, wheel_hashes: dict[str, str]) -> str:
     """The controller's half of an environment's name: its requirements in order and
     the wheels it may install from (name -> sha256). Each host adds its interpreter and

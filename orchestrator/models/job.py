@@ -8,7 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.models import placeholders
-from orchestrator.models.environment import Environment, parse_requirement, read_requirements
+from orchestrator.models.environment import (
+    Environment,
+    parse_requirement,
+    read_pyproject,
+    read_requirements,
+)
 from orchestrator.models.errors import SpecError, place
 from orchestrator.models.schema import (
     Where,
@@ -368,7 +373,8 @@ def _load_environment(where: Where, base: Path, workdir: Path) -> Environment | 
                 "give a requirements file's path relative to the workdir, or a list "
                 "of requirements: environment: [numpy==2.3.1, tqdm]",
             )
-        env = Environment(read_requirements(path, str(path)), name)
+        read = read_pyproject if path.name == "pyproject.toml" else read_requirements
+        env = Environment(read(path, str(path)), name)
     if wheels is None:
         return env
     directory = (base / wheels).resolve()

@@ -278,3 +278,30 @@ def test_dry_run_says_the_environment_each_node_runs_in(
         "runs each node in its host's environment of requirements.txt (tqdm, installed "
         "from wheels with no index), built where missing" in run.stdout
     )
+
+
+def test_pyproject_dependencies_pinned_by_its_uv_lock(write: WriteFile, code: Path) -> None:
+    (code / "pyproject.toml").write_text(
+        '[project]\nname = "mine"\nversion = "0"\n'
+        'dependencies = ["numpy", "Tqdm_Extra>=4", "rich ; python_version >= \'3.8\'"]\n'
+    )
+    (code / "uv.lock").write_text(
+        'version = 1\n[[package]]\nname = "numpy"\nversion = "2.3.1"\n'
+        '[[package]]\nname = "tqdm-extra"\nversion = "4.6"\n'
+        '[[package]]\nname = "rich"\nversion = "13.0"\n'
+    )
+    job = load_job(
+        write("job.yaml", "workdir: code\nscript: train.py\nenvironment: pyproject.toml\n")
+    )
+    assert job.environment is not None
+    assert job.environment.requirements == (
+        "numpy==2.3.1",
+        "Tqdm_Extra>=4",  # its own specifier stands
+        "rich==13.0 ; python_version >= '3.8'",
+    )
+
+
+def test_a_pyproject_without_dependencies_is_bad_input(write: WriteFile, code: Path) -> None:
+    (code / "pyproject.toml").write_text('[project]\nname = "mine"\n')
+    path = write("job.yaml", "workdir: code\nscript: train.py\nenvironment: pyproject.toml\n")
+    assert "no [project] dependencies list" in str(expect_input_error(lambda: load_job(path)))
