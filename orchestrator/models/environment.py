@@ -1,8 +1,9 @@
 """A job's `environment:` (docs/ENVIRONMENTS.md): the packages each host's virtual
 environment holds on top of the host's `python:`, read and checked at load (pure).
 
-`environment:` is a requirements file in the workdir (`requirements.txt`) or an
-inline list (`[numpy==2.3.1, tqdm]`); `wheels:` a directory of wheels inside the
+`environment:` is a requirements file in the workdir (`requirements.txt`), a
+`pyproject.toml` (its dependencies, pinned by a `uv.lock` beside it) or an inline list
+(`[numpy==2.3.1, tqdm]`); `wheels:` a directory of wheels inside the
 workdir, which travels to the hosts with the code (by hash, once) and from which the
 hosts install with no index.
 """
