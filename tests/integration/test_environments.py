@@ -356,3 +356,40 @@ def test_a_bare_host_python_without_torch_runs_a_job_whose_environment_brings_it
     ran = orch("submit", job, "-i", inventory, timeout=300)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert tiny_lines(ran.stdout)["node3"][0] == "6.0"
+
+
+def test_two_jobs_asking_at_once_for_one_environment_share_one_build(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "tiny.py").write_text(SCRIPT)
+    make_wheel(tmp_path, work / "wheels", "7.0")
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml")
+    jobs = [
+        write_workdir_job(
+            tmp_path,
+            work,
+            "tiny.py",
+            launcher="python",
+            hosts=["node1", "node3"],
+            environment=["orchtiny==7.0"],
+            wheels=str(work / "wheels"),
+            name=f"twin{i}",
+        )
+        for i in range(2)
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda j: orch("submit", j, "-i", inventory, timeout=300), jobs))
+    for result in results:
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert {v for v, _ in tiny_lines(result.stdout).values()} == {"7.0"}
+    said = "".join(r.stderr for r in results)
+    # Each host built it once, whichever job asked first; the other job waited and used it.
+    for host in ("node1", "node3"):
+        assert said.count(f"{host} (") == 1, said
+    for i in (1, 3):
+        envs = cluster.home(i) / ".orch" / "envs"
+        assert [p for p in envs.iterdir() if p.name.startswith(".build-")] == []
