@@ -382,7 +382,12 @@ def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter
         else setup_inputs_digest(((e.path, e.value) for e in tree.entries), inputs)
     )
     keys = {
-        n.host.name: setup_key(script, version, f"{n.host.python}\0{env_digest or ''}")
+        n.host.name: setup_key(
+            script,
+            version,
+            # (Without an environment, the key of before: setups done stay cached.)
+            n.host.python if env_digest is None else f"{n.host.python}\0{env_digest}",
+        )
         for n in plan.nodes
         if script
     }
