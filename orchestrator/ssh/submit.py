@@ -105,6 +105,7 @@ def submit(
     """
     store = store or JobDB()
     tree = scan_workdir(sub.job.workdir, sub.job.exclude)
+    environment_digest_of(sub.job, tree)  # `wheels:` that carry none: refused before any host
     hosts, attempt = list(sub.hosts), 0
     while True:
         try:

@@ -305,3 +305,18 @@ def test_a_pyproject_without_dependencies_is_bad_input(write: WriteFile, code: P
     (code / "pyproject.toml").write_text('[project]\nname = "mine"\n')
     path = write("job.yaml", "workdir: code\nscript: train.py\nenvironment: pyproject.toml\n")
     assert "no [project] dependencies list" in str(expect_input_error(lambda: load_job(path)))
+
+
+def test_wheels_that_carry_no_wheel_are_refused_at_submit_before_any_host(
+    orch: Orch, write: WriteFile, code: Path
+) -> None:
+    (code / "wheels").mkdir()
+    (code / "wheels" / "README").write_text("put wheels here\n")
+    job = write(
+        "job.yaml", "workdir: code\nscript: train.py\nenvironment: [tqdm]\nwheels: code/wheels\n"
+    )
+    inventory = write("inv.yaml", "hosts:\n  - {name: far, address: 192.0.2.1}\n")
+    run = orch("submit", job, "-i", inventory)
+    assert run.returncode == 2, run
+    assert "no .whl file in wheels travels with the code" in run.stderr
+    assert "job " not in run.stdout and "Traceback" not in run.stderr
