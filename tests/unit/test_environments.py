@@ -320,3 +320,15 @@ def test_wheels_that_carry_no_wheel_are_refused_at_submit_before_any_host(
     assert run.returncode == 2, run
     assert "no .whl file in wheels travels with the code" in run.stderr
     assert "job " not in run.stdout and "Traceback" not in run.stderr
+
+
+def test_every_way_a_node_starts_runs_the_environments_python() -> None:
+    from orchestrator.agent.node import spawn
+
+    argv = ["~/py/bin/python", "-m", "torch.distributed.run", "train.py"]
+    for way in spawn.WAYS:
+        start = spawn.plan(way, argv, {}, "/j", "/o", python="/e/bin/python")
+        assert start.argv == ["/e/bin/python", *argv[1:]]
+        assert start.command[0] == "/e/bin/python"
+    plain = spawn.plan(spawn.COLD, argv, {}, "/j", "/o")
+    assert plain.argv[0] == os.path.expanduser("~/py/bin/python")
