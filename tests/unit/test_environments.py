@@ -332,3 +332,12 @@ def test_every_way_a_node_starts_runs_the_environments_python() -> None:
         assert start.command[0] == "/e/bin/python"
     plain = spawn.plan(spawn.COLD, argv, {}, "/j", "/o")
     assert plain.argv[0] == os.path.expanduser("~/py/bin/python")
+
+
+def test_orch_env_on_a_slurm_cluster_is_refused_by_name_with_exit_2(
+    orch: Orch, write: WriteFile
+) -> None:
+    inventory = write("hpc.yaml", "slurm:\n  login: login1.hpc.example.edu\n  partition: gpu\n")
+    run = orch("env", "-i", inventory)
+    assert run.returncode == 2, run
+    assert "orch env is not for the slurm backend" in run.stderr and "Traceback" not in run.stderr
