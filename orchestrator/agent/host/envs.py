@@ -296,6 +296,9 @@ def collect(root: str, days: float) -> list[str]:
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                # A job may have used it since it was listed (a use touches the record).
+                if os.stat(os.path.join(root, row.key, RECORD)).st_mtime >= horizon:
+                    continue
             except OSError:
                 continue
             gone = os.path.join(root, f"{BUILD_PREFIX}{row.key}-gc")
