@@ -35,8 +35,9 @@ NOT_YET: dict[str, tuple[str, str, str]] = {
     ),
     "envs": (
         "orch env",
-        "orch builds no environment on a Slurm cluster yet (environment: is refused there)",
-        "list the venvs you made on the shared filesystem on the login node",
+        "a Slurm cluster's environments are built on the login node, in the shared home, "
+        "and orch env does not list them there yet",
+        "on the login node: ls -l WORKDIR/envs (each one's orch-env.json says what it holds)",
     ),
     "exec": (
         "orch exec",
@@ -74,13 +75,6 @@ KEYS_NOT_YET: dict[str, tuple[str, str]] = {
         "job has neither yet",
         "drop stall_after: (and --stall-after) there; when the job seems hung, look with: "
         "orch stack JOB",
-    ),
-    "environment": (
-        "the environment is built on each SSH host by the controller before the start, "
-        "and a Slurm job's nodes are not known until Slurm starts it",
-        "build a venv once on the shared filesystem (python -m venv "
-        "--system-site-packages; pip install -r requirements.txt) and name its python "
-        "as python: in the inventory",
     ),
 }
 

@@ -186,17 +186,6 @@ def test_unresolvable_requirement_names_it_and_leaves_nothing(
     assert json.loads(reply.to_json()).get("python") is None
 
 
-def test_environment_on_a_slurm_cluster_is_refused_by_name_with_exit_2(
-    orch: Orch, write: WriteFile, code: Path
-) -> None:
-    inventory = write("hpc.yaml", "slurm:\n  login: login1.hpc.example.edu\n  partition: gpu\n")
-    job = write("job.yaml", "workdir: code\nscript: train.py\nenvironment: [tqdm]\n")
-    run = orch("submit", job, "-i", inventory, "--dry-run")
-    assert run.returncode == 2, run
-    assert f"error: {job}:3:14: environment: is not for the slurm backend yet" in run.stderr
-    assert "hint: build a venv once" in run.stderr and "Traceback" not in run.stderr
-
-
 def test_dry_run_with_an_unparsable_requirement_exits_2_naming_the_line(
     orch: Orch, write: WriteFile, code: Path
 ) -> None:
