@@ -182,7 +182,9 @@ def _make(request: EnvRequest, tmp: str) -> EnvReady | None:
         return EnvReady(error="python -m venv failed", tail=_tail(out))
     py = os.path.join(tmp, "bin", "python")
     # Where the host's python is itself a venv, --system-site-packages reaches only its
-    # base: a .pth line per directory of the host python's own lets it see those too.
+    # base: a .pth line per directory of the host python's own lets it see those too,
+    # as a site directory (its own .pth files run: editable installs, say), after the
+    # environment's own packages.
     code, base = _run([sys.executable, "-c", _PATHS])
     code2, own = _run([py, "-c", _PATHS])
     if code == 0 and code2 == 0:
@@ -192,7 +194,7 @@ def _make(request: EnvRequest, tmp: str) -> EnvReady | None:
         ]
         if extra:
             with open(os.path.join(mine[0], "_orch_host_python.pth"), "w") as f:
-                f.write("".join(p + "\n" for p in extra))
+                f.write("".join(f"import site; site.addsitedir({p!r})\n" for p in extra))
     wanted = os.path.join(tmp, "orch-requirements.txt")
     with open(wanted, "w") as f:
         f.write("".join(r + "\n" for r in request.requirements))
