@@ -25,13 +25,18 @@ demo: compile
 	$(ORCH) submit jobs/digits.yaml -i inventory/local.yaml
 
 ## test-deps: what the cluster tests need (Debian's openssh-server, iproute2 and iptables,
-## which blocks a port between two test hosts; slurm and munge for the Slurm cluster), when root
+## which blocks a port between two test hosts; slurm and munge for the Slurm cluster;
+## chromium, which orch ui's browser tests drive), when root
 test-deps:
 	@if [ "$$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null || ! command -v iptables >/dev/null; }; then \
 		echo "installing openssh-server, iproute2 and iptables"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2 iptables >/dev/null; \
 	fi
 	@if [ "$$(id -u)" = 0 ] && ! command -v slurmctld >/dev/null; then sh tests/install_slurm.sh; fi
+	@if [ "$$(id -u)" = 0 ] && ! command -v chromium >/dev/null; then \
+		echo "installing chromium (orch ui's browser tests)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	fi
 
 ## test: unit and integration tests (the integration tests start real sshd hosts),
 ## TEST_WORKERS at once: each worker boots its own test cluster on a network of its own
@@ -69,6 +74,7 @@ bench: compile test-deps
 	$(PY) bench/waiting_line.py
 	$(PY) bench/top.py
 	$(PY) bench/slurm.py
+	$(PY) bench/ui.py
 	$(PY) bench/warm.py
 	$(MAKE) bench-deps
 	$(PY) bench/warm.py --hosts 8 --transformers

@@ -21,6 +21,7 @@ COMMANDS = {
     "outputs": "node.outputs",
     "top": "node.top",
     "stack": "node.stack",
+    "shell": "node.shell",
     "tool-put": "host.tools",
     "slurm-node": "node.srun",
     "slurm-top": "node.slurm_top",
@@ -56,6 +57,7 @@ USAGE = """usage: orch agent COMMAND ARGS...
   lease dir                           where the lease directory is, and who owns it
   top JOB_DIR                         (stdin: offsets) CPU, memory, GPUs, log growth of its ranks
   stack JOB_DIR                       (stdin: which ranks) every rank's Python stack
+  shell [-- COMMAND...]               (in a node's directory) a shell there, the job's env
   tool-put DIR NAME SHA256            (stdin: the binary) keep a tool orch carries (py-spy)
   slurm-node JOB_ROOT                 under srun, on each node of a Slurm job: its torchrun
   slurm-top JOB_ROOT REQUEST          under srun --overlap: `top` of this node of a Slurm job

@@ -218,9 +218,15 @@ def jobs(reporter: Reporter | None = None) -> list[Job]:
         return [Job(record.id, reporter) for record in JobDB().jobs()]
 
 
-def statuses(job_id: str | None = None, reporter: Reporter | None = None) -> list[JobStatus]:
+def statuses(
+    job_id: str | None = None, reporter: Reporter | None = None, *, ask_hosts: bool = True
+) -> list[JobStatus]:
     """`orch status`: every job (or the one named), brought up to date with its hosts
     where it has not ended. A node that failed while others ran gets the job stopped.
+
+    Args:
+        ask_hosts: False: as the records say, no host asked (a page that polls each
+            second; what follows a job keeps its record up to date meanwhile).
 
     Raises:
         InputError: no such job.
@@ -229,6 +235,8 @@ def statuses(job_id: str | None = None, reporter: Reporter | None = None) -> lis
     with _owner_only():
         store = JobDB()
         records = [store.get(job_id)] if job_id else store.jobs()
+        if not ask_hosts:
+            return [JobStatus.of(r, note=backends.for_record(r).note(r)) for r in records]
         return [_status(store, r, reporter, thorough=job_id is not None) for r in records]
 
 

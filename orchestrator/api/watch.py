@@ -22,7 +22,9 @@ from orchestrator import backends
 from orchestrator.api import PathLike, _owner_only, _path
 from orchestrator.api.lines import QuietReporter
 from orchestrator.backends import PullBars
+from orchestrator.nodes.into import Forwarding, ForwardOptions, ShellOptions, parse_ports
 from orchestrator.records.db import JobDB
+from orchestrator.records.samples import SampleLog
 from orchestrator.reporting.pull import Progress, PullReport, default_target
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.reporting.stacks import Frame, RankDump, StackGroup, StackOptions, StackView
@@ -31,28 +33,38 @@ from orchestrator.reporting.top import (
     INTERVAL_S,
     SILENT_S,
     GpuView,
+    HostSample,
     NodeView,
     RankView,
     TopView,
+    host_samples,
     pick_job,
 )
 
 __all__ = [
     "INTERVAL_S",
     "SILENT_S",
+    "ForwardOptions",
+    "Forwarding",
     "Frame",
     "GpuView",
+    "HostSample",
     "NodeView",
     "Progress",
     "PullBars",
     "PullReport",
     "RankDump",
     "RankView",
+    "ShellOptions",
     "StackGroup",
     "StackOptions",
     "StackView",
     "TopView",
+    "forward",
+    "parse_ports",
     "pull",
+    "samples",
+    "shell",
     "stack",
     "stack_lines",
     "top",
@@ -103,11 +115,14 @@ def top(
     interval_s: float = INTERVAL_S,
     silent_s: float = SILENT_S,
     reporter: Reporter | None = None,
+    *,
+    keep: bool = False,
 ) -> Iterator[TopView]:
     """`orch top`: refreshes of a running job (default: the newest that has not
     ended), `interval_s` apart, until it ends (the last view says so) or the caller
     stops. The first has no rates yet: they need two samples. `silent_s`: how long a
-    rank that prints may be silent before it is behind.
+    rank that prints may be silent before it is behind. `keep`: each refresh's hosts
+    go into the job's records too (`samples` reads them back: a page's hosts over time).
 
     Raises:
         InputError: no such job, it has ended, or none runs.
@@ -118,7 +133,26 @@ def top(
         record = pick_job(store, job_id)
         backend = backends.for_record(record)
         views = backend.top(record, store, reporter or QuietReporter(), interval_s, silent_s)
-    yield from views
+        kept = SampleLog(store.home, record.id) if keep else None
+    for view in views:
+        if kept is not None:
+            with _owner_only():
+                kept.add(s.to_json() for s in host_samples(view))
+        yield view
+
+
+def samples(job_id: str, since: float | None = None) -> list[HostSample]:
+    """What `top(keep=True)` kept of a job: each host at each refresh, of the last hour
+    (or since `since`), oldest first.
+
+    Raises:
+        InputError: no such job.
+    """
+    with _owner_only():
+        store = JobDB()
+        record = store.get(job_id)
+        rows = SampleLog(store.home, record.id).read(since)
+    return [HostSample.from_json(row) for row in rows]
 
 
 def stack(
@@ -154,3 +188,57 @@ def stack(
         backend = backends.for_record(record)
         options = StackOptions(tuple(ranks), tuple(nodes), native)
         return backend.stack(record, store, options, reporter or QuietReporter())
+
+
+def forward(
+    job_id: str,
+    port: int,
+    local_port: int | None = None,
+    node: str | None = None,
+    *,
+    reporter: Reporter | None = None,
+) -> Forwarding:
+    """`orch forward`: `port` on the host of a running job's node (default: its
+    master), at 127.0.0.1:`local_port` on this machine (None: the same number; 0: any
+    free one), through the job's SSH connection to that host: TensorBoard or Jupyter
+    on the master, in the laptop's browser.
+
+    Returns:
+        The open forward: `.address`, then `.serve()` until `.close()` (a context
+        manager closes it too).
+
+    Raises:
+        InputError: no such job, it has ended, no such node, the local port is taken.
+        HostError: the host does not answer.
+    """
+    with _owner_only():
+        record = JobDB().get(job_id)
+        backend = backends.for_record(record)
+        options = ForwardOptions(port, local_port, node)
+        return backend.forward(record, options, reporter or QuietReporter())
+
+
+def shell(
+    job_id: str,
+    node: str | None = None,
+    command: Sequence[str] = (),
+    *,
+    reporter: Reporter | None = None,
+) -> int:
+    """`orch ssh`: a shell on the host of a running job's node (default: its master),
+    in the job's code directory, with the job's environment (not what only its ranks
+    get), on this process's terminal; or `command` there instead.
+
+    Returns:
+        The shell's (or the command's) exit status.
+
+    Raises:
+        InputError: no such job, it has ended (the hint says where its files are), no
+            such node.
+        HostError: the host does not answer.
+    """
+    with _owner_only():
+        record = JobDB().get(job_id)
+        backend = backends.for_record(record)
+        options = ShellOptions(node, tuple(command))
+        return backend.shell(record, options, reporter or QuietReporter())

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # names for the signatures only: `orch kill` need not import 
     from orchestrator.models.inventory import Inventory
     from orchestrator.models.job import JobSpec
     from orchestrator.nodes.execute import HostRun
+    from orchestrator.nodes.into import Forwarding, ForwardOptions, ShellOptions
     from orchestrator.records.db import JobDB, JobRecord
     from orchestrator.reporting.check import CheckResult
     from orchestrator.reporting.filters import LogFilter
@@ -172,6 +173,12 @@ class Backend(Protocol):
     def stack(
         self, record: JobRecord, store: JobDB, options: StackOptions, reporter: Reporter
     ) -> StackView: ...
+
+    def forward(
+        self, record: JobRecord, options: ForwardOptions, reporter: Reporter
+    ) -> Forwarding: ...
+
+    def shell(self, record: JobRecord, options: ShellOptions, reporter: Reporter) -> int: ...
 
     def check(
         self, inventory: Inventory, job: JobSpec | None, options: CheckOptions, reporter: Reporter

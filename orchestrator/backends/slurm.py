@@ -22,6 +22,7 @@ from orchestrator.slurm.unsupported import refuse
 if TYPE_CHECKING:  # refused verbs' names: their modules are not imported to refuse them
     from orchestrator.bench.allreduce import AllreduceOptions, BenchListener, SizeResult
     from orchestrator.nodes.execute import HostRun
+    from orchestrator.nodes.into import Forwarding, ForwardOptions, ShellOptions
     from orchestrator.reporting.check import CheckResult
     from orchestrator.reporting.stacks import StackOptions, StackView
     from orchestrator.reporting.top import TopView
@@ -136,6 +137,12 @@ class SlurmBackend:
         from orchestrator.slurm import nodes
 
         return nodes.hosts(inventory, reporter.notice)
+
+    def forward(self, record: JobRecord, options: ForwardOptions, reporter: Reporter) -> Forwarding:
+        refuse("forward", f"job {record.id}")
+
+    def shell(self, record: JobRecord, options: ShellOptions, reporter: Reporter) -> int:
+        refuse("shell", f"job {record.id}")
 
     def warm_start(
         self, job: JobSpec, inventory: Inventory, reporter: Reporter

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from orchestrator.models.inventory import Inventory
     from orchestrator.models.job import JobSpec
     from orchestrator.nodes.execute import HostRun
+    from orchestrator.nodes.into import Forwarding, ForwardOptions, ShellOptions
     from orchestrator.reporting.check import CheckResult
     from orchestrator.reporting.filters import LogFilter
     from orchestrator.reporting.outcomes import KillOutcome, WarmStart
@@ -137,6 +138,17 @@ class SshBackend:
         from orchestrator.ssh import stack
 
         return stack.take(store, record, options, reporter)
+
+    def forward(self, record: JobRecord, options: ForwardOptions, reporter: Reporter) -> Forwarding:
+        from orchestrator.nodes.into import Forwarding, running_node
+
+        node = running_node(record, options.node, "orch forward")
+        return Forwarding(node.host, options.port, options.local_port, reporter.notice)
+
+    def shell(self, record: JobRecord, options: ShellOptions, reporter: Reporter) -> int:
+        from orchestrator.nodes.into import shell
+
+        return shell(record, options, reporter.notice)
 
     def check(
         self, inventory: Inventory, job: JobSpec | None, options: CheckOptions, reporter: Reporter

@@ -15,6 +15,7 @@ from orchestrator.models.environment import (
     read_requirements,
 )
 from orchestrator.models.errors import SpecError, place
+from orchestrator.models.metrics import pattern_problem
 from orchestrator.models.schema import (
     Where,
     check_keys,
@@ -61,6 +62,8 @@ _JOB_KEYS = {
     "environment": None,
     "wheels": None,
     "setup_inputs": None,
+    "forward": None,
+    "metrics": None,
 }
 STALL_MIN_S = 10  # below this a stall is a step, not a hang: `stall_after:` says at least this
 ON_STALL = ("fail", "warn")
@@ -112,6 +115,12 @@ class JobSpec:
     # Workdir paths (fnmatch patterns) whose contents, with the setup text, interpreter
     # and environment, key `setup:` instead of the code version (docs/CODE_PUSH.md).
     setup_inputs: tuple[str, ...] | None = None
+    # Ports of the master's host at the laptop's 127.0.0.1 while an attached submit
+    # follows the job (`orch forward`): (port, local port; None: the same number).
+    forward: tuple[tuple[int, int | None], ...] = ()
+    # Regular expressions whose named groups are numbers `orch ui` plots, beside the
+    # forms it finds by default (reporting/metrics.py).
+    metrics: tuple[str, ...] = ()
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     def error(self, key: str, message: str, hint: str = "") -> SpecError:
@@ -239,6 +248,8 @@ def load_job(path: Path) -> JobSpec:
         on_stall=_load_on_stall(where),
         environment=_load_environment(where, base, workdir),
         setup_inputs=_load_setup_inputs(where),
+        forward=_load_forward(where),
+        metrics=_load_metrics(where),
         positions=dict(where.mapping.positions),
     )
 
@@ -265,6 +276,39 @@ def _load_stall_after(where: Where) -> int | None:
     return int(value)
 
 
+def port_pair(text: str) -> tuple[int, int | None]:
+    """`PORT` or `PORT:LOCAL` (LOCAL 0: any free port on the laptop).
+
+    Raises:
+        ValueError: not that, or a number out of range.
+    """
+    remote, _, local = text.partition(":")
+    port, local_port = int(remote), (int(local) if local else None)
+    if not 1 <= port <= 65535 or not (local_port is None or 0 <= local_port <= 65535):
+        raise ValueError(text)
+    return port, local_port
+
+
+def _load_forward(where: Where) -> tuple[tuple[int, int | None], ...]:
+    value = where.mapping.get("forward")
+    if value is None:
+        return ()
+    items = value if isinstance(value, list) else [value]
+    found = []
+    for item in items:
+        try:
+            if isinstance(item, bool) or not isinstance(item, (int, str)):
+                raise ValueError(item)
+            found.append(port_pair(str(item)))
+        except ValueError:
+            raise where.error(
+                "forward",
+                f"not a port: {item!r}",
+                "forward: [6006] or forward: ['8888:18888'] (the master's port, and the laptop's)",
+            ) from None
+    return tuple(found)
+
+
 def _load_on_stall(where: Where) -> str:
     value = get_str(where, "on_stall", "fail") or "fail"
     if value not in ON_STALL:
@@ -287,6 +331,19 @@ def _load_preload(where: Where) -> tuple[str, ...]:
                 "preload", f"preload: {name!r} is not a module name", "write e.g. [torch, numpy]"
             )
     return names
+
+
+def _load_metrics(where: Where) -> tuple[str, ...]:
+    patterns = get_str_list(where, "metrics")
+    for pattern in patterns:
+        if (why := pattern_problem(pattern)) is not None:
+            raise where.error(
+                "metrics",
+                f"bad pattern {pattern!r}: {why}",
+                "write a regular expression with a named group per number, e.g. "
+                "'val acc (?P<val_acc>[0-9.]+)'",
+            )
+    return patterns
 
 
 def _load_warm(where: Where) -> str | None:

@@ -111,6 +111,7 @@ class SpecView:
     workdir: str | None = None
     outputs: tuple[str, ...] = ()
     outputs_from: str | None = None
+    metrics: tuple[str, ...] = ()  # the job file's `metrics:` patterns
     restarts: int = 0
     attempt: int = 0  # the current attempt (0: the first)
     attempts: tuple[RecordedAttempt, ...] = ()
@@ -130,6 +131,7 @@ class SpecView:
             workdir=spec.get("workdir"),
             outputs=tuple(spec.get("outputs") or ()),
             outputs_from=spec.get("outputs_from"),
+            metrics=tuple(str(m) for m in spec.get("metrics") or ()),
             restarts=int(spec.get("restarts") or 0),
             attempt=int(spec.get("attempt") or 0),
             attempts=tuple(

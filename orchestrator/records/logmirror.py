@@ -6,17 +6,25 @@ from the hosts arrive with their byte offset and are written at that offset, so 
 controllers following the same job (an attached submit and an `orch logs -f`), or one
 that reconnects, can never double or drop a line: the file's size is where the next
 read starts. A dead host's lines stay readable up to the moment it died.
+
+Beside each stream, `<stream>.times` says when its bytes arrived: a 16-byte record per
+write (the offset its bytes end at, the controller's clock), so that the curves of
+`orch ui` plot what a rank printed against the time it came. A write costs one more
+small append; bytes first copied after the fact carry the time they were copied.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import struct
 import threading
+import time
 from pathlib import Path
 
 NODE_STREAM = "node"
 _STREAM = re.compile(r"^(node|\d+)$")
+_TIME = struct.Struct("<Qd")  # where a write's bytes end, and when they came
 
 
 def rank_of(stream: str) -> int | None:
@@ -31,6 +39,7 @@ class LogMirror:
         # A restarted job's attempts each have their own nodes' files, so their own copy.
         self.dir = root / (job_id if attempt == 0 else f"{job_id}.attempt{attempt}")
         self._fds: dict[tuple[str, str], int] = {}
+        self._time_fds: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
 
     def _path(self, host: str, stream: str) -> Path:
@@ -46,7 +55,7 @@ class LogMirror:
         return {p.stem: p.stat().st_size for p in folder.glob("*.log") if _STREAM.match(p.stem)}
 
     def write(self, host: str, stream: str, offset: int, data: bytes) -> None:
-        """Store bytes that sit at `offset` in the host's file."""
+        """Store bytes that sit at `offset` in the host's file (and when they came)."""
         key = (host, stream)
         with self._lock:
             fd = self._fds.get(key)
@@ -55,7 +64,28 @@ class LogMirror:
                 path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
                 self._fds[key] = fd
+                self._time_fds[key] = os.open(
+                    path.with_suffix(".times"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+                )
+            times = self._time_fds[key]
         os.pwrite(fd, data, offset)
+        if data:
+            os.write(times, _TIME.pack(offset + len(data), time.time()))
+
+    def arrivals(
+        self, host: str, stream: str, start: int = 0
+    ) -> tuple[list[tuple[int, float]], int]:
+        """When a stream's bytes came, from byte `start` of its times file: (end offset,
+        time) per write, and the times file's offset to read on from. Two controllers
+        that copied the same bytes both said so: a reader takes the earlier time."""
+        try:
+            with self._path(host, stream).with_suffix(".times").open("rb") as f:
+                f.seek(start)
+                raw = f.read()
+        except FileNotFoundError:
+            return [], start
+        whole = len(raw) - len(raw) % _TIME.size
+        return [_TIME.unpack_from(raw, i) for i in range(0, whole, _TIME.size)], start + whole
 
     def streams(self, host: str) -> list[str]:
         """A host's streams: the node's torchrun output first, then ranks in order."""
@@ -79,6 +109,7 @@ class LogMirror:
 
     def close(self) -> None:
         with self._lock:
-            for fd in self._fds.values():
+            for fd in [*self._fds.values(), *self._time_fds.values()]:
                 os.close(fd)
             self._fds.clear()
+            self._time_fds.clear()

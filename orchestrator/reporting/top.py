@@ -221,3 +221,81 @@ def ended_error(record: JobRecord) -> InputError:
         f"job {record.id} has ended ({record.state.value}): there is nothing to watch",
         f"what it printed: orch logs {record.id}; how it ended: orch status {record.id}",
     )
+
+
+@dataclass(frozen=True)
+class HostSample:
+    """One host of a job at one refresh of `orch top`, as a page draws it over time:
+    the job's processes there (CPU, of one core each: 200 is two busy cores, and
+    memory) and the host's GPUs (None: no nvidia-smi there)."""
+
+    time: float
+    job_id: str
+    host: str
+    state: str
+    cpu_percent: float | None
+    rss_bytes: int
+    ranks: int
+    gpus: tuple[GpuView, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "time": self.time,
+            "job": self.job_id,
+            "host": self.host,
+            "state": self.state,
+            "cpu_percent": self.cpu_percent,
+            "rss_bytes": self.rss_bytes,
+            "ranks": self.ranks,
+            "gpus": None if self.gpus is None else [_gpu_json(g) for g in self.gpus],
+        }
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> HostSample:
+        gpus = row.get("gpus")
+        return cls(
+            time=float(row["time"]),
+            job_id=str(row.get("job") or ""),
+            host=str(row.get("host") or ""),
+            state=str(row.get("state") or ""),
+            cpu_percent=None if row.get("cpu_percent") is None else float(row["cpu_percent"]),
+            rss_bytes=int(row.get("rss_bytes") or 0),
+            ranks=int(row.get("ranks") or 0),
+            gpus=None
+            if gpus is None
+            else tuple(
+                GpuView(
+                    g.get("index"),
+                    str(g.get("uuid") or ""),
+                    g.get("utilization_percent"),
+                    g.get("memory_used_mib"),
+                    g.get("memory_total_mib"),
+                    bool(g.get("used")),
+                    tuple(g.get("ranks") or ()),
+                )
+                for g in gpus
+            ),
+        )
+
+
+def host_samples(view: TopView) -> list[HostSample]:
+    """Each node of a refresh, summed over its ranks and launcher. The first refresh
+    has no rates yet: its CPU is None."""
+    samples = []
+    for node in view.nodes:
+        cpus = [r.cpu_percent for r in node.ranks]
+        cpus.append(node.launcher_cpu_percent)
+        known = [c for c in cpus if c is not None]
+        samples.append(
+            HostSample(
+                time=view.time,
+                job_id=view.job_id,
+                host=node.host,
+                state=node.state,
+                cpu_percent=sum(known) if known else None,
+                rss_bytes=node.launcher_rss_bytes + sum(r.rss_bytes for r in node.ranks),
+                ranks=sum(1 for r in node.ranks if r.rank is not None),
+                gpus=node.gpus,
+            )
+        )
+    return samples

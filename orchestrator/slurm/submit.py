@@ -66,6 +66,10 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
         from orchestrator.slurm.unsupported import refuse_key
 
         refuse_key("stall_after", job.where("stall_after"))
+    if job.forward:
+        from orchestrator.slurm.unsupported import refuse_key
+
+        refuse_key("forward", job.where("forward"))
     login = inventory.hosts[0]
     root = layout.job_root(login.workdir, job_id)
     return SlurmJob(job, job_id, section_of(inventory), login.python, root, inventory.path)
@@ -199,6 +203,7 @@ def record_of(sj: SlurmJob, partition: str, login: Host) -> JobRecord:
         "backend": "slurm",
         "outputs": list(sj.job.outputs),
         "outputs_from": sj.job.outputs_from,
+        "metrics": list(sj.job.metrics),
         "slurm": _slurm_spec(sj, partition, login),
         "restarts": sj.job.restarts,
         "attempt": 0,

@@ -45,6 +45,18 @@ NOT_YET: dict[str, tuple[str, str, str]] = {
         "inventory: a command would run there, not on the nodes",
         "run it on the nodes through Slurm, on the login node: srun -N NODES COMMAND",
     ),
+    "forward": (
+        "orch forward",
+        "a Slurm job's nodes are reached through the login node, and orch does not yet "
+        "carry a port across it",
+        "on the laptop: ssh -L LOCAL:NODE:PORT LOGIN_NODE (squeue -j JOB names the nodes)",
+    ),
+    "shell": (
+        "orch ssh",
+        "a Slurm job's nodes are Slurm's to hand out, and orch reaches them only through "
+        "srun on the login node",
+        "on the login node: srun --jobid SLURM_JOB --overlap --pty -w NODE bash",
+    ),
     "bench_allreduce": (
         "orch bench allreduce",
         "the sweep picks the inventory's hosts by name, and a Slurm inventory names only "
@@ -75,6 +87,11 @@ KEYS_NOT_YET: dict[str, tuple[str, str]] = {
         "job has neither yet",
         "drop stall_after: (and --stall-after) there; when the job seems hung, look with: "
         "orch stack JOB",
+    ),
+    "forward": (
+        "a Slurm job's nodes are reached through the login node, and orch does not yet "
+        "carry a port across it",
+        "drop forward: there; on the laptop: ssh -L LOCAL:NODE:PORT LOGIN_NODE",
     ),
 }
 

@@ -31,6 +31,7 @@ from orchestrator.models.job import JobSpec
 from orchestrator.models.states import JobState
 from orchestrator.nodes import envs, ops
 from orchestrator.nodes.group import HostGroup
+from orchestrator.nodes.into import open_forwards
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord, new_job_id
 from orchestrator.records.logmirror import LogMirror
 from orchestrator.reporting.reporter import ProgressReporter, Reporter, phase
@@ -209,8 +210,14 @@ def _attempt(
             store.update_job(plan.job_id, JobState.RUNNING)
         if detach:
             _keep(sub, plan, group, tree, reporter, store, queued)
+            if sub.job.forward:
+                reporter.notice(
+                    f"forward: opens with an attached submit; now: orch forward {plan.job_id} "
+                    f"{sub.job.forward[0][0]}"
+                )
             return 0
         mirror = LogMirror(store.home / "logs", plan.job_id, attempt)
+        forwards = open_forwards(store.get(plan.job_id), sub.job.forward, reporter.notice)
         try:
             code = watch_job(store.get(plan.job_id), group, reporter, store, mirror, attached=True)
         except JobFailed:
@@ -222,6 +229,8 @@ def _attempt(
             raise
         finally:
             mirror.close()
+            for forwarding in forwards:
+                forwarding.close()
         bring_outputs(store.get(plan.job_id), group, sub.outputs_dir, reporter.notice)
         return code
 
@@ -288,6 +297,7 @@ def record_of(plan: LaunchPlan) -> JobRecord:
         "workdir": str(job.workdir),
         "outputs": list(job.outputs),
         "outputs_from": job.outputs_from,
+        "metrics": list(job.metrics),
         "restarts": job.restarts,
         "attempt": int(plan.nodes[0].env.get("ORCH_ATTEMPT", "0")),
         "stall_after": job.stall_after,

@@ -100,7 +100,12 @@ class Transport(Protocol):
        with `idle_timeout`, reads give up after that many silent seconds; `stdin`,
        if given, is sent whole before EOF.
     4. Commands may run concurrently on one transport, from several threads.
-    5. `close()` releases the connection; it never raises.
+    5. `tunnel(port)` opens a TCP connection to `port` on the host's own loopback,
+       made from the host (`orch forward`); HostError where nothing listens there.
+    6. `interactive(command)` runs a command with this process's stdin, stdout and
+       stderr (a terminal on the host where stdin is one here: `orch ssh`) and
+       returns its exit status.
+    7. `close()` releases the connection; it never raises.
     """
 
     name: str
@@ -114,6 +119,23 @@ class Transport(Protocol):
     def stream(
         self, command: str, idle_timeout: float | None = None, stdin: bytes | None = None
     ) -> RemoteProcess: ...
+
+    def tunnel(self, port: int) -> Tunnel: ...
+
+    def interactive(self, command: str) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Tunnel(Protocol):
+    """A TCP connection to a port on the host's loopback, made from the host's side
+    (SSH's direct-tcpip channel; a plain socket for a local host)."""
+
+    def recv(self, size: int) -> bytes: ...
+
+    def sendall(self, data: bytes) -> None: ...
+
+    def shutdown_write(self) -> None: ...
 
     def close(self) -> None: ...
 

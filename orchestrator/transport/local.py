@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import subprocess
 import tempfile
 import threading
@@ -10,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO, cast
 
+from orchestrator.models.errors import HostError
 from orchestrator.transport.base import CommandResult, Stdin, stdin_parts
 
 
@@ -103,6 +105,26 @@ class LocalProcess:
         self._stderr.close()
 
 
+class SocketTunnel:
+    """A local host's tunnel: a plain TCP connection."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.settimeout(None)
+        self.sock = sock
+
+    def recv(self, size: int) -> bytes:
+        return self.sock.recv(size)
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def shutdown_write(self) -> None:
+        self.sock.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 class LocalTransport:
     """Runs commands on this machine; `localhost` hosts never use SSH."""
 
@@ -127,6 +149,19 @@ class LocalTransport:
             proc.stdout.decode("utf-8", "replace"),
             proc.stderr.decode("utf-8", "replace"),
         )
+
+    def interactive(self, command: str) -> int:
+        return subprocess.call(["/bin/sh", "-c", command])
+
+    def tunnel(self, port: int) -> SocketTunnel:
+        try:
+            return SocketTunnel(socket.create_connection(("127.0.0.1", port), timeout=10))
+        except OSError as exc:
+            raise HostError(
+                self.name,
+                f"nothing answers on port {port} of {self.name} ({exc.strerror or exc})",
+                "start the server there first",
+            ) from None
 
     def stream(
         self, command: str, idle_timeout: float | None = None, stdin: bytes | None = None

@@ -100,7 +100,11 @@ def test_host_side_code_parses_as_the_oldest_python_a_host_may_run(path: Path) -
 
 @pytest.mark.parametrize(
     ("libraries", "allowed"),
-    [(("paramiko", "fabric", "invoke"), "transport"), (("typer", "rich", "click"), "cli")],
+    [
+        (("paramiko", "fabric", "invoke"), "transport"),
+        (("typer", "rich", "click"), "cli"),
+        (("starlette", "uvicorn"), "ui"),
+    ],
 )
 def test_third_party_libraries_stay_in_their_room(libraries: tuple[str, ...], allowed: str) -> None:
     others = [p for p in files("") if allowed not in p.relative_to(PACKAGE).parts[:1]]
@@ -192,6 +196,7 @@ def test_the_cycle_check_finds_a_circle_through_several_packages() -> None:
 # (never one beside it, never one above). A new package fails here until it is placed.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),  # typer and rich: parse, print, exit codes
+    ("ui",),  # orch ui's page: a client of the api, as the CLI is (only `orch ui` starts it)
     ("api",),  # the same verbs for Python, and every other client
     ("backends",),  # the protocol, and the one place a backend is chosen
     ("ssh", "slurm", "bench"),  # the SSH backend and the Slurm backend; orch bench's job
@@ -243,5 +248,23 @@ def test_the_cli_imports_nothing_of_the_package_but_the_api_and_itself() -> None
             return False
         return not name.startswith(("orchestrator.api", "orchestrator.cli"))
 
-    assert offenders(files("cli"), behind_the_door) == {}
+    verbs = [p for p in files("cli") if p.name != "cmd_ui.py"]
+    assert offenders(verbs, behind_the_door) == {}
     assert offenders([PACKAGE / "api" / "cluster.py"], behind_the_door)  # the check sees
+    # `orch ui` starts the page's server, and only that: the page itself is a client of
+    # the API as the CLI is (the next test).
+    cmd_ui = offenders([PACKAGE / "cli" / "cmd_ui.py"], behind_the_door)
+    assert cmd_ui == {"orchestrator/cli/cmd_ui.py": ["orchestrator.ui", "orchestrator.ui.Server"]}
+
+
+def test_the_page_imports_nothing_of_the_package_but_the_api_and_itself() -> None:
+    """orch ui's page is a client of the one front door, as the CLI is: every job, line,
+    curve and host it shows comes through the `api` verbs the CLI calls."""
+
+    def behind_the_door(name: str) -> bool:
+        if name == "orchestrator" or not name.startswith("orchestrator."):
+            return False
+        return not name.startswith(("orchestrator.api", "orchestrator.ui"))
+
+    assert offenders(files("ui"), behind_the_door) == {}
+    assert offenders(files("ui"), lambda n: n.startswith("orchestrator.api"))  # the check sees

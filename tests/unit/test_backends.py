@@ -20,6 +20,7 @@ from orchestrator.models.errors import InputError, Unsupported
 from orchestrator.models.inventory import Inventory, load_inventory
 from orchestrator.models.job import load_job
 from orchestrator.models.states import JobState
+from orchestrator.nodes.into import ForwardOptions, ShellOptions
 from orchestrator.records.db import JobRecord
 from orchestrator.reporting.stacks import StackOptions
 from orchestrator.slurm.unsupported import NOT_YET
@@ -130,6 +131,8 @@ def refused_arguments(verb: str, inventory: Inventory, job: Any) -> list[Any]:
         "bench_allreduce": AllreduceOptions(),
         "check": CheckOptions(),
         "stack": StackOptions(),
+        "forward": ForwardOptions(6006),
+        "shell": ShellOptions(),
     }
     given = {
         "inventory": inventory,

@@ -1,0 +1,210 @@
+"""Into a running job: `orch ssh` (a shell or a command in the node's directory with
+the job's environment, on a terminal where there is one) and `orch forward` (a port of
+a running job's host at the laptop's localhost, until Ctrl-C); and their bad input."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import Cluster, OrchRunner, orch_command
+from tests.support import Lines, job_id_of, wait_for, write_job
+
+pytestmark = pytest.mark.cluster
+
+HOSTS = [1, 2]
+PORT = 8631  # on the hosts: each a network namespace of its own
+
+
+def page(address: str) -> str:
+    with urllib.request.urlopen(address, timeout=5) as answer:
+        return str(answer.read().decode())
+
+
+def local_port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_forward_carries_the_masters_page_and_another_nodes_and_ends_on_ctrl_c(
+    orch: OrchRunner, cluster: Cluster, tmp_path: Path
+) -> None:
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", HOSTS)
+    job = write_job(tmp_path, "serve", "serve.py", nodes=2, args=[str(PORT)])
+    submitted = orch("submit", job, "-i", inventory, "-d", timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = job_id_of(submitted.stdout)
+    try:
+        forward = subprocess.Popen(
+            [*orch_command(), "forward", job_id, f"{PORT}:0"],
+            env=orch.controller.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert forward.stdout is not None and forward.stderr is not None
+        address = forward.stdout.readline().strip()
+        assert address.startswith("http://127.0.0.1:") and address.endswith("/"), address
+        local = int(address.rsplit(":", 1)[1].rstrip("/"))
+        errors = Lines(forward.stderr)
+
+        def served() -> bool:  # the rank may not listen yet: refused, said once
+            try:
+                return page(address) == "served by node 0\n"
+            except OSError:
+                return False
+
+        wait_for(served, 30, "the master's page through the forward", poll=0.2)
+        assert page(address) == "served by node 0\n"  # again: each request its own tunnel
+        forward.send_signal(signal.SIGINT)
+        assert forward.wait(timeout=15) == 130, errors.text()
+        assert local_port_free(local)
+        assert "Traceback" not in errors.text()
+
+        other = subprocess.Popen(
+            [*orch_command(), "forward", job_id, f"{PORT}:0", "--node", "node2"],
+            env=orch.controller.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert other.stdout is not None
+        second = other.stdout.readline().strip()
+        wait_for(lambda: served_by(second) == "served by node 1\n", 30, "node2's page", poll=0.2)
+        other.send_signal(signal.SIGINT)
+        assert other.wait(timeout=15) == 130
+    finally:
+        orch("kill", job_id, timeout=60)
+
+    ended = orch("forward", job_id, str(PORT), timeout=30)
+    assert ended.returncode == 2
+    assert "has ended" in ended.stderr and "hint:" in ended.stderr
+
+
+def served_by(address: str) -> str | None:
+    try:
+        return page(address)
+    except OSError:
+        return None
+
+
+def test_a_local_port_in_use_an_unknown_node_and_a_bad_port_are_exit_2_with_a_hint(
+    orch: OrchRunner, cluster: Cluster, tmp_path: Path
+) -> None:
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", HOSTS)
+    job = write_job(tmp_path, "serve", "serve.py", nodes=2, args=[str(PORT)])
+    submitted = orch("submit", job, "-i", inventory, "-d", timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = job_id_of(submitted.stdout)
+    try:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen(1)
+            port = taken.getsockname()[1]
+            busy = orch("forward", job_id, f"{PORT}:{port}", timeout=30)
+        assert busy.returncode == 2
+        assert f"port {port} on this machine is in use" in busy.stderr
+        assert "hint:" in busy.stderr and "Traceback" not in busy.stderr
+        nowhere = orch("forward", job_id, str(PORT), "--node", "node9", timeout=30)
+        assert nowhere.returncode == 2 and "has no node on node9" in nowhere.stderr
+        bad = orch("forward", job_id, "http", timeout=30)
+        assert bad.returncode == 2 and "not a port" in bad.stderr
+    finally:
+        orch("kill", job_id, timeout=60)
+
+
+def test_orch_ssh_lands_in_the_nodes_directory_with_the_jobs_environment(
+    orch: OrchRunner, cluster: Cluster, tmp_path: Path
+) -> None:
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", HOSTS)
+    job = write_job(
+        tmp_path, "serve", "serve.py", nodes=2, args=[str(PORT)], env={"MY_SETTING": "set"}
+    )
+    submitted = orch("submit", job, "-i", inventory, "-d", timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = job_id_of(submitted.stdout)
+    probe = 'pwd; echo "setting=$MY_SETTING rank=${RANK:-none} job=$ORCH_JOB_ID"; exit 4'
+    try:
+        ran = orch("ssh", job_id, "--", probe, timeout=60)
+        assert ran.returncode == 4, ran.stderr
+        where, said = ran.stdout.splitlines()[:2]
+        assert where.endswith("/code") and job_id in where and "/node1/" in where, where
+        assert said == f"setting=set rank=none job={job_id}"
+        other = orch("ssh", job_id, "node2", "--", "pwd", timeout=60)
+        assert other.returncode == 0 and "/node2/" in other.stdout, other.stderr
+
+        # On a terminal: a shell of the host's, typed into.
+        mine, theirs = pty.openpty()
+        shell = subprocess.Popen(
+            [*orch_command(), "ssh", job_id],
+            env={**orch.controller.env(), "TERM": "dumb"},
+            stdin=theirs,
+            stdout=theirs,
+            stderr=theirs,
+            start_new_session=True,
+        )
+        os.close(theirs)
+        os.write(mine, b"echo typed-$MY_SETTING; exit 5\n")
+        seen = b""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if select.select([mine], [], [], 1.0)[0]:
+                try:
+                    chunk = os.read(mine, 4096)
+                except OSError:  # the terminal closed with the process
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            elif shell.poll() is not None:
+                break
+        os.close(mine)
+        if shell.poll() is None:
+            shell.kill()
+        assert shell.wait(timeout=30) == 5, seen
+        assert b"typed-set" in seen, seen
+    finally:
+        orch("kill", job_id, timeout=60)
+
+    ended = orch("ssh", job_id, timeout=30)
+    assert ended.returncode == 2 and "has ended" in ended.stderr
+    assert "its files:" in ended.stderr and "Traceback" not in ended.stderr
+
+
+def test_forward_in_the_job_file_opens_with_an_attached_submit_and_closes_with_the_job(
+    orch: OrchRunner, cluster: Cluster, tmp_path: Path
+) -> None:
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", HOSTS)
+    job = write_job(
+        tmp_path, "serve", "serve.py", nodes=2, args=[str(PORT), "20"], forward=[f"{PORT}:0"]
+    )
+    submit = subprocess.Popen(
+        [*orch_command(), "submit", str(job), "-i", str(inventory)],
+        env=orch.controller.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert submit.stderr is not None
+    errors = Lines(submit.stderr)
+    try:
+        errors.wait_for(f"forwarding port {PORT} of node1 to http://127.0.0.1:", 60)
+        said = next(line for line in errors.lines if f"forwarding port {PORT}" in line)
+        address = said.rsplit(" to ", 1)[1].strip()
+        wait_for(lambda: served_by(address) == "served by node 0\n", 30, "the page", poll=0.2)
+        assert submit.wait(timeout=90) == 0, errors.text()
+        local = int(address.rsplit(":", 1)[1].rstrip("/"))
+        assert local_port_free(local)
+    finally:
+        if submit.poll() is None:
+            submit.send_signal(signal.SIGINT)
+            submit.wait(timeout=60)
