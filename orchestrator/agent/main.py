@@ -34,6 +34,7 @@ COMMANDS = {
     "keeper": "keeper.commands",
     "warm": "node.warm.commands",
     "torchrun": "node.torchrun",
+    "env": "host.envs",
 }
 USAGE = """usage: orch agent COMMAND ARGS...
   probe [MASTER|OPTIONS]              this host's facts as JSON (no torch import)
@@ -65,6 +66,8 @@ USAGE = """usage: orch agent COMMAND ARGS...
                                       a Slurm job's restarts: run or skip, queue the next
   warm ensure|list|stop [KEY]         warm interpreters a job's ranks are forked from
   torchrun ARGS                       a node's torchrun (torch.distributed.run), leaner
+  env ensure JOB_DIR | list ENVS | gc ENVS DAYS
+                                      the jobs' virtual environments (stdin: the request)
 """
 
 

@@ -40,7 +40,14 @@ from orchestrator.models.inventory import Inventory, resolve_inventory
 from orchestrator.models.job import load_job
 from orchestrator.nodes.execute import HostRun
 from orchestrator.reporting.check import Cell, CheckLine, CheckResult, CheckTable, Column, Mark
-from orchestrator.reporting.hosts import HostsView, PerHost, QueueRow, UnitRow, WarmInterpreter
+from orchestrator.reporting.hosts import (
+    Environment,
+    HostsView,
+    PerHost,
+    QueueRow,
+    UnitRow,
+    WarmInterpreter,
+)
 from orchestrator.reporting.outcomes import GcOutcome, WarmStart
 from orchestrator.reporting.reporter import Reporter
 
@@ -55,6 +62,7 @@ __all__ = [
     "CheckResult",
     "CheckTable",
     "Column",
+    "Environment",
     "ExecOptions",
     "GcOptions",
     "GcOutcome",
@@ -163,6 +171,23 @@ def gc(
     with _owner_only():
         found, backend = _chosen(inventory)
         return backend.gc(found, options or GcOptions(), reporter or QuietReporter())
+
+
+def envs(
+    inventory: PathLike | None = None, reporter: Reporter | None = None
+) -> PerHost[tuple[Environment, ...]]:
+    """`orch env`: this user's environments on each host (docs/ENVIRONMENTS.md), most
+    recently used first, with their size and last use.
+
+    Returns:
+        Per host that answered, its environments; the errors of the hosts that did not.
+
+    Raises:
+        Unsupported: the backend builds no environment (Slurm).
+    """
+    with _owner_only():
+        found, backend = _chosen(inventory)
+        return backend.envs(found, reporter or QuietReporter())
 
 
 def warm_start(

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # names for the signatures only: `orch kill` need not import 
     from orchestrator.records.db import JobDB, JobRecord
     from orchestrator.reporting.check import CheckResult
     from orchestrator.reporting.filters import LogFilter
-    from orchestrator.reporting.hosts import HostsView, PerHost, WarmInterpreter
+    from orchestrator.reporting.hosts import Environment, HostsView, PerHost, WarmInterpreter
     from orchestrator.reporting.outcomes import GcOutcome, KillOutcome, WarmStart
     from orchestrator.reporting.reporter import Reporter
     from orchestrator.reporting.stacks import StackOptions, StackView
@@ -101,7 +101,9 @@ class Backend(Protocol):
        `end_warm()` is what `orch kill --all` ends besides the jobs: the warm
        interpreters this backend's jobs (`records`) left on their hosts, and those
        `warm_start` started ahead; a backend that keeps none does nothing.
-    10. `gc()` frees disk on the inventory's hosts (`orch gc`), one outcome per host.
+    10. `gc()` frees disk on the inventory's hosts (`orch gc`), one outcome per host;
+       `envs()` lists this user's environments on them (`orch env`), per host, with
+       the errors of the hosts that did not answer.
     11. `exec()` runs a command on the chosen hosts at once (`orch exec`): each output
        line to `reporter.output(host, None, line)`; it returns each host's run, and
        raises ExecFailed when any failed.
@@ -199,6 +201,10 @@ class Backend(Protocol):
     def gc(
         self, inventory: Inventory, options: GcOptions, reporter: Reporter
     ) -> dict[str, GcOutcome]: ...
+
+    def envs(
+        self, inventory: Inventory, reporter: Reporter
+    ) -> PerHost[tuple[Environment, ...]]: ...
 
     def exec(
         self, inventory: Inventory, options: ExecOptions, reporter: Reporter

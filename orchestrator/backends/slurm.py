@@ -13,7 +13,7 @@ from orchestrator.models.inventory import Inventory
 from orchestrator.models.job import JobSpec
 from orchestrator.records.db import JobDB, JobRecord, new_job_id
 from orchestrator.reporting.filters import LogFilter
-from orchestrator.reporting.hosts import HostsView, PerHost, WarmInterpreter
+from orchestrator.reporting.hosts import Environment, HostsView, PerHost, WarmInterpreter
 from orchestrator.reporting.outcomes import GcOutcome, KillOutcome, WarmStart
 from orchestrator.reporting.pull import PullReport
 from orchestrator.reporting.reporter import Reporter
@@ -164,6 +164,9 @@ class SlurmBackend:
         self, inventory: Inventory, options: GcOptions, reporter: Reporter
     ) -> dict[str, GcOutcome]:
         refuse("gc", str(inventory.path))
+
+    def envs(self, inventory: Inventory, reporter: Reporter) -> PerHost[tuple[Environment, ...]]:
+        refuse("envs", str(inventory.path))
 
     def exec(self, inventory: Inventory, options: ExecOptions, reporter: Reporter) -> list[HostRun]:
         refuse("exec", str(inventory.path))

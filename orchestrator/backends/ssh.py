@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.backends.base import CheckOptions, ExecOptions, GcOptions, PullBars
 from orchestrator.records.db import JobDB, JobRecord
-from orchestrator.reporting.hosts import HostsView, PerHost, WarmInterpreter
+from orchestrator.reporting.hosts import Environment, HostsView, PerHost, WarmInterpreter
 from orchestrator.reporting.outcomes import GcOutcome
 from orchestrator.ssh import keep, reconcile
 from orchestrator.transport import ConnectOptions
@@ -61,7 +61,16 @@ class SshBackend:
 
         plan = self.plan(job, inventory)
         files = collect_files(plan.job.workdir, plan.job.exclude)  # and its ignore files read
-        return [*describe(plan), "", f"pushes {len(files)} files from {plan.job.workdir}"]
+        lines = [*describe(plan), "", f"pushes {len(files)} files from {plan.job.workdir}"]
+        env = plan.job.environment
+        if env is not None:
+            source = f", installed from {env.wheels} with no index" if env.wheels else ""
+            held = ", ".join(env.requirements) or "nothing more"
+            lines.append(
+                f"runs each node in its host's environment of {env.source} ({held}{source}), "
+                "built where missing"
+            )
+        return lines
 
     def plan(self, job: JobSpec, inventory: Inventory) -> LaunchPlan:
         from orchestrator.ssh import submit as submitting
@@ -206,12 +215,13 @@ class SshBackend:
     def gc(
         self, inventory: Inventory, options: GcOptions, reporter: Reporter
     ) -> dict[str, GcOutcome]:
-        from orchestrator.nodes import warm
+        from orchestrator.nodes import envs, warm
         from orchestrator.sync.gc import gc
 
         reports = gc(inventory, options.keep, reporter.notice, options.outputs)
         # Warm interpreters hold memory, not disk, but gc is where hosts are cleaned up.
         stopped, _ = warm.stop(list(inventory.hosts), reporter.notice)
+        kept, _ = envs.listing(list(inventory.hosts), reporter.notice, envs.keep_days())
         return {
             host: GcOutcome(
                 r.snapshots_removed,
@@ -222,9 +232,22 @@ class SshBackend:
                 r.outputs_removed,
                 r.outputs_bytes_freed,
                 len(stopped.get(host) or ()),
+                len(kept[host].removed) if host in kept else 0,
             )
             for host, r in reports.items()
         }
+
+    def envs(self, inventory: Inventory, reporter: Reporter) -> PerHost[tuple[Environment, ...]]:
+        from orchestrator.nodes import envs
+
+        found, failures = envs.listing(list(inventory.hosts), reporter.notice)
+        rows = {
+            host: tuple(
+                Environment(host, e.key, e.size, e.used, tuple(e.requirements)) for e in reply.envs
+            )
+            for host, reply in found.items()
+        }
+        return PerHost.of(rows, failures)
 
     def exec(self, inventory: Inventory, options: ExecOptions, reporter: Reporter) -> list[HostRun]:
         from orchestrator.models.errors import ExecFailed

@@ -33,6 +33,7 @@ VERBS = {
     "exec": "cmd_exec",
     "bench": "cmd_bench",
     "gc": "cmd_gc",
+    "env": "cmd_env",
     "warm": "cmd_warm",
     "keys": "cmd_keys",
     "init": "cmd_init",

@@ -31,8 +31,9 @@ def gc_command(
     ] = False,
 ) -> None:
     """Free disk space on the hosts: remove the code snapshots of finished jobs but the
-    newest, and pushed content no snapshot uses. Logs, job records and outputs stay,
-    outputs unless --outputs."""
+    newest, pushed content no snapshot uses, and environments unused for
+    $ORCH_KEEP_ENVS_DAYS (default 14). Logs, job records and outputs stay, outputs
+    unless --outputs."""
     found = cluster.gc(inventory, GcOptions(keep, outputs), ConsoleReporter())
     for host, r in found.items():
         gone = (
@@ -45,4 +46,5 @@ def gc_command(
             f"{r.objects_removed} files ({r.bytes_freed / 1e6:.1f} MB); "
             f"kept {r.snapshots_kept} finished, {r.running} running{gone}"
             + (f"; ended {r.warm_ended} warm interpreters" if r.warm_ended else "")
+            + (f"; removed {r.envs_removed} unused environments" if r.envs_removed else "")
         )

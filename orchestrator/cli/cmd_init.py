@@ -102,7 +102,10 @@ def _summary(item: Probed) -> str:
     text = describe(found.facts, found.cpus)
     if found.torch_python:
         return f"{text}; python: {found.torch_python}"
-    return f"{text}; NO TORCH in {', '.join(found.candidates)}"
+    return (
+        f"{text}; NO TORCH in {', '.join(found.candidates)}: "
+        "a job's environment: [torch, ...] can bring it (docs/ENVIRONMENTS.md)"
+    )
 
 
 def _left_out(failed: list[OrchError], output: Path) -> InfraError:

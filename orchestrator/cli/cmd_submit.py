@@ -76,6 +76,15 @@ def submit(
             "this long (at least 10), take every rank's stack and fail the job as stalled.",
         ),
     ] = None,
+    wheels: Annotated[
+        Path | None,
+        typer.Option(
+            "--wheels",
+            metavar="DIR",
+            help="Instead of the job's wheels: a directory of wheels inside the workdir that "
+            "the hosts install the job's environment: from, with no index.",
+        ),
+    ] = None,
 ) -> None:
     """Run a job on its hosts and stream every rank's output.
 
@@ -92,6 +101,7 @@ def submit(
         no_wait=no_wait,
         cold=cold,
         stall_after=stall_after,
+        wheels=wheels,
     )
     if dry_run:  # each host's command (a Slurm cluster: the batch script and sbatch)
         typer.echo("\n".join(api.dry_run(job, inventory, overrides=overrides)))

@@ -8,6 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.models import placeholders
+from orchestrator.models.environment import (
+    Environment,
+    parse_requirement,
+    read_pyproject,
+    read_requirements,
+)
 from orchestrator.models.errors import SpecError, place
 from orchestrator.models.metrics import pattern_problem
 from orchestrator.models.schema import (
@@ -53,6 +59,9 @@ _JOB_KEYS = {
     "warm_idle": None,
     "stall_after": None,
     "on_stall": None,
+    "environment": None,
+    "wheels": None,
+    "setup_inputs": None,
     "forward": None,
     "metrics": None,
 }
@@ -100,6 +109,12 @@ class JobSpec:
     # reported, once per stall.
     stall_after: int | None = None
     on_stall: str = "fail"
+    # The packages each host's virtual environment holds over its python
+    # (docs/ENVIRONMENTS.md); None: the host's python as it is.
+    environment: Environment | None = None
+    # Workdir paths (fnmatch patterns) whose contents, with the setup text, interpreter
+    # and environment, key `setup:` instead of the code version (docs/CODE_PUSH.md).
+    setup_inputs: tuple[str, ...] | None = None
     # Ports of the master's host at the laptop's 127.0.0.1 while an attached submit
     # follows the job (`orch forward`): (port, local port; None: the same number).
     forward: tuple[tuple[int, int | None], ...] = ()
@@ -231,6 +246,8 @@ def load_job(path: Path) -> JobSpec:
         cold=_load_warm(where),
         stall_after=_load_stall_after(where),
         on_stall=_load_on_stall(where),
+        environment=_load_environment(where, base, workdir),
+        setup_inputs=_load_setup_inputs(where),
         forward=_load_forward(where),
         metrics=_load_metrics(where),
         positions=dict(where.mapping.positions),
@@ -359,6 +376,72 @@ def _load_exclude(where: Where) -> tuple[str, ...]:
                 "write gitignore patterns, e.g. data/ or *.ckpt",
             )
     return patterns
+
+
+def _load_setup_inputs(where: Where) -> tuple[str, ...] | None:
+    """`setup_inputs:`: the workdir's files that `setup:` reads (patterns; [] for none)."""
+    if where.mapping.get("setup_inputs") is None:
+        return None
+    patterns = get_str_list(where, "setup_inputs")
+    if not get_str(where, "setup"):
+        raise where.error(
+            "setup_inputs", "setup_inputs: without setup:", "drop setup_inputs:, or add setup:"
+        )
+    for pattern in patterns:
+        if not pattern or pattern.startswith("/"):
+            raise where.error(
+                "setup_inputs",
+                f"bad path {pattern!r}",
+                "paths in the workdir, relative to it: [requirements.txt, setup/*.sh]",
+            )
+    return patterns
+
+
+def _load_environment(where: Where, base: Path, workdir: Path) -> Environment | None:
+    """`environment:` (a requirements file in the workdir, or a list) and `wheels:` (a
+    directory inside the workdir), each line checked as pip would read it."""
+    value = where.mapping.get("environment")
+    wheels = get_str(where, "wheels")
+    if value is None:
+        if wheels is not None:
+            raise where.error(
+                "wheels", "wheels: without environment:", "add environment: requirements.txt"
+            )
+        return None
+    if isinstance(value, list):
+        requirements = []
+        for item in get_str_list(where, "environment"):
+            try:
+                found = parse_requirement(item)
+            except ValueError as exc:
+                raise where.error(
+                    "environment", str(exc), "list requirements as pip reads them: numpy==2.3.1"
+                ) from None
+            if found is not None:
+                requirements.append(found)
+        env = Environment(tuple(requirements), where.path)
+    else:
+        name = get_str(where, "environment") or ""
+        path = (workdir / name).resolve()
+        if not path.is_relative_to(workdir) or not path.is_file():
+            raise where.error(
+                "environment",
+                f"requirements file {name} not found in workdir {workdir}",
+                "give a requirements file's path relative to the workdir, or a list "
+                "of requirements: environment: [numpy==2.3.1, tqdm]",
+            )
+        read = read_pyproject if path.name == "pyproject.toml" else read_requirements
+        env = Environment(read(path, str(path)), name)
+    if wheels is None:
+        return env
+    directory = (base / wheels).resolve()
+    if not directory.is_dir() or not directory.is_relative_to(workdir):
+        raise where.error(
+            "wheels",
+            f"wheels: {wheels} is not a directory inside the workdir {workdir}",
+            "put the wheels in a directory of the workdir: they travel with the code",
+        )
+    return Environment(env.requirements, env.source, directory.relative_to(workdir).as_posix())
 
 
 def _check_script(where: Where, workdir: Path, script: str) -> str:
@@ -498,6 +581,7 @@ class Overrides:
     no_wait: bool = False  # where the GPUs or slots are held, fail at once (exit 3)
     cold: bool = False  # start cold even where a warm interpreter waits (--cold)
     stall_after: int | None = None  # --stall-after: the job's stall_after: instead
+    wheels: Path | None = None  # --wheels: the job's wheels: instead (inside the workdir)
 
 
 def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
@@ -528,6 +612,21 @@ def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
         raise InputError(
             f"--stall-after {over.stall_after}: must be at least {STALL_MIN_S} s", STALL_HINT
         )
+    environment = job.environment
+    if over.wheels is not None:
+        directory = over.wheels.resolve()
+        if environment is None:
+            raise InputError(
+                f"--wheels {over.wheels}: {job.path} has no environment:",
+                "add environment: requirements.txt (or a list) to the job file",
+            )
+        if not directory.is_dir() or not directory.is_relative_to(job.workdir):
+            raise InputError(
+                f"--wheels {over.wheels}: not a directory inside the workdir {job.workdir}",
+                "put the wheels in a directory of the workdir: they travel with the code",
+            )
+        wheels = directory.relative_to(job.workdir).as_posix()
+        environment = Environment(environment.requirements, environment.source, wheels)
     for value in (*over.args, *over.env.values()):
         for name in placeholders.unknown(value):
             raise InputError(
@@ -544,4 +643,5 @@ def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
         args=over.args if over.replace_args else (*job.args, *over.args),
         cold="--cold" if over.cold else job.cold,
         stall_after=over.stall_after if over.stall_after is not None else job.stall_after,
+        environment=environment,
     )

@@ -62,6 +62,9 @@ class NodeStart(NodeEnv, Protocol):
     @property
     def template(self) -> NodeTemplate: ...
 
+    @property
+    def python(self) -> str | None: ...
+
 
 def start(node: NodeStart, transport: Transport, lease: LeaseRequest | None = None) -> LeaseStart:
     """Start torchrun under a detached supervisor in the node's job directory, whose
@@ -84,6 +87,8 @@ def start(node: NodeStart, transport: Transport, lease: LeaseRequest | None = No
         spec.lease = lease
     if node.template.warm:
         spec.warm = node.template.warm
+    if node.python:
+        spec.python = node.python
     command = agent.job_command(node.host, node.job_dir, "start", ".")
     # On stdin: the env may hold secrets, and every user of a host can read an argv.
     result = transport.run(command, stdin=spec.to_json().encode(), timeout=START_TIMEOUT_S)
@@ -152,6 +157,7 @@ def setup(
     key: str,
     digest: str,
     on_line: Callable[[str], None],
+    python: str | None = None,
 ) -> None:
     """Run the job's `setup:` command with /bin/sh in the node's code snapshot, passing
     each output line to `on_line`; on success the host's store records `key`, so that
@@ -163,6 +169,8 @@ def setup(
     """
     store = layout.store_dir(node.host.workdir)
     spec = SetupRequest(script=script, env=node.env, store=store, key=key, manifest=digest)
+    if python:
+        spec.python = python  # the job's environment's: its pip is the one setup means
     process = transport.stream(
         agent.job_command(node.host, node.job_dir, "setup", "."), stdin=spec.to_json().encode()
     )

@@ -120,7 +120,9 @@ def _host_lines(item: Probed, common: str | None) -> list[str]:
                 "    ",
                 "python",
                 python,
-                f"NO TORCH in any python found ({looked}): install it, or point python: at one that has it",
+                f"NO TORCH in any python found ({looked}): list torch in the job's "
+                "environment: (docs/ENVIRONMENTS.md), install it, or point python: at one "
+                "that has it",
             )
         )
     elif found.torch_python != common:

@@ -58,6 +58,18 @@ class QueueRow(Row):
 
 
 @dataclass(frozen=True)
+class Environment(Row):
+    """One environment of this user on a host (docs/ENVIRONMENTS.md): its key, bytes on
+    disk, when a job last used it (epoch seconds), and the requirements it holds."""
+
+    host: str
+    key: str
+    size: int
+    used: float
+    requirements: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class WarmInterpreter(Row):
     """One warm interpreter of this user on a host, that a job's ranks fork from: its
     memory is its proportional set size, `idle_s` the seconds since it last launched."""

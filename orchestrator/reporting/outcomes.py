@@ -45,3 +45,4 @@ class GcOutcome:
     outputs_removed: int = 0  # with `outputs`: ended jobs' output directories
     outputs_bytes_freed: int = 0
     warm_ended: int = 0  # warm interpreters ended (they hold memory, not disk)
+    envs_removed: int = 0  # environments unused for ORCH_KEEP_ENVS_DAYS

@@ -19,7 +19,7 @@ from orchestrator.models.errors import InputError, Interrupted, OrchError
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
 from orchestrator.models.states import JobState
-from orchestrator.nodes import ops
+from orchestrator.nodes import envs, ops
 from orchestrator.nodes.group import HostGroup
 from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobDB, JobRecord
@@ -33,9 +33,9 @@ from orchestrator.slurm.restarts import follow_attempts
 from orchestrator.slurm.script import SlurmJob
 from orchestrator.slurm.section import section_of
 from orchestrator.sync.ignore import collect_files
-from orchestrator.sync.manifest import scan_workdir
+from orchestrator.sync.manifest import Tree, scan_workdir
 from orchestrator.sync.push import push
-from orchestrator.sync.store import setup_key
+from orchestrator.sync.store import environment_digest_of, setup_key
 from orchestrator.transport import ConnectOptions
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,7 @@ def submit(
     """
     store = store or JobDB()
     tree = scan_workdir(sj.job.workdir, sj.job.exclude)
+    environment_digest_of(sj.job, tree)  # `wheels:` that carry none: refused before any host
     with HostGroup([login], ConnectOptions(notice=reporter.notice)) as group:
         phase(reporter, f"connecting to the login node {login.name}")
         group.connect()
@@ -157,6 +158,8 @@ def submit(
             )
             progress = reporter.progress if isinstance(reporter, ProgressReporter) else None
             pushed = push(group, tree, {login.name: sj.job_root}, keys, progress)
+            if sj.job.environment is not None:
+                sj = _ensure_environment(sj, login_node, tree, reporter)
             if sj.job.setup and not pushed[login.name].setup_done:
                 _setup(sj, login_node, keys[login.name], tree.digest, reporter)
             phase(reporter, "sbatch")
@@ -220,6 +223,27 @@ def _slurm_spec(sj: SlurmJob, partition: str, login: Host) -> dict[str, object]:
     }
 
 
+def _ensure_environment(sj: SlurmJob, login: LoginNode, tree: Tree, reporter: Reporter) -> SlurmJob:
+    """The job's environment, built once on the login node in the shared home (where
+    missing), which the compute nodes share: the job then runs with its python.
+
+    Raises:
+        InfraError: the build failed (the packages not found, or the installer's words).
+    """
+    env = sj.job.environment
+    assert env is not None
+    digest = environment_digest_of(sj.job, tree)
+    assert digest is not None
+    ready = envs.ensure(login.host, login.transport, sj.job_root, env, digest)
+    if ready.error is not None or not ready.python:
+        raise envs.failure(env, {login.host.name: ready})
+    if ready.built:
+        reporter.notice(
+            f"environment: built on the login node {login.host.name} ({ready.seconds:.1f} s)"
+        )
+    return dataclasses.replace(sj, python=ready.python)
+
+
 def _setup(sj: SlurmJob, login: LoginNode, key: str, digest: str, reporter: Reporter) -> None:
     """The job's `setup:` once per code version, on the login node: the compute nodes
     share its home, as hosts sharing a filesystem share one setup."""
@@ -230,7 +254,8 @@ def _setup(sj: SlurmJob, login: LoginNode, key: str, digest: str, reporter: Repo
     def line(text: str) -> None:
         reporter.output(f"{login.host.name} setup", None, (text + "\n").encode())
 
-    ops.setup(target, login.transport, sj.job.setup, key, digest, line)
+    python = sj.python if sj.job.environment is not None else None
+    ops.setup(target, login.transport, sj.job.setup, key, digest, line, python)
 
 
 def dry_run(job: JobSpec, inventory: Inventory) -> list[str]:

@@ -55,7 +55,7 @@ from orchestrator.transport import Transport
 if TYPE_CHECKING:
     from orchestrator.ssh.plan import LaunchPlan
 
-    Push = Callable[[LaunchPlan, HostGroup], None]
+    Push = Callable[[LaunchPlan, HostGroup], LaunchPlan]
 
 log = logging.getLogger(__name__)
 KEEPER_TIMEOUT_S = 90.0  # `keeper stop` waits for the nodes' kill, and more
@@ -79,7 +79,8 @@ def start_keeper(
         candidates: every host of the job's selection, its hosts first (Submission).
         group: the job's hosts, connected.
         digest: the code's manifest: a member builds a later attempt's snapshot from it.
-        push: builds the code snapshot (and runs setup:) on the hosts of a plan.
+        push: builds the code snapshot (and the environment, and runs setup:) on the
+            hosts of a plan, and returns the plan with the environment's python.
         line: the job waits in line (keeping.py): "together" or "alone".
 
     Raises:
@@ -214,11 +215,12 @@ def _prepare_spares(
     standby = build_plan(
         plan.job, usable, plan.job_id, first, None, facts, fs_groups(usable, facts)
     )
-    push(standby, group)
+    standby = push(standby, group)  # with each node's environment's python, if any
     for node in standby.nodes:
-        templates[node.host.name] = node_template(
-            plan.job, node.host, facts[node.host.name], plan.job_id
-        )
+        template = node_template(plan.job, node.host, facts[node.host.name], plan.job_id)
+        if node.python:
+            template.python = node.python
+        templates[node.host.name] = template
         homes[node.host.name] = node.job_dir
 
 

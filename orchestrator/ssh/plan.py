@@ -40,6 +40,9 @@ class NodeLaunch:
     # one included: they share one snapshot, which the first one's push builds. Empty
     # when the host shares it with no other node of the job.
     shares: tuple[str, ...] = ()
+    # The job's environment's python on this host (nodes/envs.py), which runs the node
+    # in place of the host's (agent/node/spawn.py); None: no environment, or not yet.
+    python: str | None = None
 
     @property
     def ranks(self) -> range:

@@ -14,7 +14,10 @@ from pathlib import Path
 
 from orchestrator.agent.kernel import placement
 from orchestrator.agent.kernel.lease_wire import LeaseStart
+from orchestrator.agent.kernel.messages import parse_message
 from orchestrator.agent.kernel.placement import restart_delay
+from orchestrator.agent.kernel.replies import EnvReady
+from orchestrator.agent.kernel.requests import NodeTemplate
 from orchestrator.models.clocks import HostClock
 from orchestrator.models.errors import (
     HostError,
@@ -26,7 +29,7 @@ from orchestrator.models.errors import (
 from orchestrator.models.inventory import Host, Inventory, pick_hosts
 from orchestrator.models.job import JobSpec
 from orchestrator.models.states import JobState
-from orchestrator.nodes import ops
+from orchestrator.nodes import envs, ops
 from orchestrator.nodes.group import HostGroup
 from orchestrator.nodes.into import open_forwards
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord, new_job_id
@@ -49,7 +52,7 @@ from orchestrator.ssh.watch import watch_job
 from orchestrator.sync.manifest import Tree, scan_workdir
 from orchestrator.sync.push import PushResult, push
 from orchestrator.sync.relay import Relay
-from orchestrator.sync.store import setup_key
+from orchestrator.sync.store import environment_digest_of, setup_inputs_digest, setup_key
 from orchestrator.transport import ConnectOptions, Transport
 
 log = logging.getLogger(__name__)
@@ -103,6 +106,7 @@ def submit(
     """
     store = store or JobDB()
     tree = scan_workdir(sub.job.workdir, sub.job.exclude)
+    environment_digest_of(sub.job, tree)  # `wheels:` that carry none: refused before any host
     hosts, attempt = list(sub.hosts), 0
     while True:
         try:
@@ -184,7 +188,8 @@ def _attempt(
 
         try:
             phase(reporter, f"pushing {tree.total_bytes / 1e6:.1f} MB of code")
-            push_code(plan, group, tree, reporter)
+            plan = push_code(plan, group, tree, reporter)
+            nodes = {n.host.name: n for n in plan.nodes}
             phase(reporter, f"starting {_count(plan.nodes, 'node')}")
             queued = start_nodes(plan, group, reporter, store, start, sub.no_wait, detach)
             if not queued:
@@ -251,7 +256,12 @@ def _keep(
     if not (sub.job.restarts or (queued and several) or sub.job.stall_after):
         return  # `stall_after:`: the keeper is the detached job's stall watchdog too
     line = None if not queued else "together" if several else "alone"
-    push = lambda p, g: push_code(p, g, tree, reporter)  # noqa: E731
+
+    def push(p: LaunchPlan, g: HostGroup) -> LaunchPlan:
+        # The spares' code (and environment) for a later attempt: the keeper renders
+        # that attempt's nodes on the hosts, from their templates.
+        return push_code(p, g, tree, reporter)
+
     try:
         start_keeper(plan, sub.candidates, group, tree.digest, push, reporter, store, line)
     except OrchError:
@@ -357,9 +367,13 @@ def _start(node: NodeLaunch, transport: Transport) -> LeaseStart:
 # ---------------------------------------------------------------- code push
 
 
-def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter) -> None:
-    """Build the job's code snapshot on every node, then run its `setup:` where it has
-    not yet run for this setup text and code version. Nothing is started here.
+def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter) -> LaunchPlan:
+    """Build the job's code snapshot on every node, then its environment where it has
+    one (docs/ENVIRONMENTS.md), then run its `setup:` where it has not yet run for this
+    setup text, code version, interpreter and environment. Nothing is started here.
+
+    Returns:
+        The plan, each node with its environment's python where the job has one.
 
     Nodes whose hosts share a filesystem share one snapshot: the code goes to the
     first of them, and setup runs there once (once per interpreter).
@@ -370,8 +384,23 @@ def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter
     """
     snapshots = plan.snapshots()
     script = plan.job.setup
+    env_digest = environment_digest_of(plan.job, tree)
+    # Keyed by the code version, or with `setup_inputs:` by those files alone.
+    inputs = plan.job.setup_inputs
+    version = (
+        tree.digest
+        if inputs is None
+        else setup_inputs_digest(((e.path, e.value) for e in tree.entries), inputs)
+    )
     keys = {
-        n.host.name: setup_key(script, tree.digest, n.host.python) for n in plan.nodes if script
+        n.host.name: setup_key(
+            script,
+            version,
+            # (Without an environment, the key of before: setups done stay cached.)
+            n.host.python if env_digest is None else f"{n.host.python}\0{env_digest}",
+        )
+        for n in plan.nodes
+        if script
     }
     progress = reporter.progress if isinstance(reporter, ProgressReporter) else None
     results = push(
@@ -383,6 +412,7 @@ def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter
         shares={name: nodes[0].shares for name, nodes in snapshots.items() if nodes[0].shares},
         # The other hosts fetch from the master, at the address their ranks reach it.
         relay=Relay(plan.master.snapshot_host, plan.master_addr),
+        env=env_digest,
     )
     log.info(
         "pushed %s",
@@ -403,8 +433,71 @@ def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter
         if len(nodes) > 1:
             others = ", ".join(n.host.name for n in nodes[1:])
             reporter.notice(f"code: {others} share the filesystem of {name}: one copy for all")
+    if env_digest is not None:
+        ready = {h: r.env_python for h, r in results.items() if r.env_python}
+        plan = _ensure_environment(plan, group, env_digest, reporter, ready)
+        snapshots = plan.snapshots()
     if script:
         _run_setup(plan, group, snapshots, keys, results, tree.digest, reporter)
+    return plan
+
+
+def _ensure_environment(
+    plan: LaunchPlan,
+    group: HostGroup,
+    digest: str,
+    reporter: Reporter,
+    ready: dict[str, str],
+) -> LaunchPlan:
+    """Make sure every node's host has the job's environment (built where missing; hosts
+    sharing a filesystem wait for one build) and give each node its python. `ready`:
+    the hosts whose push found it built (host -> its python), asked nothing more.
+
+    Raises:
+        InfraError: a build failed: the packages and hosts, nothing started.
+    """
+    env = plan.job.environment
+    assert env is not None
+    nodes = {n.host.name: n for n in plan.nodes}
+
+    def one(host: Host, transport: Transport) -> EnvReady:
+        return envs.ensure(host, transport, nodes[host.name].job_dir, env, digest)
+
+    # First the host of each group sharing a filesystem (it builds where needed), then
+    # the others of the group, which find it there.
+    firsts = [name for name in plan.snapshots() if name in nodes and name not in ready]
+    replies = {name: EnvReady(python=python) for name, python in ready.items() if name in nodes}
+    if replies:
+        log.info("environment: the push found it built on %s", ", ".join(replies))
+    if firsts:
+        replies.update(group.each(one, only=firsts))
+    failed = {name: r for name, r in replies.items() if r.error is not None or not r.python}
+    if failed:
+        groups = plan.snapshots()  # a group's others would have used the same build
+        raise envs.failure(
+            env, {n.host.name: failed[name] for name in failed for n in groups[name]}
+        )
+    others = [name for name in nodes if name not in replies]
+    if others:
+        replies.update(group.each(one, only=others))
+        failed = {name: r for name, r in replies.items() if r.error is not None or not r.python}
+        if failed:
+            raise envs.failure(env, failed)
+    built = [f"{name} ({r.seconds:.1f} s)" for name, r in replies.items() if r.built]
+    if built:
+        reporter.notice(f"environment: built on {', '.join(built)}")
+    else:
+        log.info("environment ready on %s", ", ".join(replies))
+
+    def in_env(node: NodeLaunch) -> NodeLaunch:
+        python = replies[node.host.name].python
+        assert python is not None
+        # The template too: a detached job's keeper renders a later attempt's node
+        # on this host from it, which then runs in the environment as well.
+        template = parse_message(NodeTemplate, {**node.template.as_dict(), "python": python})
+        return replace(node, python=python, template=template)
+
+    return replace(plan, nodes=tuple(in_env(n) for n in plan.nodes))
 
 
 def _run_setup(
@@ -432,7 +525,8 @@ def _run_setup(
                 todo.setdefault(name, []).append(node)
             runs.setdefault(key, node.host.name)
     if cached:
-        reporter.notice(f"setup: cached on {', '.join(cached)} (same setup and code ran there)")
+        what = "code" if plan.job.setup_inputs is None else "setup_inputs"
+        reporter.notice(f"setup: cached on {', '.join(cached)} (same setup and {what} ran there)")
     if reused:
         reporter.notice(f"setup: {'; '.join(reused)} (one filesystem)")
     if not todo:
@@ -450,7 +544,7 @@ def _run_setup(
                 reporter.output(f"{name} setup", None, (text + "\n").encode())
 
             transport = group.transports[node.host.name]
-            ops.setup(node, transport, script, keys[node.host.name], digest, line)
+            ops.setup(node, transport, script, keys[node.host.name], digest, line, node.python)
 
     group.each(run_setup, only=todo)
 

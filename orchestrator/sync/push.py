@@ -87,6 +87,7 @@ class PushResult:
     setup_done: bool
     relayed: int = 0  # objects the host fetched from the seed host's relay
     relayed_bytes: int = 0
+    env_python: str | None = None  # the job's environment's python, where it is built
 
 
 Progress = Callable[[PushProgress], None]
@@ -102,6 +103,7 @@ def push(
     memory: HostMemory | None = None,
     shares: Mapping[str, Sequence[str]] | None = None,
     relay: Relay | None = None,
+    env: str | None = None,
 ) -> dict[str, PushResult]:
     """Push `tree` to every host named in `job_dirs`, in parallel, and build each one's
     snapshot at `<job dir>/code` (with the agent beside it).
@@ -119,6 +121,8 @@ def push(
             the content pushed counts as theirs too.
         relay: the seed host the others fetch from, when they lack enough to be
             worth it; None pushes to every host directly.
+        env: the job's environment's digest: each result says the environment's
+            python where the host has it built (`env_python`).
 
     Returns:
         Each host's PushResult.
@@ -140,6 +144,7 @@ def push(
         cache,
         keep if keep is not None else snapshot_retention(),
         progress or (lambda _: None),
+        env,
     )
 
     # Names the temporary files of each host's push: one per writer, whatever shares
@@ -210,6 +215,7 @@ class _Shared:
     cache: wire.PieceCache
     keep: int
     progress: Progress
+    env: str | None = None  # the job's environment's digest: the reply says if it is built
 
     @functools.cached_property
     def manifest_frame(self) -> bytes:
@@ -288,6 +294,7 @@ class _HostPush:
             reply.setup_done,
             reply.relayed,
             reply.relayed_bytes,
+            reply.env_python,
         )
 
     def _fetch(self, relay: RelayOrder, manifest: bool) -> SyncReply:
@@ -387,6 +394,9 @@ class _HostPush:
         )
         if self.nodes:
             request.nodes = self.nodes
+        if self.shared.env is not None:
+            request.env = self.shared.env
+            request.envs = layout.envs_dir(self.host.workdir)
         return request
 
     def _round_trip(self, frames: list[bytes], batch: Sequence[wire.Piece]) -> SyncReply:

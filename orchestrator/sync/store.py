@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable, Sequence
 
+from orchestrator.models.environment import environment_digest
 from orchestrator.models.errors import (
     InputError,
 )
 from orchestrator.models.inventory import Host
+from orchestrator.models.job import JobSpec
+from orchestrator.sync.manifest import Tree
 
 # ---------------------------------------------------------------- hosts
 
@@ -44,6 +48,54 @@ def setup_key(script: str, digest: str, python: str) -> str:
     """Names one run of `setup:`: the setup text, the code version and the interpreter
     (a setup that installs packages must run again for another interpreter)."""
     return hashlib.sha256(f"{script}\0{digest}\0{python}".encode()).hexdigest()
+
+
+def setup_inputs_digest(entries: Iterable[tuple[str, str]], patterns: Sequence[str]) -> str:
+    """What a `setup:` with `setup_inputs:` is keyed by instead of the code version: the
+    paths and contents (hashes) of the pushed files that the patterns (fnmatch, against
+    the path in the workdir) name, so that an edit elsewhere leaves setup cached.
+
+    Args:
+        entries: the pushed tree's (path, value) pairs (a file's sha256).
+        patterns: the job's `setup_inputs:`.
+    """
+    import fnmatch
+    import json
+
+    chosen = sorted(
+        (path, value)
+        for path, value in entries
+        if any(fnmatch.fnmatchcase(path, p) for p in patterns)
+    )
+    return hashlib.sha256(json.dumps(chosen).encode()).hexdigest()
+
+
+def environment_digest_of(job: JobSpec, tree: Tree) -> str | None:
+    """The controller's digest of the job's environment (its requirements and the
+    wheels pushed with the code), or None where the job has none.
+
+    Raises:
+        InputError: `wheels:` holds no wheel that the push carries.
+    """
+    env = job.environment
+    if env is None:
+        return None
+    wheels: dict[str, str] = {}
+    if env.wheels is not None:
+        prefix = "" if env.wheels == "." else env.wheels.rstrip("/") + "/"
+        wheels = {
+            e.path[len(prefix) :]: e.value
+            for e in tree.entries
+            if e.path.startswith(prefix) and e.path.endswith(".whl") and e.key is not None
+        }
+        if not wheels:
+            raise job.error(
+                "wheels",
+                f"no .whl file in {env.wheels} travels with the code",
+                "put the wheels there, and check that .gitignore, .orchignore and "
+                "exclude: leave them in",
+            )
+    return environment_digest(env, wheels)
 
 
 def snapshot_retention() -> int:

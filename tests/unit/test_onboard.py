@@ -278,6 +278,7 @@ def test_a_host_not_reached_is_a_comment_with_its_reason_and_others_keep_their_p
     assert "  # gone: not probed, so left out: connection refused by root@gone:22\n" in text
     assert "  # - name: gone\n  #   address: gone\n" in text
     assert "NO TORCH in any python found (/usr/bin/python3)" in text
+    assert "list torch in the job's environment:" in text
     assert "\n  user:" not in text  # ~/.ssh/config's, unless --user
 
 

@@ -16,6 +16,7 @@ from orchestrator.agent.kernel import requests
 from orchestrator.agent.kernel.messages import MessageError, parse_message
 from orchestrator.agent.kernel.requests import (
     Candidate,
+    EnvRequest,
     GcRequest,
     KeeperConfig,
     LeaseRequest,
@@ -69,6 +70,7 @@ EVERY_REQUEST: list[Request] = [
     StartRequest(argv=["python", "-m", "torch.distributed.run"], env={"A": "1"}),
     StartRequest(argv=["python"], env={}, lease=LEASE, warm=WarmOptions(off="warm: false")),
     SetupRequest(script="pip install -e .", env={"A": "1"}, store="~/s", key="k", manifest="m"),
+    EnvRequest(envs="~/.orch/envs", digest="d" * 64, requirements=["numpy==2.3.1"], wheels="w"),
     TopRequest(job_id="j-1", offsets={"rank-0": 120}),
     SlurmTopRequest(job_id="j-1", offsets={"node1": {"rank-0": 3}}),
     StackRequest(job_id="j-1", ranks=[0, 3], native=True, pyspy={"x86_64": "ab" * 32}),

@@ -73,6 +73,12 @@ def store_dir(workdir: str) -> str:
     return f"{workdir.rstrip('/')}/store"
 
 
+def envs_dir(workdir: str) -> str:
+    """Where the host keeps the jobs' virtual environments, each by its key
+    (agent/host/envs.py; may start with ~)."""
+    return f"{workdir.rstrip('/')}/envs"
+
+
 def agent_dir(workdir: str) -> str:
     """Where the host keeps each agent version it was sent (may start with ~)."""
     return f"{workdir.rstrip('/')}/agent"

@@ -47,6 +47,38 @@ class Started(Reply):
     warnings: Sequence[str] = ()  # in the reply only: what the node's lease noted
 
 
+class EnvReady(Reply):
+    """`env ensure`: the environment's python on this host and its key; `built` when
+    this command built it (else it was there, or another's build made it meanwhile);
+    or why it could not be built: `error`, the packages that could not be found
+    (`missing`), and the installer's last lines."""
+
+    key: str | None = None
+    python: str | None = None
+    built: bool = False
+    seconds: float = 0.0
+    error: str | None = None
+    missing: Sequence[str] = ()
+    tail: Sequence[str] = ()
+
+
+class EnvRow(Message):
+    """One environment of `env list`: its key, bytes on disk, when a job last used it,
+    what it holds."""
+
+    key: str
+    size: int
+    used: float
+    requirements: Sequence[str] = ()
+
+
+class EnvList(Reply):
+    """`env list` and `env gc` (`removed`: the keys gone)."""
+
+    envs: Sequence[EnvRow] = ()
+    removed: Sequence[str] = ()
+
+
 class KillReport(Reply):
     """`kill`: what was signalled, what needed KILL, what is left, where time went."""
 
@@ -66,6 +98,7 @@ class SyncReply(Reply):
     setup_done: bool = False
     missing: Sequence[str] = ()
     need_manifest: bool = False
+    env_python: str | None = None  # the job's environment's, where it is built here
     error: str | None = None
     changed: str | None = None  # an object whose bytes did not match their key
     relayed: int = 0  # objects fetched from the seed host's relay, and their bytes

@@ -90,17 +90,32 @@ class StartRequest(Request):
     env: dict[str, str]
     lease: LeaseRequest | None = None
     warm: WarmOptions | None = None
+    python: str | None = None  # the job's environment's python (spawn.py `in_environment`)
 
 
 class SetupRequest(Request):
     """`setup` (stdin): the job's `setup:` script, its env, and the store marker (`key`)
-    that records it done for the code version `manifest`."""
+    that records it done for the code version `manifest`; `python`: the interpreter
+    whose `bin/` leads PATH (a job's environment's), None for the agent's own."""
 
     script: str
     env: dict[str, str]
     store: str
     key: str
     manifest: str
+    python: str | None = None
+
+
+class EnvRequest(Request):
+    """`env ensure JOB_DIR` (stdin): the job's environment on this host
+    (agent/host/envs.py): its requirements, the wheel directory inside the job's code
+    (None: the host's index), the controller's digest of both (models/environment.py),
+    and where the host keeps environments."""
+
+    envs: str
+    digest: str
+    requirements: Sequence[str]
+    wheels: str | None = None
 
 
 class TopRequest(Request):
@@ -295,6 +310,10 @@ class SnapshotRequest(Request):
     setup: str | None = None
     keep: int | None = None
     nodes: Sequence[str] = ()
+    # The job's environment (EnvRequest.digest) and where the host keeps environments:
+    # the reply says its python where it is built, in this round trip.
+    env: str | None = None
+    envs: str | None = None
 
 
 class RelayConfig(Request):

@@ -29,7 +29,9 @@ def main(args: list[str]) -> int:
     env = dict(os.environ)
     env.update(spec.env)
     # `pip install ...` should mean the pip of the interpreter that runs the job.
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    # (The job's environment's, where it has one.)
+    python = os.path.expanduser(spec.python) if spec.python else sys.executable
+    env["PATH"] = os.path.dirname(python) + os.pathsep + env.get("PATH", "")
     with open(SETUP_LOG, "ab") as log:
         proc = subprocess.Popen(
             ["/bin/sh", "-c", spec.script],

@@ -79,14 +79,32 @@ class NodeStart:
         return cls(**{name: given[name] for name in cls.FIELDS})
 
 
+def in_environment(argv: Sequence[str], python: str | None) -> list[str]:
+    """The node's command run by its job's environment's python (agent/host/envs.py)
+    in place of the host's, which the spec names (None: no environment). A warm
+    interpreter is keyed by its python, so an environment gets its own (pure)."""
+    argv = list(argv)
+    if python:
+        argv[0] = python
+    argv[0] = os.path.expanduser(argv[0])
+    return argv
+
+
 def plan(
-    way: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, outputs: str
+    way: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    outputs: str,
+    python: str | None = None,
 ) -> NodeStart:
     """How the node's process starts (pure).
 
     Args:
         way: COLD, WARM or SRUN.
         argv: the node's command, from its spec (its interpreter may start with ~).
+        python: the job's environment's python, which runs the node instead of the
+            host's (`in_environment`); None: the spec's.
         env: the node's whole environment, as its caller composed it.
         cwd: the node's directory.
         outputs: the job's output directory on this host (layout.outputs_dir).
@@ -96,8 +114,7 @@ def plan(
     """
     if way not in WAYS:
         raise ValueError(f"unknown way to start a node: {way}")
-    argv = list(argv)
-    argv[0] = os.path.expanduser(argv[0])
+    argv = in_environment(argv, python)
     return NodeStart(
         way=way,
         argv=argv,

@@ -76,7 +76,7 @@ def supervise(spec: StartRequest, ready_fd: int) -> int:
     outputs = os.path.join(os.path.dirname(os.getcwd()), OUTPUTS)
 
     def planned(way: str, lease: dict[str, str]) -> spawn.NodeStart:
-        return spawn.plan(way, list(spec.argv), {**env, **lease}, os.getcwd(), outputs)
+        return spawn.plan(way, list(spec.argv), {**env, **lease}, os.getcwd(), outputs, spec.python)
 
     # A job that asks for warm starts sends their options; `warm: false` and `--cold`
     # send them too, for the line that says why the node starts cold.
@@ -199,7 +199,7 @@ def leave_warm(spec: StartRequest, env: dict[str, str]) -> None:
     options = spec.warm
     if options is None or options.off:
         return
-    request = launch.node_request([os.path.expanduser(str(spec.argv[0])), *spec.argv[1:]])
+    request = launch.node_request(spawn.in_environment(spec.argv, spec.python))
     if request.get("cold"):
         return  # no fork could do this node's job: nothing to keep warm for it
     with contextlib.suppress(OSError, ValueError):

@@ -133,7 +133,12 @@ def make_snapshot(store: ContentStore, request: SnapshotRequest) -> dict[str, An
     link_nodes(job_dir, list(request.nodes))
     setup = request.setup
     done = setup is not None and os.path.exists(store.setup_marker(setup))
-    return {"snapshot": True, "setup_done": done}
+    reply: dict[str, Any] = {"snapshot": True, "setup_done": done}
+    if request.env is not None and request.envs is not None:
+        from ..host.envs import ready_python
+
+        reply["env_python"] = ready_python(request.envs, request.env)
+    return reply
 
 
 def build_snapshot(

@@ -19,7 +19,7 @@ from orchestrator.models.errors import HostError, OrchError, PreflightError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
-from orchestrator.nodes import agent
+from orchestrator.nodes import agent, envs
 from orchestrator.nodes.group import HostGroup
 from orchestrator.nodes.probe import Marks, probe, probe_host, torch_missing
 from orchestrator.ssh.check.net import Throughput, bandwidth, reachability, relay_reach
@@ -36,6 +36,8 @@ from orchestrator.ssh.check.rules import (
     unusable,
 )
 from orchestrator.ssh.plan import fs_groups, select_hosts, static_master_addr
+from orchestrator.sync.manifest import scan_workdir
+from orchestrator.sync.store import environment_digest_of
 from orchestrator.transport import ConnectOptions, Transport
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ class HostStatus:
     error_topic: str = ""  # "ssh" (could not connect) or "python" (could not probe)
     ssh_ms: float | None = None  # a command's round trip; None for local hosts
     lease_dir: LeaseDir | None = None  # a shared host's (inventory gpus: or slots:)
+    env_built: bool | None = None  # the job's environment is built there (None: no job's)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class CheckReport:
     problems: tuple[Problem, ...]
     shared: tuple[tuple[str, ...], ...] = ()  # hosts whose workdirs share a filesystem
     relayed: tuple[str, ...] = ()  # nodes that can fetch the code from the master's relay
+    environment: str | None = None  # the job's environment, as the line says it
 
     @property
     def errors(self) -> list[Problem]:
@@ -118,6 +122,9 @@ def run_check(
         wanted = (job.rendezvous_port or DEFAULT_PORT) if job else None
         modules = _modules_to_find(job)
         marks = _marks(hosts)
+        env_digest = None
+        if job is not None and job.environment is not None:
+            env_digest = environment_digest_of(job, scan_workdir(job.workdir, job.exclude))
 
         def inspect(host: Host, transport: Transport) -> HostStatus:
             port = wanted if host.name == master.name else None
@@ -127,7 +134,13 @@ def run_check(
                 return HostStatus(host, error=exc, error_topic="python")
             leases = _lease_dir(host, transport)
             ssh_ms = _round_trip_ms(host, transport)
-            return HostStatus(host, found.facts, ssh_ms=ssh_ms, lease_dir=leases)
+            built = None
+            if env_digest is not None:
+                try:
+                    built = envs.ready(host, transport, env_digest) is not None
+                except OrchError:
+                    built = False
+            return HostStatus(host, found.facts, ssh_ms=ssh_ms, lease_dir=leases, env_built=built)
 
         probed, errors = group.try_each(inspect)
         failed.update({e.host: e for e in errors})
@@ -135,7 +148,8 @@ def run_check(
             probed.get(h.name) or HostStatus(h, error=failed.get(h.name), error_topic="ssh")
             for h in hosts
         )
-        usable = [s.host for s in statuses if s.facts and s.facts.torch_version]
+        brings = job is not None and job.environment is not None  # torch may come with it
+        usable = [s.host for s in statuses if s.facts and (s.facts.torch_version or brings)]
         rendezvous = None
         if job and master_addr and master in usable and wanted is not None:
             facts = probed[master.name].facts
@@ -158,8 +172,33 @@ def run_check(
     shared = tuple(fs_groups(hosts, found))
     relayed = tuple(h.name for h in others if h.name not in relay_failures)
     return CheckReport(
-        statuses, master_addr, rendezvous, throughput, tuple(problems), shared, relayed
+        statuses,
+        master_addr,
+        rendezvous,
+        throughput,
+        tuple(problems),
+        shared,
+        relayed,
+        _environment_line(job, statuses),
     )
+
+
+def _environment_line(job: JobSpec | None, statuses: Sequence[HostStatus]) -> str | None:
+    """What `orch check JOB` says of the job's environment: what it holds, where it is
+    built, where the next submit builds it."""
+    if job is None or job.environment is None:
+        return None
+    env = job.environment
+    held = ", ".join(env.requirements) or "nothing more"
+    source = f", from {env.wheels} with no index" if env.wheels else ""
+    built = [s.host.name for s in statuses if s.env_built]
+    todo = [s.host.name for s in statuses if s.env_built is False]
+    where = []
+    if built:
+        where.append(f"built on {', '.join(built)}")
+    if todo:
+        where.append(f"the next submit builds it on {', '.join(todo)}")
+    return f"environment: {env.source} ({held}{source}): " + ("; ".join(where) or "not asked")
 
 
 def preflight(job: JobSpec, hosts: Sequence[Host], group: HostGroup) -> Preflight:
@@ -174,8 +213,10 @@ def preflight(job: JobSpec, hosts: Sequence[Host], group: HostGroup) -> Prefligh
     wanted = job.rendezvous_port or DEFAULT_PORT
     modules = _modules_to_find(job)
     marks = _marks(hosts)
+    # A job's environment may bring torch itself over a bare host python.
+    verdict = probe if job.environment is None else probe_host
     probes = group.each(
-        lambda h, t: probe(
+        lambda h, t: verdict(
             h,
             t,
             master_addr,
@@ -251,7 +292,11 @@ def _judge(
     for status in statuses:
         if status.error is not None:
             problems.append(unusable(status.host, status.error, status.error_topic))
-        elif status.facts is not None and not status.facts.torch_version:
+        elif (
+            status.facts is not None
+            and not status.facts.torch_version
+            and (job is None or job.environment is None)  # else the environment may bring it
+        ):
             problems.append(unusable(status.host, torch_missing(status.host), "torch"))
         elif status.facts is not None:
             facts[status.host.name] = status.facts
@@ -307,8 +352,8 @@ def _master_addr_or_none(group: HostGroup, master: Host) -> str | None:
 
 def _modules_to_find(job: JobSpec | None) -> list[str]:
     """The job's module, when it is not in the workdir: it must be installed on the hosts."""
-    if job is None or not job.module:
-        return []
+    if job is None or not job.module or job.environment is not None:
+        return []  # (an environment may install it: its build says so where it does not)
     top = job.module.split(".")[0]
     in_workdir = (job.workdir / top).is_dir() or (job.workdir / f"{top}.py").is_file()
     return [] if in_workdir else [top]

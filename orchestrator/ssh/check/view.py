@@ -136,6 +136,8 @@ def summary_lines(report: CheckReport) -> list[CheckLine]:
         lines.append(
             CheckLine(f"shared filesystem: {', '.join(group)} (one copy of the code, one setup)")
         )
+    if report.environment is not None:
+        lines.append(CheckLine(report.environment))
     if report.relayed:
         master = report.hosts[0].host.name
         lines.append(

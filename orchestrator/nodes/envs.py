@@ -1,0 +1,116 @@
+"""The jobs' environments on the hosts (agent/host/envs.py, docs/ENVIRONMENTS.md): make
+sure a job's is there (built where missing), list them, collect unused ones."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+
+from orchestrator.agent.kernel import layout, messages
+from orchestrator.agent.kernel.replies import EnvList, EnvReady
+from orchestrator.agent.kernel.requests import EnvRequest
+from orchestrator.models.environment import Environment
+from orchestrator.models.errors import InfraError, OrchError, RemoteCommandError
+from orchestrator.models.inventory import Host
+from orchestrator.nodes import agent
+from orchestrator.nodes.group import connect_reachable
+from orchestrator.transport import Transport
+
+log = logging.getLogger(__name__)
+ENSURE_TIMEOUT_S = 3600.0  # a first build with torch's wheels takes minutes
+LIST_TIMEOUT_S = 60.0
+KEEP_DAYS_DEFAULT = 14.0
+
+
+def keep_days() -> float:
+    """`ORCH_KEEP_ENVS_DAYS` (default 14): how long an unused environment stays."""
+    try:
+        return max(0.0, float(os.environ.get("ORCH_KEEP_ENVS_DAYS", KEEP_DAYS_DEFAULT)))
+    except ValueError:
+        return KEEP_DAYS_DEFAULT
+
+
+def ensure(
+    host: Host, transport: Transport, job_dir: str, env: Environment, digest: str
+) -> EnvReady:
+    """The job's environment on `host`, built there first where it is missing (the
+    job's code, with its wheels, is already in `job_dir`/code).
+
+    Returns:
+        The reply: its python, whether this call built it; or `error`.
+
+    Raises:
+        RemoteCommandError: the agent gave no reply.
+    """
+    request = EnvRequest(
+        envs=layout.envs_dir(host.workdir),
+        digest=digest,
+        requirements=list(env.requirements),
+        wheels=env.wheels,
+    )
+    command = agent.job_command(host, job_dir, "env", "ensure", ".")
+    result = transport.run(command, stdin=request.to_json().encode(), timeout=ENSURE_TIMEOUT_S)
+    reply = messages.last_json(result.stdout)
+    if reply is None:
+        if result.exit_code in agent.SHELL_NOT_FOUND:
+            raise agent.python_not_found(host)
+        raise RemoteCommandError(
+            host.name,
+            "orch agent env ensure",
+            result.exit_code,
+            result.stderr,
+            f"check free disk space and permissions of {host.workdir}",
+        )
+    return agent.parse(host, EnvReady, reply)
+
+
+def ready(host: Host, transport: Transport, digest: str) -> str | None:
+    """The python of the environment `digest` where `host` has it built, else None
+    (`orch check`)."""
+    args = ["env", "ready", layout.envs_dir(host.workdir), digest]
+    reply = agent.run(host, transport, args, timeout=LIST_TIMEOUT_S)
+    return agent.parse(host, EnvReady, reply).python
+
+
+def failure(env: Environment, failed: dict[str, EnvReady]) -> InfraError:
+    """One error for every host whose build failed: the packages not found and the
+    hosts, else the installer's last lines per host."""
+    missing = sorted({name for r in failed.values() for name in r.missing})
+    hosts = ", ".join(failed)
+    if missing:
+        return InfraError(
+            f"environment: cannot install {', '.join(missing)} on {hosts}: no version or "
+            f"wheel found for the host's python and platform ({env.source})",
+            "correct the requirement, or add its wheel for the hosts' platform to "
+            "wheels: (docs/ENVIRONMENTS.md); nothing was started",
+        )
+    lines = []
+    for name, reply in failed.items():
+        lines.append(f"{name}: {reply.error}")
+        lines += ["  " + line for line in reply.tail]
+    return InfraError(
+        f"environment: the build failed on {hosts}:\n" + "\n".join(lines),
+        "fix what the installer says above; nothing was started, and no half-built "
+        "environment is left (docs/ENVIRONMENTS.md)",
+    )
+
+
+def listing(
+    hosts: Sequence[Host], notice: Callable[[str], None], days: float | None = None
+) -> tuple[dict[str, EnvList], list[OrchError]]:
+    """Each reachable host's environments of this user (`days`: first remove those
+    unused that long), and the errors of the hosts that did not answer. Hosts that
+    share a machine and workdir are asked once."""
+
+    def one(host: Host, transport: Transport) -> EnvList:
+        where = layout.envs_dir(host.workdir)
+        args = ["env", "list", where] if days is None else ["env", "gc", where, str(days)]
+        reply = agent.run(host, transport, args, timeout=LIST_TIMEOUT_S)
+        return agent.parse(host, EnvList, reply)
+
+    unique = list({(h.user, h.address, h.port, h.workdir): h for h in hosts}.values())
+    group, failures = connect_reachable(unique, notice)
+    with group:
+        results, more = group.try_each(one)
+    return results, [*failures, *more]

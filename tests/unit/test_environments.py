@@ -1,0 +1,332 @@
+"""A job's `environment:`: loading and its errors, its name (key), and the host's build
+(agent/host/envs.py) run here on this machine's python with a wheel made in the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from orchestrator.agent.host import envs
+from orchestrator.agent.kernel.requests import EnvRequest
+from orchestrator.models.environment import Environment, environment_digest
+from orchestrator.models.job import load_job
+from tests.unit.conftest import Orch, WriteFile, expect_input_error
+
+
+@pytest.fixture
+def code(tmp_path: Path) -> Path:
+    workdir = tmp_path / "code"
+    workdir.mkdir()
+    (workdir / "train.py").write_text("print('hello')\n")
+    return workdir
+
+
+def test_requirements_file_loads_without_comments(
+    write: WriteFile, code: Path, tmp_path: Path
+) -> None:
+    (code / "requirements.txt").write_text(
+        "# pinned\nnumpy==2.3.1  # fast\n\ntqdm>=4,<5\nfoo[bar]\n"
+    )
+    job = load_job(
+        write("job.yaml", "workdir: code\nscript: train.py\nenvironment: requirements.txt\n")
+    )
+    assert job.environment == Environment(
+        ("numpy==2.3.1", "tqdm>=4,<5", "foo[bar]"), "requirements.txt"
+    )
+
+
+def test_inline_list_and_wheels_load(write: WriteFile, code: Path) -> None:
+    (code / "wheels").mkdir()
+    job = load_job(
+        write(
+            "job.yaml",
+            "workdir: code\nscript: train.py\nenvironment: [numpy==2.3.1, tqdm]\nwheels: code/wheels\n",
+        )
+    )
+    assert job.environment is not None
+    assert job.environment.requirements == ("numpy==2.3.1", "tqdm")
+    assert job.environment.wheels == "wheels"
+
+
+def test_missing_requirements_file_is_bad_input_at_its_key(write: WriteFile, code: Path) -> None:
+    path = write("job.yaml", "workdir: code\nscript: train.py\nenvironment: reqs.txt\n")
+    error = expect_input_error(lambda: load_job(path))
+    assert "job.yaml:3" in str(error)
+    assert "reqs.txt not found" in str(error)
+
+
+def test_unparsable_requirement_line_is_named_by_its_line(write: WriteFile, code: Path) -> None:
+    (code / "requirements.txt").write_text("numpy\n\nnot a requirement!\n")
+    path = write("job.yaml", "workdir: code\nscript: train.py\nenvironment: requirements.txt\n")
+    error = expect_input_error(lambda: load_job(path))
+    assert "requirements.txt:3" in str(error)
+    assert "not a requirement!" in str(error)
+
+
+def test_pip_options_are_refused(write: WriteFile, code: Path) -> None:
+    path = write("job.yaml", "workdir: code\nscript: train.py\nenvironment: [--index-url=x]\n")
+    assert "pip option" in str(expect_input_error(lambda: load_job(path)))
+
+
+def test_wheels_outside_the_workdir_are_refused(
+    write: WriteFile, code: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    path = write(
+        "job.yaml", "workdir: code\nscript: train.py\nenvironment: [a]\nwheels: elsewhere\n"
+    )
+    assert "inside the workdir" in str(expect_input_error(lambda: load_job(path)))
+
+
+def test_digest_follows_requirements_and_wheels() -> None:
+    one = Environment(("a==1",), "x")
+    assert environment_digest(one, {}) == environment_digest(Environment(("a==1",), "y"), {})
+    assert environment_digest(one, {}) != environment_digest(Environment(("a==2",), "x"), {})
+    assert environment_digest(one, {"a.whl": "1"}) != environment_digest(one, {"a.whl": "2"})
+
+
+def test_env_key_differs_per_digest_and_is_stable() -> None:
+    assert envs.env_key("a" * 64) == envs.env_key("a" * 64)
+    assert envs.env_key("a" * 64) != envs.env_key("b" * 64)
+
+
+def _tiny_wheel(tmp_path: Path, name: str, version: str) -> Path:
+    """A wheel of a one-module package `name`, made with this python's pip, offline."""
+    src = tmp_path / f"src-{name}-{version}"
+    (src / name).mkdir(parents=True)
+    (src / name / "__init__.py").write_text(f"VERSION = {version!r}\n")
+    (src / "pyproject.toml").write_text(
+        f'[project]\nname = "{name}"\nversion = "{version}"\n'
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+    )
+    out = tmp_path / "code" / "wheels"
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        check=True,
+    )
+    return out
+
+
+def _request(envs_dir: Path, requirements: list[str]) -> EnvRequest:
+    digest = environment_digest(Environment(tuple(requirements), "t"), {})
+    return EnvRequest(envs=str(envs_dir), digest=digest, requirements=requirements, wheels="wheels")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="venvs as the hosts have them")
+def test_build_publishes_one_owner_only_env_reused_and_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _tiny_wheel(tmp_path, "orchtiny", "1.0")
+    monkeypatch.chdir(tmp_path)  # the job directory: code/wheels is beside
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # pip, not a uv of this machine
+    envs_dir = tmp_path / "envs"
+    request = _request(envs_dir, ["orchtiny==1.0"])
+    replies: list[object] = []
+    # Two builds of one environment at once: one builds, the other waits and uses it.
+    threads = [
+        threading.Thread(target=lambda: replies.append(envs.ensure(request))) for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    built = [r for r in replies if getattr(r, "built", False)]
+    assert len(built) == 1, replies
+    first = built[0]
+    assert first.error is None
+    python = str(first.python)
+    assert {r.python for r in replies} == {python}
+    out = subprocess.run(
+        [python, "-c", "import orchtiny, pytest; print(orchtiny.VERSION)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "1.0"  # its own package, and the host python's (pytest)
+    assert os.stat(envs_dir).st_mode & 0o077 == 0
+    assert [p.name for p in envs_dir.iterdir() if p.name.startswith(".build-")] == []
+    again = envs.ensure(request)
+    assert again.python == python and not again.built
+    rows = envs.listing(str(envs_dir))
+    assert [r.requirements for r in rows] == [["orchtiny==1.0"]]
+    assert envs.collect(str(envs_dir), days=1.0) == []
+    assert envs.collect(str(envs_dir), days=-1.0) == [rows[0].key]
+    assert envs.listing(str(envs_dir)) == []
+
+
+def test_unresolvable_requirement_names_it_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "code" / "wheels").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    envs_dir = tmp_path / "envs"
+    reply = envs.ensure(_request(envs_dir, ["orch-no-such-package==9"]))
+    assert reply.error is not None
+    assert reply.missing == ["orch-no-such-package==9"]
+    assert [p for p in envs_dir.iterdir() if not p.name.endswith(".lock")] == []
+    assert json.loads(reply.to_json()).get("python") is None
+
+
+def test_dry_run_with_an_unparsable_requirement_exits_2_naming_the_line(
+    orch: Orch, write: WriteFile, code: Path
+) -> None:
+    (code / "requirements.txt").write_text("tqdm\nnumpy=2\n")
+    job = write("job.yaml", "workdir: code\nscript: train.py\nenvironment: requirements.txt\n")
+    run = orch("submit", job, "--dry-run")
+    assert run.returncode == 2, run
+    assert f"error: {code / 'requirements.txt'}:2:1: not a requirement: 'numpy=2'" in run.stderr
+    assert "hint: " in run.stderr and "Traceback" not in run.stderr
+
+
+def test_wheels_option_replaces_the_jobs_and_must_be_in_the_workdir(
+    write: WriteFile, code: Path, tmp_path: Path
+) -> None:
+    from orchestrator.models.errors import InputError
+    from orchestrator.models.job import Overrides, with_overrides
+
+    (code / "offline").mkdir()
+    job = load_job(write("job.yaml", "workdir: code\nscript: train.py\nenvironment: [tqdm]\n"))
+    over = with_overrides(job, Overrides(wheels=code / "offline"))
+    assert over.environment == Environment(("tqdm",), job.path, "offline")
+    with pytest.raises(InputError, match="not a directory inside the workdir"):
+        with_overrides(job, Overrides(wheels=tmp_path))
+    bare = load_job(write("bare.yaml", "workdir: code\nscript: train.py\n"))
+    with pytest.raises(InputError, match="has no environment"):
+        with_overrides(bare, Overrides(wheels=code / "offline"))
+
+
+def test_setup_inputs_key_follows_only_the_named_files() -> None:
+    from orchestrator.sync.store import setup_inputs_digest
+
+    tree = [("train.py", "a"), ("requirements.txt", "b"), ("scripts/x.sh", "c")]
+    key = setup_inputs_digest(tree, ["requirements.txt", "scripts/*.sh"])
+    edited = [("train.py", "z"), ("requirements.txt", "b"), ("scripts/x.sh", "c")]
+    assert setup_inputs_digest(edited, ["requirements.txt", "scripts/*.sh"]) == key
+    changed = [("train.py", "a"), ("requirements.txt", "B"), ("scripts/x.sh", "c")]
+    assert setup_inputs_digest(changed, ["requirements.txt", "scripts/*.sh"]) != key
+
+
+def test_setup_inputs_without_setup_is_bad_input(write: WriteFile, code: Path) -> None:
+    path = write("job.yaml", "workdir: code\nscript: train.py\nsetup_inputs: [a.txt]\n")
+    error = expect_input_error(lambda: load_job(path))
+    assert "job.yaml:3" in str(error) and "setup_inputs: without setup:" in str(error)
+
+
+def test_a_killed_builds_leftovers_are_never_used_and_go_at_the_next_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _tiny_wheel(tmp_path, "orchtiny", "1.0")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    envs_dir = tmp_path / "envs"
+    envs_dir.mkdir(mode=0o700)
+    request = _request(envs_dir, ["orchtiny==1.0"])
+    key = envs.env_key(request.digest)
+    # What a build killed halfway leaves: its temporary directory, never published.
+    half = envs_dir / f".build-{key}-killed"
+    (half / "bin").mkdir(parents=True)
+    assert envs.ready_python(str(envs_dir), request.digest) is None
+    assert envs.listing(str(envs_dir)) == []
+    reply = envs.ensure(request)
+    assert reply.built and reply.error is None
+    assert not half.exists()
+    assert envs.ready_python(str(envs_dir), request.digest) == reply.python
+
+
+def test_dry_run_says_the_environment_each_node_runs_in(
+    orch: Orch, write: WriteFile, code: Path
+) -> None:
+    (code / "requirements.txt").write_text("tqdm\n")
+    (code / "wheels").mkdir()
+    job = write(
+        "job.yaml",
+        "workdir: code\nscript: train.py\nenvironment: requirements.txt\nwheels: code/wheels\n",
+    )
+    run = orch("submit", job, "--dry-run")
+    assert run.returncode == 0, run
+    assert (
+        "runs each node in its host's environment of requirements.txt (tqdm, installed "
+        "from wheels with no index), built where missing" in run.stdout
+    )
+
+
+def test_pyproject_dependencies_pinned_by_its_uv_lock(write: WriteFile, code: Path) -> None:
+    (code / "pyproject.toml").write_text(
+        '[project]\nname = "mine"\nversion = "0"\n'
+        'dependencies = ["numpy", "Tqdm_Extra>=4", "rich ; python_version >= \'3.8\'"]\n'
+    )
+    (code / "uv.lock").write_text(
+        'version = 1\n[[package]]\nname = "numpy"\nversion = "2.3.1"\n'
+        '[[package]]\nname = "tqdm-extra"\nversion = "4.6"\n'
+        '[[package]]\nname = "rich"\nversion = "13.0"\n'
+    )
+    job = load_job(
+        write("job.yaml", "workdir: code\nscript: train.py\nenvironment: pyproject.toml\n")
+    )
+    assert job.environment is not None
+    assert job.environment.requirements == (
+        "numpy==2.3.1",
+        "Tqdm_Extra>=4",  # its own specifier stands
+        "rich==13.0 ; python_version >= '3.8'",
+    )
+
+
+def test_a_pyproject_without_dependencies_is_bad_input(write: WriteFile, code: Path) -> None:
+    (code / "pyproject.toml").write_text('[project]\nname = "mine"\n')
+    path = write("job.yaml", "workdir: code\nscript: train.py\nenvironment: pyproject.toml\n")
+    assert "no [project] dependencies list" in str(expect_input_error(lambda: load_job(path)))
+
+
+def test_wheels_that_carry_no_wheel_are_refused_at_submit_before_any_host(
+    orch: Orch, write: WriteFile, code: Path
+) -> None:
+    (code / "wheels").mkdir()
+    (code / "wheels" / "README").write_text("put wheels here\n")
+    job = write(
+        "job.yaml", "workdir: code\nscript: train.py\nenvironment: [tqdm]\nwheels: code/wheels\n"
+    )
+    inventory = write("inv.yaml", "hosts:\n  - {name: far, address: 192.0.2.1}\n")
+    run = orch("submit", job, "-i", inventory)
+    assert run.returncode == 2, run
+    assert "no .whl file in wheels travels with the code" in run.stderr
+    assert "job " not in run.stdout and "Traceback" not in run.stderr
+
+
+def test_every_way_a_node_starts_runs_the_environments_python() -> None:
+    from orchestrator.agent.node import spawn
+
+    argv = ["~/py/bin/python", "-m", "torch.distributed.run", "train.py"]
+    for way in spawn.WAYS:
+        start = spawn.plan(way, argv, {}, "/j", "/o", python="/e/bin/python")
+        assert start.argv == ["/e/bin/python", *argv[1:]]
+        assert start.command[0] == "/e/bin/python"
+    plain = spawn.plan(spawn.COLD, argv, {}, "/j", "/o")
+    assert plain.argv[0] == os.path.expanduser("~/py/bin/python")
+
+
+def test_orch_env_on_a_slurm_cluster_is_refused_by_name_with_exit_2(
+    orch: Orch, write: WriteFile
+) -> None:
+    inventory = write("hpc.yaml", "slurm:\n  login: login1.hpc.example.edu\n  partition: gpu\n")
+    run = orch("env", "-i", inventory)
+    assert run.returncode == 2, run
+    assert "orch env is not for the slurm backend" in run.stderr and "Traceback" not in run.stderr
