@@ -130,7 +130,7 @@ def start_keeper(
             ],
         )
         if job.stall_after is not None:  # the keeper's members take stacks with py-spy
-            from orchestrator.ssh.stack import carry_pyspy
+            from orchestrator.ssh.pyspy import carry_pyspy
 
             config.stall_after, config.on_stall = float(job.stall_after), job.on_stall
             config.pyspy = carry_pyspy(plan.nodes, group, reporter)

@@ -23,20 +23,17 @@ from orchestrator.agent.kernel.layout import tools_dir
 from orchestrator.agent.kernel.replies import StackReply
 from orchestrator.agent.kernel.requests import StackRequest
 from orchestrator.models.errors import HostError, MultiHostError, OrchError
-from orchestrator.models.inventory import Host
-from orchestrator.nodes import agent, tools
-from orchestrator.nodes.group import HostGroup
-from orchestrator.nodes.ops import NodeRef
+from orchestrator.nodes import tools
 from orchestrator.records import stacks as kept
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.reporting import stacks
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.reporting.stacks import StackOptions as Wanted
 from orchestrator.reporting.taken import chosen, ended_error, keep
+from orchestrator.ssh.pyspy import ask
 from orchestrator.transport import ConnectOptions, Transport, open_transport
 
 GRACE_S = 2.0  # past the last healthy host's answer, a host still silent is lost
-COMMAND_TIMEOUT_S = 30.0  # the agent's own reads time out at READ_TIMEOUT_S per rank
 READ_TIMEOUT_S = 10.0
 
 
@@ -168,36 +165,6 @@ def ask_all(
         else:
             transport.close()
     return replies, [failures[n] for n in names if n in failures]
-
-
-def carry_pyspy(nodes: Sequence[NodeRef], group: HostGroup, reporter: Reporter) -> dict[str, str]:
-    """Send py-spy to the nodes' hosts that lack it (the stall watchdog of a detached
-    job takes stacks there without this controller); returns what the stack requests
-    name (machine -> hash). A host it cannot reach is said, and left as it is."""
-    carried = tools.pyspy_tools()
-    wanted = {m: t.sha256 for m, t in carried.items()}
-    by_host = {n.host.name: n for n in nodes}
-
-    def carry(host: Host, transport: Transport) -> None:
-        node = by_host[host.name]
-        request = StackRequest(ranks=[], tools_dir=tools_dir(host.workdir), pyspy=wanted)
-        reply = ask(node, transport, request)
-        if reply.need_tool:
-            tool = next(t for t in carried.values() if t.sha256 == reply.need_tool)
-            tools.put(host, transport, tool)
-
-    _, failures = group.try_each(carry, only=list(by_host))
-    for failure in failures:
-        reporter.notice(f"warning: py-spy not carried there: {failure.message}")
-    return wanted
-
-
-def ask(node: NodeRef, transport: Transport, request: StackRequest) -> StackReply:
-    data = request.to_json().encode()
-    reply = agent.run(
-        node.host, transport, ["stack", node.job_dir], stdin=[data], timeout=COMMAND_TIMEOUT_S
-    )
-    return agent.parse(node.host, StackReply, reply)
 
 
 def _combined(failures: Sequence[OrchError]) -> OrchError:
