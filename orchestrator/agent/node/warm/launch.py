@@ -356,7 +356,8 @@ def fresh_random_state() -> None:
     (`torch.initial_seed()` then differs per rank and per run) and numpy's legacy
     global state. Python's `random` reseeds itself after a fork (its own at-fork
     hook). CUDA's generators are never made in the warm process (it refuses to serve
-    where CUDA was initialised), and they have a fixed seed cold as well. serve.py's
+    where CUDA was initialised): each rank seeds its own at first use, as a new
+    process does (tests/gpu/check_warm_fork_cuda.py). serve.py's
     `generator_refusal` makes sure there is no other generator a preload made at
     import. A script that seeds explicitly afterwards gets what it gets cold."""
     torch = sys.modules.get("torch")
