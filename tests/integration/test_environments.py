@@ -298,7 +298,7 @@ def test_a_detached_jobs_restart_by_its_keeper_runs_in_the_environment(
     wait_for(lambda: not any(job_processes(cluster, i) for i in (1, 2)), 15, "no job process left")
 
 
-def test_a_keeper_restart_on_a_spare_runs_in_the_environment_built_there(
+def test_a_keeper_restart_with_a_spare_at_hand_runs_in_the_environment_where_it_runs(
     cluster: Cluster, orch: OrchRunner, tmp_path: Path
 ) -> None:
     work = tmp_path / "work"
@@ -324,7 +324,9 @@ def test_a_keeper_restart_on_a_spare_runs_in_the_environment_built_there(
     wait_for(lambda: "succeeded" in orch("status", job_id, timeout=60).stdout, 90, "attempt 2")
     logs = orch("logs", job_id, timeout=60)
     runs = re.findall(r"\[(node\d) r\d\] ENVRUN (\d) \d (\S+) (\S+)", logs.stdout)
-    assert ("node3", "1") in {(h, a) for h, a, _, _ in runs}, logs.stdout
+    # A failed rank's host is not lost: the restart may run where the last did
+    # (docs/RUNNING.md), or on the spare; wherever it runs, in the environment built there.
+    assert {a for _, a, _, _ in runs} == {"0", "1"}, logs.stdout
     assert all(v == "5.0" and "/.orch/envs/" in p for _, _, v, p in runs), runs
     wait_for(lambda: not any(job_processes(cluster, i) for i in (1, 2, 3)), 15, "no job process")
 
