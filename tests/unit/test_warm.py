@@ -301,3 +301,40 @@ def test_a_preload_that_keeps_a_random_generator_of_its_own_is_refused(
     monkeypatch.setattr(sys.modules["augment_pure"], "shuffle", random.Random(), raising=False)
     added = set(serve.kept_generators()) - set(before)
     assert sorted(added) == ["augment.rng", "augment_pure.shuffle"]
+
+
+def test_two_nodes_ending_together_on_one_host_start_one_warm_interpreter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both nodes of a job on one host (a local inventory) end at once and each asks
+    for the job's warm interpreter: one is started, the other finds it."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    monkeypatch.setattr(warm, "warm_dir", lambda: str(tmp_path / "warm" / "host"))
+    started: list[int] = []
+
+    class Started:
+        def __init__(self, argv: list[str], **_: object) -> None:
+            time.sleep(0.2)  # a real start takes a while: the race's window
+            started.append(1)
+            self.pid = os.getpid()
+
+    monkeypatch.setattr(subprocess, "Popen", Started)
+    env = {"PATH": "/bin"}
+    answers: list[dict[str, object]] = []
+    both = [
+        threading.Thread(
+            target=lambda: answers.append(warm.ensure(sys.executable, env, ["torch"], 60.0, 1))
+        )
+        for _ in range(2)
+    ]
+    for thread in both:
+        thread.start()
+    for thread in both:
+        thread.join()
+    assert len(started) == 1
+    assert sorted(bool(a["started"]) for a in answers) == [False, True]

@@ -164,6 +164,18 @@ def ensure(
     os.makedirs(where, mode=0o700, exist_ok=True)
     key = key_of(python, env, preload, nproc)
     env = rank_env_at_import(env, nproc)
+    import fcntl
+
+    # One start per key at a time: two nodes of a job on one host end together, and
+    # each would start a warm process (the second importing torch for nothing).
+    with open(key_file(key, ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_locked(key, python, env, preload, idle)
+
+
+def _ensure_locked(
+    key: str, python: str, env: dict[str, str], preload: list[str], idle: float
+) -> dict[str, Any]:
     others = []
     for record in records():
         if record.get("key") == key:
@@ -184,7 +196,7 @@ def ensure(
         child = subprocess.Popen(
             argv,
             env={**mine, **room},
-            cwd=where,
+            cwd=warm_dir(),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
