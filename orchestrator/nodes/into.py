@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from orchestrator.models.errors import HostError, InputError
 from orchestrator.models.inventory import Host
-from orchestrator.models.job import port_pair
+from orchestrator.models.job_run import port_pair
 from orchestrator.nodes.agent import job_command
 from orchestrator.records.db import JobRecord, NodeRecord
 from orchestrator.transport import ConnectOptions, Transport, open_transport

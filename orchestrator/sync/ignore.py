@@ -12,7 +12,7 @@ from pathlib import Path
 import pathspec
 
 from orchestrator.models.errors import InputError
-from orchestrator.models.job import pattern_error
+from orchestrator.models.job_run import pattern_error
 
 IGNORE_FILES = (".gitignore", ".orchignore")
 
