@@ -22,6 +22,7 @@ from tests.support import (
     wait_for,
     write_workdir_job,
 )
+from tests.wheels import tiny_wheel
 
 pytestmark = pytest.mark.cluster
 
@@ -30,29 +31,7 @@ SCRIPT = "import sys, socket, orchtiny\nprint('TINY', orchtiny.VERSION, socket.g
 
 def make_wheel(tmp_path: Path, wheels: Path, version: str) -> None:
     """A wheel of `orchtiny` (one module), built here with no index."""
-    src = tmp_path / f"orchtiny-{version}"
-    (src / "orchtiny").mkdir(parents=True)
-    (src / "orchtiny" / "__init__.py").write_text(f"VERSION = {version!r}\n")
-    (src / "pyproject.toml").write_text(
-        f'[project]\nname = "orchtiny"\nversion = "{version}"\n'
-        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
-    )
-    wheels.mkdir(exist_ok=True)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(wheels),
-            str(src),
-        ],
-        check=True,
-    )
+    tiny_wheel(tmp_path, wheels, "orchtiny", version)
 
 
 def tiny_lines(stdout: str) -> dict[str, tuple[str, str]]:

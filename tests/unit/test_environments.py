@@ -17,6 +17,7 @@ from orchestrator.agent.kernel.requests import EnvRequest
 from orchestrator.models.environment import Environment, environment_digest
 from orchestrator.models.job import load_job
 from tests.unit.conftest import Orch, WriteFile, expect_input_error
+from tests.wheels import tiny_wheel
 
 
 @pytest.fixture
@@ -98,31 +99,7 @@ def test_env_key_differs_per_digest_and_is_stable() -> None:
 
 def _tiny_wheel(tmp_path: Path, name: str, version: str) -> Path:
     """A wheel of a one-module package `name`, made with this python's pip, offline."""
-    src = tmp_path / f"src-{name}-{version}"
-    (src / name).mkdir(parents=True)
-    (src / name / "__init__.py").write_text(f"VERSION = {version!r}\n")
-    (src / "pyproject.toml").write_text(
-        f'[project]\nname = "{name}"\nversion = "{version}"\n'
-        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
-    )
-    out = tmp_path / "code" / "wheels"
-    out.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out),
-            str(src),
-        ],
-        check=True,
-    )
-    return out
+    return tiny_wheel(tmp_path, tmp_path / "code" / "wheels", name, version)
 
 
 def _request(envs_dir: Path, requirements: list[str]) -> EnvRequest:
