@@ -38,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import ssh_argv
 from bench.report import machine, median, write_section
 from tests.cluster import Cluster, orch_command, repo_python
-from tests.wheels import tiny_wheel
 
 SCRIPT = "import socket\nprint('up on', socket.gethostname(), flush=True)\n"
 PACKAGES = ("orchbenchone", "orchbenchtwo")
@@ -47,7 +46,28 @@ BASELINE_DIR = "/root/bench-env"
 
 def make_wheels(root: Path, out: Path) -> None:
     for name in PACKAGES:
-        tiny_wheel(root, out, name, "1.0")
+        src = root / f"src-{name}"
+        (src / name).mkdir(parents=True)
+        (src / name / "__init__.py").write_text("VALUE = 1\n")
+        (src / "pyproject.toml").write_text(
+            f'[project]\nname = "{name}"\nversion = "1.0"\n'
+            '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        )
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "-q",
+                "-w",
+                str(out),
+                str(src),
+            ],
+            check=True,
+        )
 
 
 def timed(argv: list[str], env: dict[str, str]) -> float:
