@@ -128,6 +128,26 @@ def test_the_warm_key_ignores_the_session_and_the_job_but_not_the_env() -> None:
     assert warm.key_of("/usr/bin/python3", base, ["torch", "numpy"], 1) != key
 
 
+def test_an_environment_s_python_linked_to_the_base_one_has_a_key_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """A venv's bin/python is a link to the base interpreter but runs with the venv's
+    packages: its warm process must not be the base one's (an environment job's ranks
+    were forked from a warm process without the environment's packages)."""
+    base = tmp_path / "base" / "python3"
+    base.parent.mkdir()
+    base.write_text("")
+    venv_bin = tmp_path / "env" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to(base)
+    (tmp_path / "linked").symlink_to(venv_bin)
+    env = {"PATH": "/bin"}
+    venv = warm.key_of(str(venv_bin / "python"), env, ["torch"], 1)
+    assert venv != warm.key_of(str(base), env, ["torch"], 1)
+    # A link to the environment's folder is still that environment.
+    assert warm.key_of(str(tmp_path / "linked" / "python"), env, ["torch"], 1) == venv
+
+
 def test_the_warm_key_holds_the_thread_count_torchrun_gives_the_ranks() -> None:
     """Two ranks a node: torchrun sets OMP_NUM_THREADS=1, which thread pools read once
     at import; so a node of one rank and a node of two need two warm interpreters, and

@@ -92,8 +92,18 @@ def key_of(python: str, env: dict[str, str], preload: list[str], nproc: int) -> 
     """The key of a warm process: interpreter, the ranks' environment at import (see
     `rank_env_at_import`), preload, agent version."""
     env = key_env(rank_env_at_import(env, nproc))
-    what = [os.path.realpath(python), sorted(env.items()), list(preload), version_dir()]
+    what = [interpreter_identity(python), sorted(env.items()), list(preload), version_dir()]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
+
+
+def interpreter_identity(python: str) -> str:
+    """`python` with its folder resolved but not its name: a virtual environment's
+    `bin/python` is a link to the base interpreter, and Python finds the environment
+    (its `pyvenv.cfg`, its site-packages) from the unresolved path. Resolving the name
+    too gave an environment's interpreter the base one's key, and its ranks a warm
+    process without the environment's packages."""
+    folder, name = os.path.split(os.path.abspath(python))
+    return os.path.join(os.path.realpath(folder), name)
 
 
 def key_file(key: str, suffix: str) -> str:
