@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from orchestrator import backends
 from orchestrator.api import PathLike, _owner_only, _path
 from orchestrator.api.lines import QuietReporter
-from orchestrator.backends import PullBars
+from orchestrator.backends import ExecOptions, PullBars
+from orchestrator.nodes.execute import HostRun
 from orchestrator.nodes.into import Forwarding, ForwardOptions, ShellOptions, parse_ports
 from orchestrator.records.db import JobDB
 from orchestrator.records.samples import SampleLog
@@ -60,6 +61,7 @@ __all__ = [
     "StackOptions",
     "StackView",
     "TopView",
+    "exec_in_job",
     "forward",
     "parse_ports",
     "pull",
@@ -242,3 +244,25 @@ def shell(
         backend = backends.for_record(record)
         options = ShellOptions(node, tuple(command))
         return backend.shell(record, options, reporter or QuietReporter())
+
+
+def exec_in_job(
+    job_id: str, command: Sequence[str], *, reporter: Reporter | None = None
+) -> list[HostRun]:
+    """`orch exec JOB -- COMMAND`: `command` on every node of a running job at once, each
+    in its node's code directory with the job's environment (as `shell` gives it); each
+    output line goes to `reporter.output(host, None, line)`.
+
+    Returns:
+        Each node's run, in node rank order.
+
+    Raises:
+        InputError: no such job, it has ended (the hint says where its files are), or
+            no command.
+        ExecFailed: it failed on some node (its exit code is the worst node's).
+        Unsupported: the backend reaches no node of a running job (Slurm).
+    """
+    with _owner_only():
+        record = JobDB().get(job_id)
+        backend = backends.for_record(record)
+        return backend.exec_in_job(record, ExecOptions(tuple(command)), reporter or QuietReporter())

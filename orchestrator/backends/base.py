@@ -180,6 +180,10 @@ class Backend(Protocol):
 
     def shell(self, record: JobRecord, options: ShellOptions, reporter: Reporter) -> int: ...
 
+    def exec_in_job(
+        self, record: JobRecord, options: ExecOptions, reporter: Reporter
+    ) -> list[HostRun]: ...
+
     def check(
         self, inventory: Inventory, job: JobSpec | None, options: CheckOptions, reporter: Reporter
     ) -> CheckResult: ...

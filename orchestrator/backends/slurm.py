@@ -144,6 +144,11 @@ class SlurmBackend:
     def shell(self, record: JobRecord, options: ShellOptions, reporter: Reporter) -> int:
         refuse("shell", f"job {record.id}")
 
+    def exec_in_job(
+        self, record: JobRecord, options: ExecOptions, reporter: Reporter
+    ) -> list[HostRun]:
+        refuse("exec_in_job", f"job {record.id}")
+
     def warm_start(
         self, job: JobSpec, inventory: Inventory, reporter: Reporter
     ) -> PerHost[WarmStart]:

@@ -150,6 +150,22 @@ class SshBackend:
 
         return shell(record, options, reporter.notice)
 
+    def exec_in_job(
+        self, record: JobRecord, options: ExecOptions, reporter: Reporter
+    ) -> list[HostRun]:
+        from orchestrator.models.errors import ExecFailed
+        from orchestrator.nodes.into import exec_in_job
+
+        runs = exec_in_job(
+            record,
+            options.command,
+            lambda host, line: reporter.output(host, None, (line + "\n").encode()),
+            reporter.notice,
+        )
+        if any(not r.ok for r in runs):
+            raise ExecFailed(runs)
+        return runs
+
     def check(
         self, inventory: Inventory, job: JobSpec | None, options: CheckOptions, reporter: Reporter
     ) -> CheckResult:

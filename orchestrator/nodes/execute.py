@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import shlex
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.models.errors import (
@@ -82,6 +82,17 @@ def run_everywhere(
         Interrupted: Ctrl-C; the command was stopped on every host first.
     """
     command = remote_command(argv)
+    return run_lines(hosts, {h.name: command for h in hosts}, on_line, options)
+
+
+def run_lines(
+    hosts: Sequence[Host],
+    lines: Mapping[str, str],
+    on_line: Callable[[str, str], None],
+    options: ConnectOptions | None = None,
+) -> list[HostRun]:
+    """`run_everywhere` with a command line of each host's own (`lines[host.name]`, made
+    by `remote_command`)."""
     with HostGroup(hosts, options or ConnectOptions()) as group:
         runs = {e.host or "?": HostRun(e.host or "?", EXIT_INFRA, e) for e in group.connect(True)}
         pgids: dict[str, int] = {}
@@ -89,7 +100,7 @@ def run_everywhere(
         def run_one(host: Host, transport: Transport) -> None:
             try:
                 runs[host.name] = HostRun(
-                    host.name, _follow(host, transport, command, pgids, on_line)
+                    host.name, _follow(host, transport, lines[host.name], pgids, on_line)
                 )
             except OrchError as exc:
                 runs[host.name] = HostRun(host.name, LOST, exc)

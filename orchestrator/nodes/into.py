@@ -1,6 +1,6 @@
 """Into a running job: `orch ssh` (a shell where a node runs, in its directory, with
-its environment) and `orch forward` (a port on a job's host, at the laptop's
-localhost).
+its environment), `orch exec JOB` (one command so on every node at once) and
+`orch forward` (a port on a job's host, at the laptop's localhost).
 
 `orch ssh` runs the agent's `shell` command in the node's directory (the agent version
 the job pinned) over one SSH connection, on a terminal of the host's where this one
@@ -32,6 +32,7 @@ from orchestrator.models.errors import HostError, InputError
 from orchestrator.models.inventory import Host
 from orchestrator.models.job_run import port_pair
 from orchestrator.nodes.agent import job_command
+from orchestrator.nodes.execute import HostRun, remote_command, run_lines
 from orchestrator.records.db import JobRecord, NodeRecord
 from orchestrator.transport import ConnectOptions, Transport, open_transport
 from orchestrator.transport.base import Tunnel
@@ -77,6 +78,34 @@ def shell(record: JobRecord, options: ShellOptions, notice: Callable[[str], None
         return transport.interactive(job_command(node.host, node.job_dir, *args))
     finally:
         transport.close()
+
+
+def exec_in_job(
+    record: JobRecord,
+    command: Sequence[str],
+    on_line: Callable[[str, str], None],
+    notice: Callable[[str], None],
+) -> list[HostRun]:
+    """`orch exec JOB -- COMMAND`: the command on every node of the running job at once,
+    each in its node's code directory with the job's environment (as `orch ssh JOB NODE
+    -- COMMAND`), in a session of its own that Ctrl-C stops (`run_lines`).
+
+    Returns:
+        Each node's run, in node rank order.
+
+    Raises:
+        InputError: the job has ended, or no command.
+        Interrupted: Ctrl-C; the command was stopped on every node first.
+    """
+    running_node(record, None, "orch exec")  # says where an ended job's files are
+    if not command:
+        raise InputError("no command to run", f"orch exec {record.id} -- COMMAND [ARGS...]")
+    nodes = sorted(record.nodes, key=lambda n: n.node_rank)
+    lines = {
+        n.host.name: remote_command([job_command(n.host, n.job_dir, "shell", "--", *command)])
+        for n in nodes
+    }
+    return run_lines([n.host for n in nodes], lines, on_line, ConnectOptions(notice=notice))
 
 
 def parse_ports(text: str) -> tuple[int, int | None]:

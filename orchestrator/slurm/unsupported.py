@@ -45,6 +45,13 @@ NOT_YET: dict[str, tuple[str, str, str]] = {
         "inventory: a command would run there, not on the nodes",
         "run it on the nodes through Slurm, on the login node: srun -N NODES COMMAND",
     ),
+    "exec_in_job": (
+        "orch exec JOB",
+        "a Slurm job's nodes are Slurm's to hand out, and orch reaches them only through "
+        "srun on the login node",
+        "on the login node: srun --jobid SLURM_JOB --overlap COMMAND (squeue -j JOB names "
+        "the nodes)",
+    ),
     "forward": (
         "orch forward",
         "a Slurm job's nodes are reached through the login node, and orch does not yet "

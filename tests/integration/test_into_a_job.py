@@ -123,7 +123,7 @@ def test_a_local_port_in_use_an_unknown_node_and_a_bad_port_are_exit_2_with_a_hi
         orch("kill", job_id, timeout=60)
 
 
-def test_orch_ssh_lands_in_the_nodes_directory_with_the_jobs_environment(
+def test_orch_ssh_and_exec_land_in_the_nodes_directory_with_the_jobs_environment(
     orch: OrchRunner, cluster: Cluster, tmp_path: Path
 ) -> None:
     job_id = serving_job(orch, cluster, tmp_path, env={"MY_SETTING": "set"})
@@ -136,6 +136,15 @@ def test_orch_ssh_lands_in_the_nodes_directory_with_the_jobs_environment(
         assert said == f"setting=set rank=none job={job_id}"
         other = orch("ssh", job_id, "node2", "--", "pwd", timeout=60)
         assert other.returncode == 0 and "/node2/" in other.stdout, other.stderr
+
+        # orch exec JOB: the command on every node at once, each line named by its host.
+        line = 'echo "at $(pwd) $MY_SETTING"; exit $((ORCH_NODE_RANK * 3))'
+        everywhere = orch("exec", job_id, "--", line, timeout=60)
+        assert everywhere.returncode == 3, everywhere.stderr
+        said = sorted(everywhere.stdout.splitlines())
+        assert [s.split()[0] for s in said] == ["[node1]", "[node2]"], said
+        assert all(f"/{job_id}/" in s and s.endswith("/code set") for s in said), said
+        assert "command failed on node2 (exit 3); succeeded on node1" in everywhere.stderr
 
         # On a terminal: a shell of the host's, typed into.
         mine, theirs = pty.openpty()
@@ -173,6 +182,8 @@ def test_orch_ssh_lands_in_the_nodes_directory_with_the_jobs_environment(
     ended = orch("ssh", job_id, timeout=30)
     assert ended.returncode == 2 and "has ended" in ended.stderr
     assert "its files:" in ended.stderr and "Traceback" not in ended.stderr
+    gone = orch("exec", job_id, "--", "true", timeout=30)
+    assert gone.returncode == 2 and "has ended" in gone.stderr and "its files:" in gone.stderr
 
 
 def test_forward_in_the_job_file_opens_with_an_attached_submit_and_closes_with_the_job(

@@ -7,6 +7,7 @@ import socket
 
 import pytest
 
+from orchestrator.cli.cmd_exec import job_and_command
 from orchestrator.cli.cmd_ssh import node_and_command
 from orchestrator.models.errors import InputError
 from orchestrator.models.job import load_job
@@ -68,3 +69,20 @@ def test_forward_in_the_job_file_takes_ports_and_rejects_the_rest_at_load(
     for bad in ("forward: [http]", "forward: [70000]", "forward: [true]", "forward: {a: 1}"):
         error = expect_input_error(lambda b=bad: load_job(write("bad.yaml", base + b + "\n")))
         assert "not a port" in error.message and error.hint and error.line == 3
+
+
+def test_exec_takes_one_word_before_its_dashes_as_a_job_and_the_rest_as_hosts_commands() -> None:
+    argv = ["orch", "exec"]
+    job = ["work-1a2b3c", "--", "nvidia-smi", "-L"]
+    assert job_and_command(job, [*argv, *job]) == ("work-1a2b3c", ["nvidia-smi", "-L"])
+    # `orch exec -- rm -- f`: click took the first `--`; rm is the hosts' command.
+    assert job_and_command(["rm", "--", "f"], [*argv, "--", "rm", "--", "f"]) == (
+        None,
+        ["rm", "--", "f"],
+    )
+    assert job_and_command(["nvidia-smi"], [*argv, "nvidia-smi"]) == (None, ["nvidia-smi"])
+    assert job_and_command(["echo", "a", "--"], [*argv, "echo", "a", "--"]) == (
+        None,
+        ["echo", "a", "--"],
+    )
+    assert job_and_command(["work-1", "--"], [*argv, "work-1", "--"]) == ("work-1", [])
