@@ -38,12 +38,34 @@ def pytest_configure(config: pytest.Config) -> None:
     _children_get_default_signals()
 
 
+# The modules whose tests take longest (a minute of outage, a stall watchdog's wait,
+# warm interpreters importing torch), longest first. Workers take tests in collection
+# order, and pytest-xdist puts the groups (the Slurm modules) before single tests: these
+# go next, so that none starts last and holds the whole run up while the other workers
+# sit idle, and the many short tests fill in the end.
+LONGEST_FIRST = (
+    "test_laptop_faults.py",
+    "test_stack.py",
+    "test_warm.py",
+    "test_environments.py",
+    "test_ui.py",
+    "test_restarts.py",
+    "test_failures.py",
+    "test_detached_restarts.py",
+    "test_shared_fs.py",
+)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `--dist loadgroup` (make test), a module marked `xdist_group` runs on one
+    """The longest modules first (LONGEST_FIRST), the rest in their order.
+
+    Under `--dist loadgroup` (make test), a module marked `xdist_group` runs on one
     worker, which boots its Slurm cluster once. pytest-xdist marks the group in each
     test's id; where a pytest release no longer lets it, the groups would be spread
     over every worker in silence, each booting its own Slurm cluster: those fail."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: keeps the rest
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
