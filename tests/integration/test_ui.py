@@ -551,13 +551,14 @@ def test_the_page_stays_usable_at_32_hosts_and_256_ranks_every_host_lost(
                 failed = page.locator(f'{spans}[data-attempt="1"][data-state="failed"]')
                 assert failed.get_attribute("data-host") == "host12"
                 assert page.locator(f"{spans} path.failure").count() == 2
-                hosts = page.eval_on_selector_all(
+                rows = page.eval_on_selector_all(
                     "#timeline text.host", "ts => ts.map(t => t.textContent)"
                 )
-                assert hosts == [f"host{i:02d}" for i in range(HOSTS + 1)], "a row per host"
+                hosts = [f"host{i:02d}" for i in range(HOSTS)] + ["host32 ← host07"]
+                assert rows == hosts, "a row per host; the spare's says whose place it took"
                 drawn = page.locator("#timeline svg").bounding_box()
                 assert drawn is not None and drawn["height"] < 600, "32 hosts in 600 pixels"
-                page.locator("#job-head").screenshot(path=tmp_path / "ui-timeline-32.png")
+                page.screenshot(path=tmp_path / "ui-timeline-32.png", full_page=True)
                 assert errors == []
                 print(f"256 ranks: the page had every line and point after {loaded:.1f} s")
             finally:

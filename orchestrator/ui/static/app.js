@@ -488,7 +488,10 @@
       else if (k === "text") node.textContent = v;
       else node.setAttribute(k, String(v));
     }
-    for (const child of children) if (child) node.append(child);
+    for (const child of children) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
     return node;
   }
 
@@ -523,9 +526,15 @@
         end: s.end === null ? (ENDED.includes(s.state) ? (data.ended || now) : now) : s.end }));
       const t0 = Math.min(...spans.map((s) => s.start));
       const t1 = Math.max(t0 + 1, ...spans.map((s) => s.end));
-      const hosts = [];
-      for (const s of spans) if (!hosts.includes(s.host)) hosts.push(s.host);
-      const rowH = hosts.length > 24 ? 14 : 20, top = 22, left = 130, right = 16, bottom = 22;
+      const hosts = [], cameFor = new Map();  // a spare's row says whose place it took first
+      for (const s of spans) {
+        if (!hosts.includes(s.host)) hosts.push(s.host);
+        if (s.took_place_of && !cameFor.has(s.host)) cameFor.set(s.host, s.took_place_of);
+      }
+      const label = (host) => host + (cameFor.has(host) ? ` ← ${cameFor.get(host)}` : "");
+      const longest = Math.max(...hosts.map((h) => label(h).length));
+      const rowH = hosts.length > 24 ? 14 : 20, top = 22, right = 16, bottom = 22;
+      const left = Math.min(Math.max(longest * 6.7 + 16, 80), 280);
       const width = Math.max(box.clientWidth - 4, 600);
       const height = top + hosts.length * rowH + bottom;
       const x = (t) => left + ((t - t0) / (t1 - t0)) * (width - left - right);
@@ -542,7 +551,8 @@
       // each host's row and its name (text from the records: a text node, never markup)
       hosts.forEach((host, i) => {
         if (i % 2) chart.append(svg("rect", { x: 0, y: y(host), width, height: rowH, class: "stripe" }));
-        chart.append(svg("text", { x: left - 8, y: y(host) + rowH / 2 + 4, "text-anchor": "end", class: "host", text: host }));
+        chart.append(svg("text", { x: left - 8, y: y(host) + rowH / 2 + 4, "text-anchor": "end", class: "host", "data-host": host },
+          host, cameFor.has(host) ? svg("tspan", { class: "spare-of", text: ` ← ${cameFor.get(host)}` }) : null));
       });
       // where each attempt began
       const began = new Map();
@@ -564,14 +574,11 @@
           const cx = x0 + w, cy = yy + h / 2, r = Math.min(h / 2, 5);
           g.append(svg("path", { d: `M${cx - r},${cy - r}L${cx + r},${cy + r}M${cx - r},${cy + r}L${cx + r},${cy - r}`, class: "failure" }));
         }
-        if (s.took_place_of && w > 60) {
-          g.append(svg("text", { x: x0 + 4, y: yy + h - 3, class: "spare-label", text: `for ${s.took_place_of}` }));
-        }
         chart.append(g);
       }
       const legend = el("div", { class: "row muted legend" },
         ...["running", "succeeded", "failed", "killed", "lost"].map((st) => el("span", {}, el("span", { class: "swatch state-" + st }), " " + st)),
-        el("span", {}, el("span", { class: "swatch spare" }), " on another host than the attempt before (a spare)"),
+        el("span", {}, el("span", { class: "swatch spare" }), " on another host than the attempt before (a spare; ← whose place it took)"),
         el("span", {}, "✕ failed or lost"));
       box.replaceChildren(chart, legend);
     };
@@ -616,7 +623,15 @@
       if (made[box.id]) made[box.id].chart.destroy();
       const chart = new uPlot({
         width: Math.max(box.clientWidth - 10, 300), height: 200,
-        series: [{}, ...hosts.map((h, i) => ({ label: h, stroke: palette(i, hosts.length), width: 1.5, spanGaps: false, points: { show: false } }))],
+        // The samples' own span: one sample alone, a minute either side of it (uPlot pads
+        // a single time by a tenth of its value: years). Points show while they are few.
+        scales: { x: { time: true, range: (u, min, max) => {
+          const xs = u.data[0];
+          if (!xs || !xs.length) return [min, max];
+          const lo = xs[0], hi = xs[xs.length - 1];
+          return lo === hi ? [lo - 60, hi + 60] : [lo, hi];
+        } } },
+        series: [{}, ...hosts.map((h, i) => ({ label: h, stroke: palette(i, hosts.length), width: 1.5, spanGaps: false }))],
         axes: [{}, { size: 80, values: (u, ticks) => ticks.map(format) }],
         legend: { show: hosts.length <= 32 },
       }, plotted, box);
