@@ -47,6 +47,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 LINES_TICK_S = 0.25
 SLOW_TICK_S = 1.0
 PING_S = 15.0
+HISTORY_TICK_S = 5.0
 LINES_PER_EVENT = 4_000
 STATIC = resources.files("orchestrator.ui") / "static"
 STATIC_FILES = (
@@ -362,8 +363,11 @@ class Routes:
                     for r in state.board.rows
                     if r["state"] == "running" or (r.get("ended") or 0) > _an_hour_ago()
                 ]
-                yield _event("history", await asyncio.to_thread(history, recent))
-                await asyncio.sleep(5.0)
+                drawn = await asyncio.to_thread(history, recent)
+                yield _event("history", drawn)
+                # Each second until the first sample is there (a page opened beside a
+                # running job draws it at once), then at the pace samples come.
+                await asyncio.sleep(HISTORY_TICK_S if drawn["hosts"] else SLOW_TICK_S)
 
         return _stream(events())
 
