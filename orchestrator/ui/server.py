@@ -48,6 +48,7 @@ LINES_TICK_S = 0.25
 SLOW_TICK_S = 1.0
 PING_S = 15.0
 HISTORY_TICK_S = 5.0
+HISTORY_EAGER_S = 30.0
 LINES_PER_EVENT = 4_000
 STATIC = resources.files("orchestrator.ui") / "static"
 STATIC_FILES = (
@@ -353,6 +354,7 @@ class Routes:
 
         async def events() -> AsyncIterator[str]:
             shown = -1
+            opened = time.monotonic()
             while True:
                 state.touch("hosts")
                 if state.cluster.version != shown:
@@ -366,8 +368,10 @@ class Routes:
                 drawn = await asyncio.to_thread(history, recent)
                 yield _event("history", drawn)
                 # Each second until the first sample is there (a page opened beside a
-                # running job draws it at once), then at the pace samples come.
-                await asyncio.sleep(HISTORY_TICK_S if drawn["hosts"] else SLOW_TICK_S)
+                # running job draws it at once), for half a minute at most; then at the
+                # pace samples come.
+                eager = not drawn["hosts"] and time.monotonic() - opened < HISTORY_EAGER_S
+                await asyncio.sleep(SLOW_TICK_S if eager else HISTORY_TICK_S)
 
         return _stream(events())
 
