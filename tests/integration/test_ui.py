@@ -5,7 +5,8 @@ bytes that are not UTF-8, a megabyte on one line): the job shows in the list wit
 of its submit, a line a rank prints on cue within 2 s, both ranks' loss curves get
 points, the hostile line is text, requests without the token (or from another origin)
 are refused, and the kill button ends the job. Screenshots of each page go to the
-test's directory (and, with ORCH_UI_DOCS_SHOTS=1, to docs/)."""
+test's directory (and, with ORCH_UI_DOCS_SHOTS=1, to docs/). Beside the killed job, a
+second ended job is compared with it; a restarted 32-host job is drawn on its time line."""
 
 from __future__ import annotations
 
@@ -558,7 +559,7 @@ def test_the_page_stays_usable_at_32_hosts_and_256_ranks_every_host_lost(
                 assert rows == hosts, "a row per host; the spare's says whose place it took"
                 drawn = page.locator("#timeline svg").bounding_box()
                 assert drawn is not None and drawn["height"] < 600, "32 hosts in 600 pixels"
-                page.screenshot(path=tmp_path / "ui-timeline-32.png", full_page=True)
+                page.locator("#timeline").screenshot(path=tmp_path / "ui-timeline.png")
                 assert errors == []
                 print(f"256 ranks: the page had every line and point after {loaded:.1f} s")
             finally:
@@ -567,3 +568,5 @@ def test_the_page_stays_usable_at_32_hosts_and_256_ranks_every_host_lost(
         code, err = ui.stop()
     assert code == 130, err
     assert "Traceback" not in err
+    if os.environ.get("ORCH_UI_DOCS_SHOTS"):
+        shutil.copy(tmp_path / "ui-timeline.png", REPO_ROOT / "docs" / "ui-timeline.png")

@@ -546,7 +546,8 @@
       const step = steps.find((s) => (t1 - t0) / s <= 8) || 86400 * Math.ceil((t1 - t0) / 86400 / 8);
       for (let t = 0; t <= t1 - t0; t += step) {
         chart.append(svg("line", { x1: x(t0 + t), x2: x(t0 + t), y1: top - 4, y2: height - bottom, class: "tick" }),
-          svg("text", { x: x(t0 + t), y: height - 6, "text-anchor": "middle", class: "axis", text: t ? "+" + span(t) : when(t0).split(" ").pop() }));
+          svg("text", { x: x(t0 + t), y: height - 6, "text-anchor": x(t0 + t) > width - 40 ? "end" : "middle",
+            class: "axis", text: t ? "+" + span(t) : when(t0).split(" ").pop() }));
       }
       // each host's row and its name (text from the records: a text node, never markup)
       hosts.forEach((host, i) => {
