@@ -415,6 +415,9 @@ def record_a_job_of_lost_hosts(home: Path) -> str:
     return job_id
 
 
+LOST_WHY = "host07 stopped answering <img src=x onerror='window.pwned=3'>"
+
+
 def record_a_restarted_job(home: Path) -> str:
     """A job of 32 hosts in a controller's records that ran twice: its first attempt
     (T to T+40 s) lost host07 and orch stopped the rest; the second ran on the spare
@@ -436,7 +439,7 @@ def record_a_restarted_job(home: Path) -> str:
             "job_dir": "d",
             "state": "lost" if i == 7 else "killed",
             "exit_code": None if i == 7 else -15,
-            "error": "host07 stopped answering" if i == 7 else None,
+            "error": LOST_WHY if i == 7 else None,
         }
         for i in range(HOSTS)
     ]
@@ -549,6 +552,10 @@ def test_the_page_stays_usable_at_32_hosts_and_256_ranks_every_host_lost(
                 lost = page.locator(f'{spans}[data-attempt="0"][data-host="host07"]')
                 assert lost.get_attribute("data-state") == "lost"
                 assert lost.locator("path.failure").count() == 1
+                # what the records say, as text: the lost node's error is no markup
+                assert LOST_WHY in (lost.locator("title").text_content() or "")
+                assert page.locator("#timeline img").count() == 0
+                assert page.evaluate("typeof window.pwned") == "undefined"
                 failed = page.locator(f'{spans}[data-attempt="1"][data-state="failed"]')
                 assert failed.get_attribute("data-host") == "host12"
                 assert page.locator(f"{spans} path.failure").count() == 2
