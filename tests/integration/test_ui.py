@@ -233,7 +233,7 @@ def test_the_page_shows_a_job_live_with_its_curves_and_kills_it(
         finally:
             browser.close()
     if os.environ.get("ORCH_UI_DOCS_SHOTS"):
-        for name in ("ui-jobs.png", "ui-job.png", "ui-hosts.png"):
+        for name in ("ui-jobs.png", "ui-job.png", "ui-hosts.png", "ui-compare.png"):
             shutil.copy(tmp_path / name, REPO_ROOT / "docs" / name)
 
 
