@@ -547,7 +547,7 @@
       for (let t = 0; t <= t1 - t0; t += step) {
         chart.append(svg("line", { x1: x(t0 + t), x2: x(t0 + t), y1: top - 4, y2: height - bottom, class: "tick" }),
           svg("text", { x: x(t0 + t), y: height - 6, "text-anchor": x(t0 + t) > width - 40 ? "end" : "middle",
-            class: "axis", text: t ? "+" + span(t) : when(t0).split(" ").pop() }));
+            class: "axis", text: t ? "+" + span(t) : new Date(t0 * 1000).toLocaleTimeString(undefined, { hour12: false }) }));
       }
       // each host's row and its name (text from the records: a text node, never markup)
       hosts.forEach((host, i) => {
@@ -564,7 +564,9 @@
       }
       for (const s of spans) {
         const x0 = x(s.start), w = Math.max(x(s.end) - x0, 3), yy = y(s.host) + 3, h = rowH - 6;
-        const how = s.state + (s.exit_code !== null && s.exit_code !== undefined ? ` (exit ${s.exit_code})` : "");
+        const code = s.exit_code === null || s.exit_code === undefined ? "" :
+          s.exit_code < 0 ? ` (signal ${-s.exit_code})` : ` (exit ${s.exit_code})`;
+        const how = s.state + code;
         const title = `attempt ${s.attempt + 1}, ${s.host}, node rank ${s.node_rank}: ${how}, ${span(s.end - s.start)}` +
           (s.took_place_of ? `; took ${s.took_place_of}'s place` : "") + (s.error ? `; ${s.error}` : "");
         const g = svg("g", { class: "span", "data-attempt": s.attempt, "data-host": s.host, "data-state": s.state,
