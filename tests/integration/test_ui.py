@@ -352,7 +352,14 @@ def assert_hostile_lines_are_text(page: playwright_api.Page) -> None:
 
 
 def assert_refused_without_the_token(ui: UiProcess, job_id: str) -> None:
-    for path in ("/", "/api/jobs", "/static/app.js", f"/api/job/{job_id}/curves.csv"):
+    for path in (
+        "/",
+        "/api/jobs",
+        "/static/app.js",
+        f"/api/job/{job_id}/curves.csv",
+        f"/api/job/{job_id}/timeline",
+        "/api/curves.csv",
+    ):
         assert fetch(ui.base + path) == (403, b"forbidden\n"), path
         assert fetch(f"{ui.base}{path}?token=not-{ui.token}")[0] == 403, path
     kill = f"{ui.base}/api/action/kill/{job_id}"
@@ -360,6 +367,8 @@ def assert_refused_without_the_token(ui: UiProcess, job_id: str) -> None:
     foreign = fetch(kill, "POST", **{"X-Orch-Token": ui.token, "Origin": "http://evil.example"})
     assert foreign[0] == 403, "another origin"
     assert fetch(f"{ui.base}/?token={ui.token}")[0] == 200
+    assert fetch(f"{ui.base}/api/curves.csv?token={ui.token}")[0] == 400, "no jobs named"
+    assert fetch(f"{ui.base}/api/curves.csv?ids=no-such-job&token={ui.token}")[0] == 404
 
 
 def test_a_port_in_use_is_an_error_with_a_hint(orch: OrchRunner) -> None:
