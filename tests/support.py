@@ -9,9 +9,12 @@ shows its values as it would inside a test.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -29,6 +32,7 @@ from tests.cluster import (
     OrchRunner,
     SlurmCluster,
     orch_command,
+    skip_or_fail,
 )
 
 JOBS = REPO_ROOT / "tests" / "integration" / "jobs"
@@ -310,3 +314,50 @@ def two_and_one_without_warm(cluster: Cluster, tmp_path: Path) -> Iterator[Path]
     stop_warm(cluster, [1, 2])
     yield cluster.write_inventory(tmp_path / "two_and_one.yaml", [1, 2], node1={"slots": 2})
     stop_warm(cluster, [1, 2])
+
+
+# ---------------------------------------------------------------- orch ui in a browser
+
+
+def chromium() -> str:
+    """Debian's Chromium, for Playwright to drive (it downloads no browser of its own)."""
+    if importlib.util.find_spec("playwright") is None:
+        skip_or_fail("no playwright (make setup installs it: the dev extra)")
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        skip_or_fail("no chromium (Debian's package: make test-deps installs it)")
+    assert found is not None
+    return found
+
+
+class UiProcess:
+    """`orch ui` started as a controller would, in a session of its own: `url` is the
+    address it prints (token included), `base` without the token."""
+
+    def __init__(self, orch: OrchRunner, inventory: Path) -> None:
+        self.proc = subprocess.Popen(
+            [*orch_command(), "ui", "--no-browser", "-i", inventory.name],
+            cwd=inventory.parent,
+            env=orch.controller.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        assert self.url.startswith("http://127.0.0.1:"), self.proc.stderr
+        self.base, _, query = self.url.partition("/?")
+        self.token = query.removeprefix("token=")
+
+    def stop(self) -> tuple[int, str]:
+        """Ctrl-C, as the user stops it: its exit code and stderr."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            _, err = self.proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            _, err = self.proc.communicate(timeout=10)
+            raise AssertionError("orch ui did not stop on Ctrl-C") from None
+        return self.proc.returncode, err

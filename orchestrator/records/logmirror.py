@@ -15,6 +15,7 @@ small append; bytes first copied after the fact carry the time they were copied.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import struct
@@ -86,6 +87,29 @@ class LogMirror:
             return [], start
         whole = len(raw) - len(raw) % _TIME.size
         return [_TIME.unpack_from(raw, i) for i in range(0, whole, _TIME.size)], start + whole
+
+    def came_between(self, host: str) -> tuple[float, float] | None:
+        """When the first and the last piece of any of a host's streams came (None:
+        nothing came, or a copy older than arrival times). Reads only the first and
+        last record of each times file, whatever the log's size."""
+        folder = self.dir / host
+        if not folder.is_dir():
+            return None
+        first, last = math.inf, -math.inf
+        for times in folder.glob("*.times"):
+            try:
+                with times.open("rb") as f:
+                    head = f.read(_TIME.size)
+                    whole = f.seek(0, os.SEEK_END) // _TIME.size * _TIME.size
+                    if len(head) < _TIME.size:
+                        continue
+                    f.seek(whole - _TIME.size)
+                    tail = f.read(_TIME.size)
+            except OSError:
+                continue
+            for _, when in (_TIME.unpack(head), _TIME.unpack(tail)):
+                first, last = min(first, when), max(last, when)
+        return (first, last) if first <= last else None
 
     def streams(self, host: str) -> list[str]:
         """A host's streams: the node's torchrun output first, then ranks in order."""

@@ -27,8 +27,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from orchestrator import api
+from orchestrator.api import attempts, watch
 from orchestrator.api import curves as api_curves
-from orchestrator.api import watch
 from orchestrator.api.errors import InputError, OrchError
 from orchestrator.ui.board import status_json
 from orchestrator.ui.feeds import MAX_LINES
@@ -47,6 +47,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 LINES_TICK_S = 0.25
 SLOW_TICK_S = 1.0
 PING_S = 15.0
+HISTORY_TICK_S = 5.0
+HISTORY_EAGER_S = 30.0
 LINES_PER_EVENT = 4_000
 STATIC = resources.files("orchestrator.ui") / "static"
 STATIC_FILES = (
@@ -132,6 +134,8 @@ class Routes:
             Route("/api/job/{job_id}/curves", self.curves),
             Route("/api/job/{job_id}/curves.csv", self.curves_csv),
             Route("/api/job/{job_id}/dry-run", self.dry_run),
+            Route("/api/job/{job_id}/timeline", self.timeline),
+            Route("/api/curves.csv", self.compared_csv),
             Route("/api/hosts/events", self.hosts_events),
             Route("/api/action/kill/{job_id}", self.kill, methods=["POST"]),
             Route("/api/action/stack/{job_id}", self.stack, methods=["POST"]),
@@ -300,6 +304,33 @@ class Routes:
             headers={"content-disposition": f'attachment; filename="{job_id}-curves.csv"'},
         )
 
+    async def compared_csv(self, request: Request) -> Response:
+        """Every point of the jobs `?ids=A,B` names (ids or unique prefixes), one CSV,
+        the jobs in that order: what the compare page draws."""
+        names = [i for i in request.query_params.get("ids", "").split(",") if i]
+        if not names:
+            return _error(InputError("no jobs to export", "?ids=JOB,JOB"))
+        try:
+            ids = [await self._resolve(name) for name in names]
+            text = await asyncio.to_thread(_all_curves_csv, *ids)
+        except OrchError as exc:
+            return _error(exc, 404)
+        return Response(
+            text,
+            media_type="text/csv; charset=utf-8",
+            headers={"content-disposition": 'attachment; filename="compared-curves.csv"'},
+        )
+
+    async def timeline(self, request: Request) -> Response:
+        """The job's attempts on a time line: each node of each attempt a span on its
+        host (api.attempts)."""
+        try:
+            job_id = await self._resolve(request.path_params["job_id"])
+            found = await asyncio.to_thread(attempts.timeline, job_id)
+        except OrchError as exc:
+            return _error(exc, 404)
+        return JSONResponse(found.as_json())
+
     async def dry_run(self, request: Request) -> Response:
         """What `orch submit --dry-run` prints for the job's file now, with the page's
         first inventory: each host's command line and environment (the job file may
@@ -323,6 +354,7 @@ class Routes:
 
         async def events() -> AsyncIterator[str]:
             shown = -1
+            opened = time.monotonic()
             while True:
                 state.touch("hosts")
                 if state.cluster.version != shown:
@@ -333,8 +365,13 @@ class Routes:
                     for r in state.board.rows
                     if r["state"] == "running" or (r.get("ended") or 0) > _an_hour_ago()
                 ]
-                yield _event("history", await asyncio.to_thread(history, recent))
-                await asyncio.sleep(5.0)
+                drawn = await asyncio.to_thread(history, recent)
+                yield _event("history", drawn)
+                # Each second until the first sample is there (a page opened beside a
+                # running job draws it at once), for half a minute at most; then at the
+                # pace samples come.
+                eager = not drawn["hosts"] and time.monotonic() - opened < HISTORY_EAGER_S
+                await asyncio.sleep(SLOW_TICK_S if eager else HISTORY_TICK_S)
 
         return _stream(events())
 
@@ -374,11 +411,12 @@ def _has_stack() -> bool:
     return callable(getattr(watch, "stack", None))
 
 
-def _all_curves_csv(job_id: str) -> str:
-    reader = api_curves.curves(job_id)
+def _all_curves_csv(*job_ids: str) -> str:
     points: list[api_curves.MetricPoint] = []
-    while found := reader.read():
-        points.extend(found)
+    for job_id in job_ids:
+        reader = api_curves.curves(job_id)
+        while found := reader.read():
+            points.extend(found)
     return api_curves.to_csv(points)
 
 

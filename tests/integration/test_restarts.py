@@ -28,7 +28,11 @@ def restart_job(tmp_path: Path, *args: str) -> Path:
 
 
 def test_a_lost_node_is_replaced_by_a_spare_and_the_job_resumes(
-    orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
+    orch: OrchRunner,
+    cluster: Cluster,
+    inventory: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     submit = orch.popen("submit", restart_job(tmp_path), "-i", inventory)
     assert submit.stdout is not None and submit.stderr is not None
@@ -61,6 +65,30 @@ def test_a_lost_node_is_replaced_by_a_spare_and_the_job_resumes(
         "[node1 r0] finished attempt 1"
     )
     assert_no_job_left(cluster, [1, 3])
+    assert_the_time_line_shows_the_spare(orch, job_id_of(stdout), monkeypatch)
+
+
+def assert_the_time_line_shows_the_spare(
+    orch: OrchRunner, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attempts on a time line (`orch ui`'s, api.attempts) from the job's records:
+    node2 lost, then node3 in its place, after it."""
+    from orchestrator.api import attempts
+
+    monkeypatch.setenv("ORCH_HOME", str(orch.controller.state_dir))
+    line = attempts.timeline(job_id)
+    spans = [(s.attempt, s.host, s.node_rank, s.state.value, s.took_place_of) for s in line.spans]
+    assert spans == [
+        (0, "node1", 0, "killed", None),
+        (0, "node2", 1, "lost", None),
+        (1, "node1", 0, "succeeded", None),
+        (1, "node3", 1, "succeeded", "node2"),
+    ], spans
+    first, lost, again, spare = line.spans
+    assert first.start == lost.start == line.started
+    assert lost.start is not None and lost.end is not None and lost.start < lost.end
+    assert again.start == spare.start and spare.start is not None and spare.start >= lost.end
+    assert spare.end is not None and spare.end <= (line.ended or 0)
 
 
 def test_orch_kill_is_never_followed_by_a_restart(

@@ -1,6 +1,7 @@
 """The same job file on Slurm as over SSH: outputs and `orch pull` through the
 login node, launcher python and torch.distributed.launch, reattaching after an attached
-submit was killed, `orch top` and `orch status --hosts` of a Slurm job and partition,
+submit was killed, `orch top` and `orch status --hosts` of a Slurm job and partition
+(and `orch ui`'s hosts page of them),
 and `gpus_per_node:` as Slurm's own GPU request.
 
 One Slurm cluster serves the module (tests/cluster/slurm.py): node1 is the login node,
@@ -22,7 +23,9 @@ import pytest
 from tests.cluster import OrchRunner, SlurmCluster
 from tests.support import (
     Lines,
+    UiProcess,
     assert_slurm_clean,
+    chromium,
     expected_data,
     job_id_of,
     outputs_job,
@@ -273,9 +276,44 @@ def test_top_shows_every_rank_of_a_running_job_and_hosts_shows_the_gpus_it_holds
         assert held == sorted((h, i) for h in nodes for i in range(GPUS)), units
         free = [u for u in units if u["host"] not in nodes]
         assert len(free) == GPUS and {u["state"] for u in free} == {"free"}
+        assert_the_page_shows_the_allocation(orch, hpc, job_id, sorted(nodes), tmp_path)
     finally:
         orch("kill", job_id, timeout=90)
     assert_slurm_clean(slurm)
+
+
+def assert_the_page_shows_the_allocation(
+    orch: OrchRunner, hpc: Path, job_id: str, nodes: list[str], tmp_path: Path
+) -> None:
+    """`orch ui -i` a Slurm inventory: the hosts page lists the running job with its
+    allocation's nodes, and draws those nodes over time from the job's samples."""
+    from playwright.sync_api import sync_playwright
+
+    browser_path = chromium()
+    ui = UiProcess(orch, hpc)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=browser_path)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.goto(ui.url + "#/hosts")
+                held = page.locator(f'#holdings tr[data-job="{job_id}"] td[data-hosts]')
+                held.wait_for(timeout=30_000)
+                assert sorted((held.get_attribute("data-hosts") or "").split(",")) == nodes
+                page.wait_for_selector("#chart-cpu canvas", timeout=45_000)
+                drawn = page.eval_on_selector_all(
+                    "#chart-cpu .u-legend .u-series .u-label", "ls => ls.map(l => l.textContent)"
+                )
+                assert drawn[1:] == nodes, "the allocation's nodes over time"
+                page.screenshot(path=tmp_path / "ui-hosts-slurm.png", full_page=True)
+                assert errors == []
+            finally:
+                browser.close()
+    finally:
+        code, err = ui.stop()
+    assert (code, "Traceback" in err) == (130, False), err
 
 
 # ---------------------------------------------------------------- GPUs

@@ -5,13 +5,15 @@ bytes that are not UTF-8, a megabyte on one line): the job shows in the list wit
 of its submit, a line a rank prints on cue within 2 s, both ranks' loss curves get
 points, the hostile line is text, requests without the token (or from another origin)
 are refused, and the kill button ends the job. Screenshots of each page go to the
-test's directory (and, with ORCH_UI_DOCS_SHOTS=1, to docs/)."""
+test's directory (and, with ORCH_UI_DOCS_SHOTS=1, to docs/). Beside the killed job, a
+second ended job is compared with it; a restarted 32-host job is drawn on its time line."""
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -24,14 +26,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster import REPO_ROOT, Cluster, OrchRunner, orch_command, skip_or_fail
-from tests.support import assert_no_job_left, job_id_of, status_json
+from tests.cluster import REPO_ROOT, Cluster, OrchRunner, orch_command
+from tests.support import UiProcess, assert_no_job_left, chromium, job_id_of, status_json
 
 pytestmark = pytest.mark.cluster
 
 try:
     from playwright import sync_api as playwright_api
-except ImportError:  # make setup installs it (the dev extra); in CI its absence fails
+except ImportError:  # make setup installs it (the dev extra); chromium() says so
     playwright_api = None  # type: ignore[assignment]
 
 # No torch in the ranks: each is up in a moment. Rank 0 prints the Trainer's dict lines,
@@ -85,47 +87,13 @@ HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 APPEAR_S = 2.0  # the issue's bound: a job, and a line, on the page within 2 s
 
 
-def chromium() -> str:
-    """Debian's Chromium, for Playwright to drive (it downloads no browser of its own)."""
-    if playwright_api is None:
-        skip_or_fail("no playwright (make setup installs it: the dev extra)")
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        skip_or_fail("no chromium (Debian's package: make test-deps installs it)")
-    assert found is not None
-    return found
-
-
-class UiProcess:
-    """`orch ui` started as a controller would, in a session of its own."""
-
-    def __init__(self, orch: OrchRunner, inventory: Path) -> None:
-        self.proc = subprocess.Popen(
-            [*orch_command(), "ui", "--no-browser", "-i", inventory.name],
-            cwd=inventory.parent,
-            env=orch.controller.env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        assert self.proc.stdout is not None
-        self.url = self.proc.stdout.readline().strip()
-        assert self.url.startswith("http://127.0.0.1:"), self.proc.stderr
-        self.base, _, query = self.url.partition("/?")
-        self.token = query.removeprefix("token=")
-
-    def stop(self) -> tuple[int, str]:
-        """Ctrl-C, as the user stops it: its exit code and stderr."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-        try:
-            _, err = self.proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            _, err = self.proc.communicate(timeout=10)
-            raise AssertionError("orch ui did not stop on Ctrl-C") from None
-        return self.proc.returncode, err
+def fetch(url: str, method: str = "GET", **headers: str) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read()
 
 
 @pytest.fixture
@@ -136,15 +104,6 @@ def ui(orch: OrchRunner, inventory: Path) -> Iterator[UiProcess]:
     finally:
         code, err = started.stop()
         assert (code, "Traceback" in err) == (130, False), err
-
-
-def fetch(url: str, method: str = "GET", **headers: str) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return answer.status, answer.read()
-    except urllib.error.HTTPError as refused:
-        return refused.code, refused.read()
 
 
 def test_the_page_shows_a_job_live_with_its_curves_and_kills_it(
@@ -229,6 +188,13 @@ def test_the_page_shows_a_job_live_with_its_curves_and_kills_it(
                 assert "ago" in (page.locator('#ranks tr[data-rank="0"]').text_content() or "")
                 page.wait_for_selector('#ranks tr[data-rank="0"] td:has-text("%")', timeout=30_000)
                 bar.wait_for(timeout=10_000)
+                # The attempt on its time line: each node a span, running.
+                for host in ("node1", "node2"):
+                    page.wait_for_selector(
+                        f'#timeline g.span[data-attempt="0"][data-host="{host}"]'
+                        '[data-state="running"]',
+                        timeout=10_000,
+                    )
                 page.screenshot(path=tmp_path / "ui-job.png", full_page=True)
 
                 # Every rank's stack, grouped, as orch stack prints it.
@@ -249,6 +215,15 @@ def test_the_page_shows_a_job_live_with_its_curves_and_kills_it(
                 orch("kill", job_id, timeout=60)
             assert status_json(orch, job_id)["state"] == "killed"
             assert_no_job_left(cluster, [1, 2])
+            page.wait_for_selector('#timeline g.span[data-host="node2"][data-state="killed"]')
+
+            # A second ended job beside it: the filters, then both on one chart, and CSV.
+            baseline = record_an_ended_job(orch.controller.state_dir)
+            page.goto(ui.url + "#/")
+            page.wait_for_selector(f'#jobs tr[data-job="{baseline}"]', timeout=10_000)
+            assert_the_filters_find_each_job(page, job_id, baseline)
+            assert_two_ended_jobs_compare_and_export(page, [job_id, baseline])
+            page.screenshot(path=tmp_path / "ui-compare.png", full_page=True)
 
             page.goto(ui.url + "#/hosts")
             page.wait_for_selector("#units", timeout=30_000)
@@ -258,7 +233,7 @@ def test_the_page_shows_a_job_live_with_its_curves_and_kills_it(
         finally:
             browser.close()
     if os.environ.get("ORCH_UI_DOCS_SHOTS"):
-        for name in ("ui-jobs.png", "ui-job.png", "ui-hosts.png"):
+        for name in ("ui-jobs.png", "ui-job.png", "ui-hosts.png", "ui-compare.png"):
             shutil.copy(tmp_path / name, REPO_ROOT / "docs" / name)
 
 
@@ -282,6 +257,83 @@ def assert_loss_curves_of_both_ranks(page: playwright_api.Page, job_id: str) -> 
     assert steps[:3] == [0, 1, 2], "rank 1's own step=N"
 
 
+def record_an_ended_job(home: Path) -> str:
+    """A job of two nodes that succeeded a minute ago, in a controller's records, whose
+    ranks printed `step=N loss=X` 20 times each (its log copy; no host holds it)."""
+    from orchestrator.models.inventory import Host
+    from orchestrator.models.states import JobState
+    from orchestrator.records.db import JobDB, JobRecord, NodeRecord
+    from orchestrator.records.logmirror import LogMirror
+
+    job_id = "baseline-0ld0ne"
+    nodes = [
+        NodeRecord(Host(f"node{i + 1}", "127.0.0.2", port=9), i, i, 1, "d", JobState.SUCCEEDED, 0)
+        for i in range(2)
+    ]
+    record = JobRecord(job_id, "baseline", JobState.SUCCEEDED, "127.0.0.2", 29500, {}, nodes)
+    record.created = record.started = time.time() - 120
+    record.ended, record.exit_code = time.time() - 60, 0
+    JobDB(home).add(record)
+    mirror = LogMirror(home / "logs", job_id)
+    for node in nodes:
+        text = "".join(f"step={s} loss={3.0 - s / 10:.2f}\n" for s in range(20))
+        mirror.write(node.host.name, str(node.first_rank), 0, text.encode())
+    mirror.close()
+    return job_id
+
+
+def shown_jobs(page: playwright_api.Page) -> list[str]:
+    return page.eval_on_selector_all("#jobs tbody tr", "rows => rows.map(r => r.dataset.job)")
+
+
+def assert_the_filters_find_each_job(page: playwright_api.Page, killed: str, ended: str) -> None:
+    """By state, by name, by id, and both at once; the rows change as the filter does."""
+    for state, text, expected in (
+        ("killed", "", [killed]),
+        ("succeeded", "", [ended]),
+        ("all", "basel", [ended]),
+        ("all", killed[-6:], [killed]),  # a job's id
+        ("succeeded", "train", []),
+        ("all", "", sorted([killed, ended])),
+    ):
+        page.select_option("#state-filter", state)
+        page.fill("#name-filter", text)
+        page.wait_for_function(
+            "want => [...document.querySelectorAll('#jobs tbody tr')]"
+            ".map(r => r.dataset.job).sort().join() === want",
+            arg=",".join(sorted(expected)),
+            timeout=5_000,
+        )
+        assert sorted(shown_jobs(page)) == sorted(expected), (state, text)
+
+
+def assert_two_ended_jobs_compare_and_export(page: playwright_api.Page, ids: list[str]) -> None:
+    """Both jobs' loss curves on one chart, and the CSV of both."""
+    for job_id in ids:
+        page.check(f'input[data-compare="{job_id}"]')
+    page.click("text=compare the checked jobs' curves")
+    page.wait_for_function(
+        "() => { const c = document.querySelector('#compare-chart');"
+        " return c && c.dataset.metric === 'loss' && c.dataset.drawn"
+        " && c.dataset.drawn.split(',').every(n => Number(n) >= 10); }",
+        timeout=10_000,
+    )
+    labels = page.eval_on_selector_all(
+        "#compare-chart .u-legend .u-series .u-label", "ls => ls.map(l => l.textContent)"
+    )
+    assert sorted(labels[1:]) == sorted(ids), "one curve per job"
+    with page.expect_download() as download:
+        page.click("#compare-csv")
+    path = download.value.path()
+    rows = list(csv.DictReader(io.StringIO(Path(path).read_text())))
+    assert list(rows[0]) == ["job", "host", "rank", "attempt", "metric", "step", "time", "value"]
+    loss = [r for r in rows if r["metric"] == "loss"]
+    assert {r["job"] for r in loss} == set(ids)
+    ended = [r for r in loss if r["job"] == ids[1]]
+    assert len(ended) == 40 and {r["rank"] for r in ended} == {"0", "1"}
+    assert ("0", "19", "1.1") in {(r["rank"], r["step"], r["value"]) for r in ended}
+
+
 def assert_hostile_lines_are_text(page: playwright_api.Page) -> None:
     script = page.locator('#log .line:has-text("window.pwned=1")')
     script.wait_for(timeout=10_000)
@@ -300,7 +352,14 @@ def assert_hostile_lines_are_text(page: playwright_api.Page) -> None:
 
 
 def assert_refused_without_the_token(ui: UiProcess, job_id: str) -> None:
-    for path in ("/", "/api/jobs", "/static/app.js", f"/api/job/{job_id}/curves.csv"):
+    for path in (
+        "/",
+        "/api/jobs",
+        "/static/app.js",
+        f"/api/job/{job_id}/curves.csv",
+        f"/api/job/{job_id}/timeline",
+        "/api/curves.csv",
+    ):
         assert fetch(ui.base + path) == (403, b"forbidden\n"), path
         assert fetch(f"{ui.base}{path}?token=not-{ui.token}")[0] == 403, path
     kill = f"{ui.base}/api/action/kill/{job_id}"
@@ -308,6 +367,8 @@ def assert_refused_without_the_token(ui: UiProcess, job_id: str) -> None:
     foreign = fetch(kill, "POST", **{"X-Orch-Token": ui.token, "Origin": "http://evil.example"})
     assert foreign[0] == 403, "another origin"
     assert fetch(f"{ui.base}/?token={ui.token}")[0] == 200
+    assert fetch(f"{ui.base}/api/curves.csv?token={ui.token}")[0] == 400, "no jobs named"
+    assert fetch(f"{ui.base}/api/curves.csv?ids=no-such-job&token={ui.token}")[0] == 404
 
 
 def test_a_port_in_use_is_an_error_with_a_hint(orch: OrchRunner) -> None:
@@ -360,6 +421,66 @@ def record_a_job_of_lost_hosts(home: Path) -> str:
             )
             mirror.write(node.host.name, str(rank), 0, text.encode())
     mirror.close()
+    return job_id
+
+
+LOST_WHY = "host07 stopped answering <img src=x onerror='window.pwned=3'>"
+
+
+def record_a_restarted_job(home: Path) -> str:
+    """A job of 32 hosts in a controller's records that ran twice: its first attempt
+    (T to T+40 s) lost host07 and orch stopped the rest; the second ran on the spare
+    host32 in host07's place (node rank 7) from T+50 s, and failed on host12 at T+90 s.
+    Each node's log copy says when its first and last pieces came."""
+    import struct
+
+    from orchestrator.models.inventory import Host
+    from orchestrator.models.states import JobState
+    from orchestrator.records.db import JobDB, JobRecord, NodeRecord
+    from orchestrator.records.logmirror import LogMirror
+
+    job_id = "wide-2ndg0"
+    t0 = time.time() - 300
+    first = [
+        {
+            "host": f"host{i:02d}",
+            "node_rank": i,
+            "job_dir": "d",
+            "state": "lost" if i == 7 else "killed",
+            "exit_code": None if i == 7 else -15,
+            "error": LOST_WHY if i == 7 else None,
+        }
+        for i in range(HOSTS)
+    ]
+    second = [f"host{i:02d}" if i != 7 else "host32" for i in range(HOSTS)]
+    nodes = [
+        NodeRecord(
+            Host(name, "127.0.0.2", port=9),
+            i,
+            i,
+            1,
+            "d",
+            JobState.FAILED if name == "host12" else JobState.KILLED,
+            1 if name == "host12" else -15,
+        )
+        for i, name in enumerate(second)
+    ]
+    spec = {"restarts": 3, "attempt": 1, "attempts": [{"attempt": 0, "nodes": first}]}
+    record = JobRecord(job_id, "wide2", JobState.FAILED, "127.0.0.2", 29500, spec, nodes)
+    record.created = record.started = t0
+    record.ended, record.exit_code = t0 + 92, 1
+    JobDB(home).add(record)
+    for attempt, hosts, start, end in ((0, [n["host"] for n in first], 1, 40), (1, second, 50, 90)):
+        mirror = LogMirror(home / "logs", job_id, attempt)
+        for name in hosts:
+            mirror.write(str(name), "node", 0, b"started\n")
+            mirror.write(str(name), "node", 8, b"ended\n")
+        mirror.close()
+        for name in hosts:  # when they came: the times file's records, rewritten
+            last = 40 if name == "host07" else end
+            (mirror.dir / str(name) / "node.times").write_bytes(
+                struct.pack("<Qd", 8, t0 + start) + struct.pack("<Qd", 14, t0 + last)
+            )
     return job_id
 
 
@@ -423,6 +544,38 @@ def test_the_page_stays_usable_at_32_hosts_and_256_ranks_every_host_lost(
                     timeout=60_000,
                 )
                 page.screenshot(path=tmp_path / "ui-wide.png", full_page=True)
+
+                # A restarted job of 32 hosts on its time line: host07 lost, the spare
+                # host32 in its place, the second attempt failed on host12.
+                restarted = record_a_restarted_job(home)
+                page.goto(f"{ui.url}#/job/{restarted}")
+                spans = "#timeline g.span"
+                page.wait_for_function(
+                    f"() => document.querySelectorAll('{spans}').length === {2 * HOSTS}",
+                    timeout=10_000,
+                )
+                spare = page.locator(f'{spans}[data-spare-for="host07"]')
+                assert spare.get_attribute("data-host") == "host32"
+                assert spare.get_attribute("data-attempt") == "1"
+                assert "took host07's place" in (spare.locator("title").text_content() or "")
+                lost = page.locator(f'{spans}[data-attempt="0"][data-host="host07"]')
+                assert lost.get_attribute("data-state") == "lost"
+                assert lost.locator("path.failure").count() == 1
+                # what the records say, as text: the lost node's error is no markup
+                assert LOST_WHY in (lost.locator("title").text_content() or "")
+                assert page.locator("#timeline img").count() == 0
+                assert page.evaluate("typeof window.pwned") == "undefined"
+                failed = page.locator(f'{spans}[data-attempt="1"][data-state="failed"]')
+                assert failed.get_attribute("data-host") == "host12"
+                assert page.locator(f"{spans} path.failure").count() == 2
+                rows = page.eval_on_selector_all(
+                    "#timeline text.host", "ts => ts.map(t => t.textContent)"
+                )
+                hosts = [f"host{i:02d}" for i in range(HOSTS)] + ["host32 ← host07"]
+                assert rows == hosts, "a row per host; the spare's says whose place it took"
+                drawn = page.locator("#timeline svg").bounding_box()
+                assert drawn is not None and drawn["height"] < 600, "32 hosts in 600 pixels"
+                page.locator("#timeline").screenshot(path=tmp_path / "ui-timeline.png")
                 assert errors == []
                 print(f"256 ranks: the page had every line and point after {loaded:.1f} s")
             finally:
@@ -431,3 +584,5 @@ def test_the_page_stays_usable_at_32_hosts_and_256_ranks_every_host_lost(
         code, err = ui.stop()
     assert code == 130, err
     assert "Traceback" not in err
+    if os.environ.get("ORCH_UI_DOCS_SHOTS"):
+        shutil.copy(tmp_path / "ui-timeline.png", REPO_ROOT / "docs" / "ui-timeline.png")

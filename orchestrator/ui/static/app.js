@@ -256,6 +256,7 @@
     };
 
     // the head, nodes, timeline
+    const timeline = attemptsTimeline(jobId);
     let current = null;
     const message = el("div", { class: "message", id: "action-message" });
     const kill = el("button", { class: "danger", id: "kill", onclick: async () => {
@@ -301,11 +302,7 @@
       const running = !["succeeded", "failed", "killed", "lost"].includes(row.state);
       kill.disabled = !running;
       stack.disabled = !running;
-      const timeline = el("div", { class: "timeline" },
-        ...row.earlier.map((a) => el("span", { class: "attempt" }, `attempt ${a.attempt}: ` +
-          Object.entries(a.nodes).map(([h, s]) => `${h} ${s}`).join(", "))),
-        el("span", { class: "attempt" }, `attempt ${row.attempt} (now, ${row.state}): ` +
-          row.nodes.map((n) => `${n.host} ${n.state}`).join(", ")));
+      timeline.want(row);
       head.replaceChildren(
         el("div", { class: "row" }, el("h1", { class: "grow" }, row.name, " ", el("span", { class: "muted mono" }, row.id)),
           stateBadge(row.state), kill, stack, csv),
@@ -321,7 +318,7 @@
           el("div", {}, "restarts"), el("div", {}, `${row.attempt} of ${row.restarts}`),
           el("div", {}, "outputs"), el("div", { class: "mono" }, row.outputs.join(" ") || "none"),
           el("div", {}, "metrics"), el("div", { class: "mono" }, row.metrics.join("  ") || "the default forms")),
-        el("h2", {}, "Attempts"), timeline, dryRun);
+        el("h2", {}, "Attempts"), timeline.box, dryRun);
       nodes.replaceChildren(el("h2", {}, "Nodes"), el("div", { class: "scroll" }, el("table", { id: "nodes" },
         el("thead", {}, el("tr", {}, ...["host", "node rank", "ranks", "state", "exit", "why"].map((h) => el("th", {}, h)))),
         el("tbody", {}, ...row.nodes.map((n) => el("tr", { "data-host": n.host },
@@ -475,7 +472,125 @@
       }
       tickRanks();
     }, 1000);
-    return { close() { source.close(); clearInterval(timer); if (chart) chart.destroy(); } };
+    return { close() { source.close(); clearInterval(timer); timeline.close(); if (chart) chart.destroy(); } };
+  }
+
+  // ------------------------------------------------------------ a job's attempts on a time line
+
+  const SVG = "http://www.w3.org/2000/svg";
+  const ENDED = ["succeeded", "failed", "killed", "lost"];
+
+  function svg(tag, attrs, ...children) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined) continue;
+      if (k === "class") node.setAttribute("class", v);
+      else if (k === "text") node.textContent = v;
+      else node.setAttribute(k, String(v));
+    }
+    for (const child of children) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  // Each node of each attempt as a span on its host's row, against the time since the
+  // job started: its state's colour, a cross where it failed or was lost, a dashed
+  // outline where a restart put it on another host than the attempt before (a spare
+  // taking a lost node's place), a line where each attempt began. Rows are the hosts in
+  // the order they first held a node rank, 32 of them in about 600 pixels.
+  function attemptsTimeline(jobId) {
+    const box = el("div", { id: "timeline", class: "timeline" }, el("div", { class: "muted" }, "reading the attempts…"));
+    let data = null, asked = 0, asking = false, wanted = "";
+    const fetchNow = async () => {
+      if (asking) return;
+      asking = true;
+      asked = Date.now();
+      try {
+        const found = await getJSON("/api/job/" + encodeURIComponent(jobId) + "/timeline");
+        if (found.error) box.replaceChildren(el("div", { class: "message bad" }, found.error));
+        else { data = found; draw(); }
+      } finally { asking = false; }
+    };
+    const want = (row) => {
+      // asked again when the attempt or a node's state changes
+      const key = `${row.attempt}|${row.state}|` + row.nodes.map((n) => `${n.host}:${n.state}`).join(",");
+      if (key !== wanted) { wanted = key; fetchNow(); }
+    };
+    const draw = () => {
+      if (!data || !data.spans.length) { box.replaceChildren(el("div", { class: "muted" }, "no attempt yet")); return; }
+      const now = Date.now() / 1000;
+      const spans = data.spans.map((s) => ({ ...s,
+        start: s.start === null ? (data.started || now) : s.start,
+        end: s.end === null ? (ENDED.includes(s.state) ? (data.ended || now) : now) : s.end }));
+      const t0 = Math.min(...spans.map((s) => s.start));
+      const t1 = Math.max(t0 + 1, ...spans.map((s) => s.end));
+      const hosts = [], cameFor = new Map();  // a spare's row says whose place it took first
+      for (const s of spans) {
+        if (!hosts.includes(s.host)) hosts.push(s.host);
+        if (s.took_place_of && !cameFor.has(s.host)) cameFor.set(s.host, s.took_place_of);
+      }
+      const label = (host) => host + (cameFor.has(host) ? ` ← ${cameFor.get(host)}` : "");
+      const longest = Math.max(...hosts.map((h) => label(h).length));
+      const rowH = hosts.length > 24 ? 14 : 20, top = 22, right = 16, bottom = 22;
+      const left = Math.min(Math.max(longest * 6.7 + 16, 80), 280);
+      const width = Math.max(box.clientWidth - 4, 600);
+      const height = top + hosts.length * rowH + bottom;
+      const x = (t) => left + ((t - t0) / (t1 - t0)) * (width - left - right);
+      const y = (host) => top + hosts.indexOf(host) * rowH;
+      const chart = svg("svg", { width, height, class: "timeline-chart", role: "img",
+        "aria-label": `${data.attempts} attempts of ${hosts.length} hosts` });
+      // the time axis: the time since the job started, at a round step
+      const steps = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 43200, 86400];
+      const step = steps.find((s) => (t1 - t0) / s <= 8) || 86400 * Math.ceil((t1 - t0) / 86400 / 8);
+      for (let t = 0; t <= t1 - t0; t += step) {
+        chart.append(svg("line", { x1: x(t0 + t), x2: x(t0 + t), y1: top - 4, y2: height - bottom, class: "tick" }),
+          svg("text", { x: x(t0 + t), y: height - 6, "text-anchor": x(t0 + t) > width - 40 ? "end" : "middle",
+            class: "axis", text: t ? "+" + span(t) : new Date(t0 * 1000).toLocaleTimeString(undefined, { hour12: false }) }));
+      }
+      // each host's row and its name (text from the records: a text node, never markup)
+      hosts.forEach((host, i) => {
+        if (i % 2) chart.append(svg("rect", { x: 0, y: y(host), width, height: rowH, class: "stripe" }));
+        chart.append(svg("text", { x: left - 8, y: y(host) + rowH / 2 + 4, "text-anchor": "end", class: "host", "data-host": host },
+          host, cameFor.has(host) ? svg("tspan", { class: "spare-of", text: ` ← ${cameFor.get(host)}` }) : null));
+      });
+      // where each attempt began
+      const began = new Map();
+      for (const s of spans) if (!began.has(s.attempt) || s.start < began.get(s.attempt)) began.set(s.attempt, s.start);
+      for (const [attempt, t] of began) {
+        chart.append(svg("line", { x1: x(t), x2: x(t), y1: 6, y2: height - bottom, class: "attempt-start" }),
+          svg("text", { x: x(t) + 3, y: 14, class: "axis", text: `attempt ${attempt + 1}` }));
+      }
+      for (const s of spans) {
+        const x0 = x(s.start), w = Math.max(x(s.end) - x0, 3), yy = y(s.host) + 3, h = rowH - 6;
+        const code = s.exit_code === null || s.exit_code === undefined ? "" :
+          s.exit_code < 0 ? ` (signal ${-s.exit_code})` : ` (exit ${s.exit_code})`;
+        const how = s.state + code;
+        const title = `attempt ${s.attempt + 1}, ${s.host}, node rank ${s.node_rank}: ${how}, ${span(s.end - s.start)}` +
+          (s.took_place_of ? `; took ${s.took_place_of}'s place` : "") + (s.error ? `; ${s.error}` : "");
+        const g = svg("g", { class: "span", "data-attempt": s.attempt, "data-host": s.host, "data-state": s.state,
+          "data-spare-for": s.took_place_of },
+          svg("title", { text: title }),
+          svg("rect", { x: x0, y: yy, width: w, height: h, rx: 2, class: "span-bar state-" + s.state + (s.took_place_of ? " spare" : "") }));
+        if (s.state === "failed" || s.state === "lost") {
+          const cx = x0 + w, cy = yy + h / 2, r = Math.min(h / 2, 5);
+          g.append(svg("path", { d: `M${cx - r},${cy - r}L${cx + r},${cy + r}M${cx - r},${cy + r}L${cx + r},${cy - r}`, class: "failure" }));
+        }
+        chart.append(g);
+      }
+      const legend = el("div", { class: "row muted legend" },
+        ...["running", "succeeded", "failed", "killed", "lost"].map((st) => el("span", {}, el("span", { class: "swatch state-" + st }), " " + st)),
+        el("span", {}, el("span", { class: "swatch spare" }), " on another host than the attempt before (a spare; ← whose place it took)"),
+        el("span", {}, "✕ failed or lost"));
+      box.replaceChildren(chart, legend);
+    };
+    // a running job's spans grow to now; what came since is asked every 10 s
+    const timer = setInterval(() => {
+      if (!data || ENDED.includes(data.state)) return;
+      if (Date.now() - asked > 10000) fetchNow(); else draw();
+    }, 2000);
+    return { box, want, close() { clearInterval(timer); } };
   }
 
   function palette(i, n) {
@@ -511,7 +626,15 @@
       if (made[box.id]) made[box.id].chart.destroy();
       const chart = new uPlot({
         width: Math.max(box.clientWidth - 10, 300), height: 200,
-        series: [{}, ...hosts.map((h, i) => ({ label: h, stroke: palette(i, hosts.length), width: 1.5, spanGaps: false, points: { show: false } }))],
+        // The samples' own span: one sample alone, a minute either side of it (uPlot pads
+        // a single time by a tenth of its value: years). Points show while they are few.
+        scales: { x: { time: true, range: (u, min, max) => {
+          const xs = u.data[0];
+          if (!xs || !xs.length) return [min, max];
+          const lo = xs[0], hi = xs[xs.length - 1];
+          return lo === hi ? [lo - 60, hi + 60] : [lo, hi];
+        } } },
+        series: [{}, ...hosts.map((h, i) => ({ label: h, stroke: palette(i, hosts.length), width: 1.5, spanGaps: false }))],
         axes: [{}, { size: 80, values: (u, ticks) => ticks.map(format) }],
         legend: { show: hosts.length <= 32 },
       }, plotted, box);
@@ -530,8 +653,21 @@
       cluster: (found) => {
         holders.replaceChildren(el("h2", {}, "Who holds what"), ...found.map((inv) => {
           if (inv.error) return el("div", { class: "message bad" }, `${inv.inventory}: ${inv.error}`);
+          // each job's hosts, from the units it holds: on Slurm, the allocation's nodes
+          const held = new Map();
+          for (const u of inv.units) {
+            if (!u.job) continue;
+            const one = held.get(u.job) || { user: u.user || "", hosts: [], units: 0, kind: u.kind };
+            if (!one.hosts.includes(u.host)) one.hosts.push(u.host);
+            one.units += 1;
+            held.set(u.job, one);
+          }
           return el("div", { "data-inventory": inv.inventory },
             el("div", { class: "muted mono" }, inv.inventory),
+            table("Jobs and the hosts they hold", ["job", "user", "hosts", "holds"], [...held].map(([job, h]) =>
+              el("tr", { "data-job": job }, el("td", { class: "mono" }, job), el("td", {}, h.user),
+                el("td", { class: "wrap", "data-hosts": h.hosts.join(",") }, `${h.hosts.length}: ${h.hosts.join(", ")}`),
+                el("td", {}, `${h.units} ${h.kind}${h.units === 1 ? "" : "s"}`))), "holdings"),
             table("GPUs and slots", ["host", "kind", "unit", "state", "job", "user", "since"], inv.units.map((u) =>
               el("tr", {}, el("td", {}, u.host), el("td", {}, u.kind), el("td", {}, String(u.unit)),
                 el("td", {}, stateBadge(u.state)), el("td", { class: "mono" }, u.job || (u.pid ? `pid ${u.pid}` : "")),
@@ -564,7 +700,9 @@
     const metric = el("select", { id: "compare-metric" });
     const box = el("div", { class: "chart", id: "compare-chart" });
     const info = el("div", { class: "muted", id: "compare-info" });
-    panel.append(el("div", { class: "row" }, metric, info), box);
+    const csv = el("a", { href: url("/api/curves.csv", { ids: ids.join(",") }), id: "compare-csv", download: "compared-curves.csv" },
+      "these jobs' curves as CSV");
+    panel.append(el("div", { class: "row" }, metric, info, csv), box);
     const per = new Map(ids.map((id) => [id, { next: 0, byName: new Map() }]));
     let chart = null, key = "";
     const fetchAll = async () => {
@@ -604,6 +742,9 @@
           series: [{ label: "step" }, ...ids.map((id, i) => ({ label: id, stroke: palette(i, ids.length), width: 1.5, spanGaps: true, points: { show: false } }))],
         }, data, box);
       } else chart.setData(data);
+      // how many steps each job has drawn, in the order of `ids` (what a test reads)
+      box.dataset.drawn = data.slice(1).map((ys) => ys.filter((v) => v !== null).length).join(",");
+      box.dataset.metric = name || "";
       info.textContent = `${name || "no metric yet"}: the mean of each job's ranks, against step`;
     };
     metric.addEventListener("change", () => { key = ""; draw(); });
