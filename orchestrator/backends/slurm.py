@@ -139,15 +139,21 @@ class SlurmBackend:
         return nodes.hosts(inventory, reporter.notice)
 
     def forward(self, record: JobRecord, options: ForwardOptions, reporter: Reporter) -> Forwarding:
-        refuse("forward", f"job {record.id}")
+        from orchestrator.slurm import into
+
+        return into.forward(JobDB(), record, options, reporter)
 
     def shell(self, record: JobRecord, options: ShellOptions, reporter: Reporter) -> int:
-        refuse("shell", f"job {record.id}")
+        from orchestrator.slurm import into
+
+        return into.shell(JobDB(), record, options, reporter)
 
     def exec_in_job(
         self, record: JobRecord, options: ExecOptions, reporter: Reporter
     ) -> list[HostRun]:
-        refuse("exec_in_job", f"job {record.id}")
+        from orchestrator.slurm import into
+
+        return into.exec_in_job(JobDB(), record, options.command, reporter)
 
     def warm_start(
         self, job: JobSpec, inventory: Inventory, reporter: Reporter

@@ -150,9 +150,16 @@ class Forwarding:
     """A port of one host at 127.0.0.1 on this machine, until `close()`."""
 
     def __init__(
-        self, host: Host, port: int, local_port: int | None, notice: Callable[[str], None]
+        self,
+        host: Host,
+        port: int,
+        local_port: int | None,
+        notice: Callable[[str], None],
+        address: str = "127.0.0.1",
     ) -> None:
-        self.host, self.port, self.notice = host, port, notice
+        """`port` at `address` as `host` reaches it: its own loopback, or (a Slurm
+        node's, through its login node) the node's address."""
+        self.host, self.port, self.notice, self.address_there = host, port, notice, address
         self._closed = threading.Event()
         self._refused = False
         self._listener = _listen(port if local_port is None else local_port)
@@ -201,7 +208,7 @@ class Forwarding:
 
     def _carry(self, client: socket.socket) -> None:
         try:
-            tunnel = self._transport.tunnel(self.port)
+            tunnel = self._transport.tunnel(self.port, self.address_there)
         except HostError as exc:
             client.close()
             if not self._refused:

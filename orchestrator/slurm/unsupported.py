@@ -45,25 +45,6 @@ NOT_YET: dict[str, tuple[str, str, str]] = {
         "inventory: a command would run there, not on the nodes",
         "run it on the nodes through Slurm, on the login node: srun -N NODES COMMAND",
     ),
-    "exec_in_job": (
-        "orch exec JOB",
-        "a Slurm job's nodes are Slurm's to hand out, and orch reaches them only through "
-        "srun on the login node",
-        "on the login node: srun --jobid SLURM_JOB --overlap COMMAND (squeue -j JOB names "
-        "the nodes)",
-    ),
-    "forward": (
-        "orch forward",
-        "a Slurm job's nodes are reached through the login node, and orch does not yet "
-        "carry a port across it",
-        "on the laptop: ssh -L LOCAL:NODE:PORT LOGIN_NODE (squeue -j JOB names the nodes)",
-    ),
-    "shell": (
-        "orch ssh",
-        "a Slurm job's nodes are Slurm's to hand out, and orch reaches them only through "
-        "srun on the login node",
-        "on the login node: srun --jobid SLURM_JOB --overlap --pty -w NODE bash",
-    ),
     "bench_allreduce": (
         "orch bench allreduce",
         "the sweep picks the inventory's hosts by name, and a Slurm inventory names only "
@@ -96,9 +77,9 @@ KEYS_NOT_YET: dict[str, tuple[str, str]] = {
         "orch stack JOB",
     ),
     "forward": (
-        "a Slurm job's nodes are reached through the login node, and orch does not yet "
-        "carry a port across it",
-        "drop forward: there; on the laptop: ssh -L LOCAL:NODE:PORT LOGIN_NODE",
+        "an attached Slurm submit does not open the job's forwards yet",
+        "drop forward: there; once the job runs: orch forward JOB PORT (the server on the "
+        "node listening on 0.0.0.0)",
     ),
 }
 

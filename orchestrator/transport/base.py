@@ -120,7 +120,7 @@ class Transport(Protocol):
         self, command: str, idle_timeout: float | None = None, stdin: bytes | None = None
     ) -> RemoteProcess: ...
 
-    def tunnel(self, port: int) -> Tunnel: ...
+    def tunnel(self, port: int, address: str = "127.0.0.1") -> Tunnel: ...
 
     def interactive(self, command: str) -> int: ...
 
@@ -128,8 +128,9 @@ class Transport(Protocol):
 
 
 class Tunnel(Protocol):
-    """A TCP connection to a port on the host's loopback, made from the host's side
-    (SSH's direct-tcpip channel; a plain socket for a local host)."""
+    """A TCP connection to a port on the host's loopback (or an address the host
+    reaches: a Slurm node, from its login node), made from the host's side (SSH's
+    direct-tcpip channel; a plain socket for a local host)."""
 
     def recv(self, size: int) -> bytes: ...
 

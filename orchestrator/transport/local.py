@@ -153,9 +153,9 @@ class LocalTransport:
     def interactive(self, command: str) -> int:
         return subprocess.call(["/bin/sh", "-c", command])
 
-    def tunnel(self, port: int) -> SocketTunnel:
+    def tunnel(self, port: int, address: str = "127.0.0.1") -> SocketTunnel:
         try:
-            return SocketTunnel(socket.create_connection(("127.0.0.1", port), timeout=10))
+            return SocketTunnel(socket.create_connection((address, port), timeout=10))
         except OSError as exc:
             raise HostError(
                 self.name,

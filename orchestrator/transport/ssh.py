@@ -377,12 +377,12 @@ class SshTransport:
         finally:
             channel.close()
 
-    def tunnel(self, port: int) -> paramiko.Channel:
+    def tunnel(self, port: int, address: str = "127.0.0.1") -> paramiko.Channel:
         transport = self._active()
         try:
             channel: paramiko.Channel = transport.open_channel(
                 "direct-tcpip",
-                ("127.0.0.1", port),
+                (address, port),
                 ("127.0.0.1", 0),
                 timeout=self.options.connect_timeout,
             )
@@ -390,7 +390,8 @@ class SshTransport:
         except paramiko.ChannelException as exc:
             raise HostError(
                 self.name,
-                f"nothing answers on port {port} of {self.name} ({exc.text.lower()})",
+                f"nothing answers on port {port} of {_seen_from(address, self.name)} "
+                f"({exc.text.lower()})",
                 "start the server there first, bound to 127.0.0.1 or 0.0.0.0, or "
                 "allow TCP forwarding in the host's sshd_config (AllowTcpForwarding)",
             ) from None
@@ -404,6 +405,11 @@ class SshTransport:
             self._conn.close()
         except Exception:  # closing must never hide the error that led here
             log.debug("closing %s failed", self.name, exc_info=True)
+
+
+def _seen_from(address: str, host: str) -> str:
+    """The tunnel's far end in words: the host itself, or an address seen from it."""
+    return host if address == "127.0.0.1" else f"{address} (seen from {host})"
 
 
 def connect_with_password(host: Host, options: ConnectOptions, password: str) -> SshTransport:

@@ -16,11 +16,13 @@ import json
 import os
 import re
 import signal
+import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.cluster import OrchRunner, SlurmCluster
+from tests.cluster import OrchRunner, SlurmCluster, orch_command
 from tests.support import (
     Lines,
     UiProcess,
@@ -44,6 +46,17 @@ pytestmark = [
 ]
 TALK = """\
 import os, socket, sys, time
+if os.environ.get("SERVE_PORT") and os.environ.get("LOCAL_RANK") == "0":
+    import http.server, threading
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = f"talk from {socket.gethostname()}\\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    page = http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["SERVE_PORT"])), Page)
+    threading.Thread(target=page.serve_forever, daemon=True).start()
 for i in range(int(os.environ.get("LINES", "3"))):
     print(f"line {i} of rank {os.environ['RANK']}", flush=True)
     time.sleep(float(os.environ.get("EVERY", "0")))
@@ -246,9 +259,8 @@ def test_after_an_attached_submit_is_killed_status_logs_and_kill_pick_the_job_up
 def test_top_shows_every_rank_of_a_running_job_and_hosts_shows_the_gpus_it_holds(
     slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
 ) -> None:
-    job = talk_job(
-        tmp_path, nodes=2, gpus_per_node=GPUS, env={"LINES": "400", "EVERY": "0.2", "SLEEP": "300"}
-    )
+    env = {"LINES": "400", "EVERY": "0.2", "SLEEP": "300", "SERVE_PORT": str(SERVE_PORT)}
+    job = talk_job(tmp_path, nodes=2, gpus_per_node=GPUS, env=env)
     submitted = orch("submit", "-d", job, "-i", hpc, timeout=120)
     assert submitted.returncode == 0, submitted.stderr
     job_id = job_id_of(submitted.stdout)
@@ -277,9 +289,61 @@ def test_top_shows_every_rank_of_a_running_job_and_hosts_shows_the_gpus_it_holds
         free = [u for u in units if u["host"] not in nodes]
         assert len(free) == GPUS and {u["state"] for u in free} == {"free"}
         assert_the_page_shows_the_allocation(orch, hpc, job_id, sorted(nodes), tmp_path)
+        assert_ssh_exec_and_forward_reach_the_allocation(orch, job_id, sorted(nodes), root)
     finally:
         orch("kill", job_id, timeout=90)
     assert_slurm_clean(slurm)
+
+
+SERVE_PORT = 8632  # on each compute node: a network namespace of its own
+
+
+def assert_ssh_exec_and_forward_reach_the_allocation(
+    orch: OrchRunner, job_id: str, nodes: list[str], root: Path
+) -> None:
+    """`orch exec JOB`, `orch ssh JOB NODE` and `orch forward JOB` on a running Slurm job
+    reach its allocation's nodes through the login node, each in its node's directory
+    with the job's environment."""
+    line = 'echo "at $(pwd -P) sleep=$SLEEP node=$ORCH_NODE_RANK"; exit $((ORCH_NODE_RANK * 3))'
+    everywhere = orch("exec", job_id, "--", line, timeout=90)
+    assert everywhere.returncode == 3, everywhere.stderr
+    said = sorted(everywhere.stdout.splitlines())
+    assert len(said) == 2, said
+    for i, (node, seen) in enumerate(
+        zip(nodes, said, strict=True)
+    ):  # the job root's code, on the node
+        assert seen.startswith(f"[{node}] at /") and seen.endswith(
+            f"/{root.name}/code sleep=300 node={i}"
+        ), said
+    assert f"command failed on {nodes[1]} (exit 3)" in everywhere.stderr
+
+    ran = orch("ssh", job_id, nodes[1], "--", "hostname; exit 4", timeout=90)
+    assert (ran.returncode, ran.stdout.strip()) == (4, nodes[1]), ran.stderr
+
+    forward = subprocess.Popen(
+        [*orch_command(), "forward", job_id, f"{SERVE_PORT}:0", "--node", nodes[1]],
+        env=orch.controller.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert forward.stdout is not None
+        address = forward.stdout.readline().strip()
+        assert address.startswith("http://127.0.0.1:"), address
+
+        def page() -> str | None:
+            try:
+                with urllib.request.urlopen(address, timeout=5) as answer:
+                    return str(answer.read().decode())
+            except OSError:
+                return None
+
+        wait_for(lambda: page() == f"talk from {nodes[1]}\n", 30, "the node's page", poll=0.2)
+    finally:
+        forward.send_signal(signal.SIGINT)
+        _, err = forward.communicate(timeout=30)
+    assert forward.returncode == 130 and "Traceback" not in err, err
 
 
 def assert_the_page_shows_the_allocation(

@@ -156,8 +156,14 @@ def main(args: list[str]) -> int:
     set_launcher_env(env, launcher, values)
     env.update(ORCH_SLURM_JOB_ID=slurm_id, ORCH_HOSTS=",".join(nodes), ORCH_ATTEMPT=str(attempt))
     start = spawn.plan(spawn.SRUN, argv, env, node_dir, os.path.join(root, OUTPUTS))
-    # What ran here, for a person looking later.
-    write_json(NODE_SPEC, {"argv": start.argv, "slurm_node": name, "node_rank": node_rank})
+    # What ran here, for a person looking later, and the environment the node's ranks
+    # got beyond the step's own, which `orch ssh` and `orch exec JOB` give their command
+    # (shell.py), with the umask the SSH nodes write theirs with.
+    added = {k: v for k, v in start.env.items() if os.environ.get(k) != v}
+    write_json(
+        NODE_SPEC,
+        {"argv": start.argv, "env": added, "slurm_node": name, "node_rank": node_rank},
+    )
     proc = spawn.spawn(start)
 
     # Slurm signals every process of the step (scancel, --kill-on-bad-exit, a time
