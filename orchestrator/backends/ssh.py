@@ -4,6 +4,7 @@ check)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,8 +50,11 @@ class SshBackend:
         outputs_dir: Path | None = None,
         no_wait: bool = False,
     ) -> str:
+        from orchestrator.models.notify import default_notify
         from orchestrator.ssh import submit as submitting  # with ssh/check/: for submit only
 
+        if job.notify is None:  # the user's default (~/.config/orch/notify.yaml), if any
+            job = dataclasses.replace(job, notify=default_notify())
         sub = submitting.prepare(job, inventory, outputs_dir, no_wait)
         submitting.submit(sub, reporter, detach=detach)
         return sub.job_id

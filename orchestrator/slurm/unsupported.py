@@ -93,6 +93,12 @@ KEYS_NOT_YET: dict[str, tuple[str, str]] = {
         "carry a port across it",
         "drop forward: there; on the laptop: ssh -L LOCAL:NODE:PORT LOGIN_NODE",
     ),
+    "notify": (
+        "a detached SSH job's keeper sends it from the job's host, and a Slurm job has no "
+        "keeper yet",
+        "drop notify: (and --notify) there; Slurm mails the job's end itself: "
+        "slurm: {sbatch: [--mail-type=END,FAIL, --mail-user=you@example.com]} in the inventory",
+    ),
 }
 
 

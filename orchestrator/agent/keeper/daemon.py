@@ -47,11 +47,13 @@ from ..kernel.layout import STACKS
 from ..kernel.messages import Message
 from ..kernel.requests import KeeperConfig
 from .decisions import STOP_WAIT_S, Keeping
+from .notify import KeeperNotify
 from .wire import (
     HB_S,
     Channel,
     Heartbeat,
     Hello,
+    NodeEnd,
     State,
     greet,
     read_config,
@@ -78,6 +80,7 @@ def start_keeper(directory: str) -> int:
     # The keeper keeps its state as its records and snapshots hold it: plain JSON.
     config = given.as_dict()
     del config["secret"]
+    target = config.pop("notify", None)  # kept out of the record and snapshots: a token
     try:
         family = socket.AF_INET6 if ":" in given.bind else socket.AF_INET
         listener = socket.create_server((given.bind, 0), family=family, backlog=64)
@@ -88,7 +91,7 @@ def start_keeper(directory: str) -> int:
 
     def body(ready_fd: int) -> int:
         keeping = Keeping(config, time.monotonic())
-        keeper = KeeperDaemon(keeping, secret, listener, os.path.abspath(KEEPER_FILE))
+        keeper = KeeperDaemon(keeping, secret, listener, os.path.abspath(KEEPER_FILE), target)
         keeper.save()
         ready(ready_fd, {"port": port, "pid": os.getpid()})
         keeper.run()
@@ -101,10 +104,19 @@ class KeeperDaemon:
     """Runs Keeping: accepts members, feeds it their messages and the clock, sends
     what it answers, heartbeats, shares its snapshot with every member whenever that
     changed (for one of them to take over, takeover.py), and writes its record
-    (`path`) whenever that changed."""
+    (`path`) whenever that changed, and tells the job's events to its `notify:` target
+    (notify.py)."""
 
-    def __init__(self, keeping: Keeping, secret: bytes, listener: socket.socket, path: str) -> None:
+    def __init__(
+        self,
+        keeping: Keeping,
+        secret: bytes,
+        listener: socket.socket,
+        path: str,
+        notify: str | None = None,
+    ) -> None:
         self.keeping, self.secret, self.listener, self.path = keeping, secret, listener, path
+        self.notify = KeeperNotify(notify, keeping)
         self.port = int(listener.getsockname()[1])
         self.events: queue.Queue[tuple[Channel, Message | None]] = queue.Queue()
         self.channels: dict[str, Channel] = {}
@@ -169,11 +181,14 @@ class KeeperDaemon:
                 self.send(host, decided)
             self.keep_dumps()
             self.save()
+            self.notify.observe(self.keeping)
         self.save()
+        self.notify.observe(self.keeping)
         time.sleep(0.2)  # the members read their bye
         for channel in list(self.channels.values()):
             channel.close()
         self.listener.close()
+        self.notify.finish()  # after the job's end is written: a slow hook holds nothing
 
     def keep_dumps(self) -> None:
         """Write the stacks the stall watchdog took: stacks/NAME.json, beside the
@@ -207,6 +222,8 @@ class KeeperDaemon:
             self.shared.pop(channel.host, None)
         if channel.host is None:
             return []
+        if isinstance(message, NodeEnd):
+            self.notify.heard_end(channel.host, message.attempt, message.rank, message.tail)
         return self.keeping.hear(channel.host, message, now)
 
     def send(self, host: str, message: Message) -> None:

@@ -48,10 +48,19 @@ class Successor:
         secret: the job's secret.
         listener: this member's standby listener, or None.
         home: the member's directory, where a keeper it becomes writes its record.
+        notify: the job's `notify:` target (its member's config), for a keeper it becomes.
     """
 
-    def __init__(self, host: str, secret: bytes, listener: socket.socket | None, home: str) -> None:
+    def __init__(
+        self,
+        host: str,
+        secret: bytes,
+        listener: socket.socket | None,
+        home: str,
+        notify: str | None = None,
+    ) -> None:
         self.host, self.secret, self.listener, self.home = host, secret, listener, home
+        self.notify = notify
         self.port = int(listener.getsockname()[1]) if listener is not None else None
         self.addr = str(listener.getsockname()[0]) if listener is not None else ""
         self.keeper: KeeperDaemon | None = None
@@ -77,7 +86,7 @@ class Successor:
         assert self.listener is not None
         keeping = Keeping.take_over(snapshot, self.host, time.monotonic())
         path = os.path.join(self.home, KEEPER_FILE)
-        keeper = KeeperDaemon(keeping, self.secret, self.listener, path)
+        keeper = KeeperDaemon(keeping, self.secret, self.listener, path, self.notify)
         keeper.save()
         print(f"keeping the job from now on, epoch {keeping.epoch}", flush=True)
         # `keeper stop` signals this process: the keeper stops the job, as its first did.
