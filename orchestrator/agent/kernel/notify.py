@@ -141,6 +141,8 @@ class Courier:
             return
         self.queue.put(None)
         self.thread.join(timeout=wait_s)
+        if not self.thread.is_alive():
+            self.thread = None  # what is told next starts another
 
     def _run(self) -> None:
         while True:
