@@ -149,8 +149,9 @@ def test_a_failed_nodes_last_lines_are_its_failing_ranks(tmp_path: Path) -> None
 # ---------------------------------------------------------------- the keeper's events
 
 
-def kept_job(restarts: int) -> Driven:
+def kept_job(restarts: int, **more: Any) -> Driven:
     config = {
+        **more,
         "job_id": "j-1",
         "restarts": restarts,
         "lost_after": 3,
@@ -200,7 +201,7 @@ def test_the_keeper_tells_a_restart_and_the_failure_once_each_with_the_last_line
     for _ in range(3):
         told.notify.observe(kept.keeping)
     ((head, text),) = told.events()
-    assert head == "restarted running "
+    assert head == "restarted restarting "
     assert text[:2] == ["orch: job j-1 restarted", "attempt 1 failed on node2"]
     for host in ("node1", "node2"):
         kept.hear(host, {"k": "started", "attempt": 1, "ok": True}, 3.0)
@@ -211,7 +212,7 @@ def test_the_keeper_tells_a_restart_and_the_failure_once_each_with_the_last_line
     for _ in range(3):
         told.notify.observe(kept.keeping)
     events = told.events()
-    assert [head for head, _ in events] == ["restarted running ", "failed failed 1"]
+    assert [head for head, _ in events] == ["restarted restarting ", "failed failed 1"]
     assert events[1][1] == [
         "orch: job j-1 failed (exit code 1)",
         "attempt 2 failed on node2",
@@ -246,6 +247,29 @@ def test_the_keeper_tells_a_success_as_ended(tmp_path: Path) -> None:
             ["orch: job j-1 succeeded (exit code 0)", "more: orch status j-1; orch logs j-1"],
         )
     ]
+
+
+def test_the_keeper_tells_a_stall_then_the_failure_it_made(tmp_path: Path) -> None:
+    kept = kept_job(restarts=0, stall_after=10)
+    told = Told(kept, tmp_path)
+    for host in ("node1", "node2"):
+        kept.hear(host, {"k": "hb", "idle": 11.0}, 11.0)
+    sends = kept.tick(11.0)
+    assert [m["k"] for _, m in sends] == ["stacks", "stacks"]
+    for host in ("node1", "node2"):
+        kept.hear(host, {"k": "stacks", "attempt": 0, "reply": {"ranks": []}}, 11.5)
+    told.notify.observe(kept.keeping)
+    for host in ("node1", "node2"):
+        kept.hear(host, {"k": "stopped", "attempt": 0}, 12.0)
+    told.notify.observe(kept.keeping)
+    told.notify.observe(kept.keeping)
+    events = told.events()
+    assert [head for head, _ in events] == ["stalled running ", "failed failed 1"]
+    assert events[0][1][:2] == [
+        "orch: job j-1 stalled",
+        "no rank printed a line for 10 s in attempt 1; every rank's stack was taken (stopped)",
+    ]
+    assert "stalled: no output for 10 s" in events[1][1][1]
 
 
 # ---------------------------------------------------------------- sending

@@ -92,7 +92,7 @@ class KeeperNotify:
         if keeping.attempt > self.attempt:
             self.attempt = keeping.attempt
             why = keeping.reason or "a node failed"
-            self._tell(keeping, notify.RESTARTED, states.RUNNING, None, [why])
+            self._tell(keeping, notify.RESTARTED, states.RESTARTING, None, [why])
         stalls = keeping.stall.stalls
         for stall in stalls[self.stalls :]:
             what = "stopped" if stall.get("action") == "stopped" else "warned"
