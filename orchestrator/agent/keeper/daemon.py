@@ -46,6 +46,7 @@ from ..kernel.fileio import read_json, write_json
 from ..kernel.layout import STACKS
 from ..kernel.messages import Message
 from ..kernel.requests import KeeperConfig
+from ..kernel.states import KEEPER_ACTING
 from .decisions import STOP_WAIT_S, Keeping
 from .notify import KeeperNotify
 from .wire import (
@@ -247,16 +248,23 @@ def show(directory: str) -> int:
 
 
 def stop(directory: str) -> int:
-    """`keeper stop DIR`: the keeper stops the job's nodes and leaves; waits for it."""
+    """`keeper stop DIR`: the keeper stops the job's nodes and leaves; waits until the
+    job's end is written (the keeper may then still be telling it, notify.py)."""
     found = _look(directory)
     if found["alive"]:
         proc.signal_pid(int(found["record"]["pid"]), signal.SIGTERM)
         deadline = time.monotonic() + STOP_WAIT_S + 10
-        while _look(directory)["alive"] and time.monotonic() < deadline:
+        # Until the job's end is written: the keeper may then still tell it (notify.py).
+        while _acting(_look(directory)) and time.monotonic() < deadline:
             time.sleep(0.1)
         found = _look(directory)
     print(json.dumps(found))
     return 0
+
+
+def _acting(found: dict[str, Any]) -> bool:
+    """The keeper runs and its job has not ended."""
+    return bool(found["alive"]) and (found["record"] or {}).get("state") in KEEPER_ACTING
 
 
 def _look(directory: str) -> dict[str, Any]:

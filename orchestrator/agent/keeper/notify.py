@@ -4,7 +4,8 @@ that it comes with the laptop closed (kernel/notify.py sends it).
 1. The keeper's daemon calls `observe` after every round: a new attempt is
    `restarted`, a new entry of the record's stalls `stalled`, the end `ended` or
    `failed`; each once. A keeper that took over counts from the snapshot it took over
-   (what its predecessor saw is not told again).
+   (what its predecessor saw is not told again); one that gave way for want of a
+   quorum tells no end: the keeper that took its place does.
 2. The sends run in one thread of their own, in order, so that a hook that hangs or
    fails holds up neither the job's restarts nor its members; `finish` waits for the
    last of them (FINISH_WAIT_S at most) before the keeper leaves.
@@ -106,6 +107,9 @@ class KeeperNotify:
         self.stalls = len(stalls)
         if keeping.done and not self.ended:
             self.ended = True
+            if keeping.gave_way:  # cut off from the members: another keeper may go on
+                _log("notify: no word of the end: another keeper may keep the job")
+                return
             outcome = str(keeping.outcome)
             event = notify.FAILED if outcome == states.FAILED else notify.ENDED
             code = 0 if outcome == states.SUCCEEDED else 1

@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+from ..kernel.notify import FINISH_WAIT_S
 from .daemon import KEEPER_FILE, KeeperDaemon
 from .decisions import GATHER_S, Keeping, successors
 from .wire import IO_TIMEOUT_S, Channel, join
@@ -102,8 +103,8 @@ class Successor:
 
     def wait(self) -> None:
         """Let a keeper this member became write its last record."""
-        if self.thread is not None:
-            self.thread.join(timeout=IO_TIMEOUT_S)
+        if self.thread is not None:  # and its last word (notify.py)
+            self.thread.join(timeout=IO_TIMEOUT_S + FINISH_WAIT_S)
         if self.listener is not None:
             with contextlib.suppress(OSError):
                 self.listener.close()
