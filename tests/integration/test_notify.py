@@ -186,3 +186,29 @@ def test_a_detached_jobs_failing_webhook_keeps_its_token_out_of_argv_and_logs(
         if path.is_file():
             assert TOKEN.encode() not in path.read_bytes(), f"the token in {path}"
     assert oct(log.stat().st_mode & 0o777) == "0o600"
+
+
+def test_orch_kill_of_a_detached_job_is_told_once_and_never_waits_for_the_hook(
+    orch: OrchRunner, cluster: Cluster, inventory: Path, tmp_path: Path
+) -> None:
+    # The hook holds until this test lets it go: the kill must return before.
+    hold = 'while [ ! -e "$HOME/go-$ORCH_JOB_ID" ]; do sleep 0.1; done; '
+    job = end_job(tmp_path, hold + telling("$HOME/said-$ORCH_JOB_ID"), "--sleep", "60")
+    done = orch("submit", "-d", job, "-i", inventory, timeout=90)
+    assert done.returncode == 0, done.stderr
+    job_id = job_id_of(done.stdout)
+    started = time.monotonic()
+    killed = orch("kill", job_id, timeout=60)
+    assert killed.returncode == 0, killed.stderr
+    # A kill that waited for the keeper to leave would wait out the hook's 27 s.
+    assert time.monotonic() - started < 20, "the kill waited for the hook"
+    # Its ORCH_NOTIFY=1 keeps the hook out of the kill, which stops every process that
+    # carries the job's id.
+    hook = lambda: any("go-" in cmd for _, cmd in cluster.host_pids(1))  # noqa: E731
+    wait_for(hook, 5, "the hook, holding after the kill")
+    said = cluster.home(1) / f"said-{job_id}"
+    assert not said.exists(), "the kill returned while the hook still held"
+    (cluster.home(1) / f"go-{job_id}").touch()
+    wait_for(said.exists, 30, "the keeper's word")
+    time.sleep(1.0)
+    assert said.read_text().splitlines() == [f"ended killed 1 {job_id}"]
