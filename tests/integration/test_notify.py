@@ -202,10 +202,13 @@ def test_orch_kill_of_a_detached_job_is_told_once_and_never_waits_for_the_hook(
     assert killed.returncode == 0, killed.stderr
     # A kill that waited for the keeper to leave would wait out the hook's 27 s.
     assert time.monotonic() - started < 20, "the kill waited for the hook"
+
     # Its ORCH_NOTIFY=1 keeps the hook out of the kill, which stops every process that
     # carries the job's id.
-    hook = lambda: any("go-" in cmd for _, cmd in cluster.host_pids(1))  # noqa: E731
-    wait_for(hook, 5, "the hook, holding after the kill")
+    def holding() -> bool:
+        return any("go-" in cmd for _, cmd in cluster.host_pids(1))
+
+    wait_for(holding, 5, "the hook, holding after the kill")
     said = cluster.home(1) / f"said-{job_id}"
     assert not said.exists(), "the kill returned while the hook still held"
     (cluster.home(1) / f"go-{job_id}").touch()
