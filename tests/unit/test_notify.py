@@ -101,6 +101,24 @@ def test_the_default_is_read_from_the_users_config(
         default_notify()
 
 
+def test_the_dry_run_names_the_default_target_without_its_token(
+    orch: Orch, write: WriteFile, tmp_path: Path
+) -> None:
+    write("config/orch/notify.yaml", f"notify: {HOOK}\n")
+    done = orch(
+        "submit",
+        job_file(write, ""),
+        "--dry-run",
+        env={"XDG_CONFIG_HOME": str(tmp_path / "config")},
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        "notify: the job's end, failure, restarts and stalls go to https://hooks.slack.com/…"
+        in (done.stdout)
+    )
+    assert TOKEN not in done.stdout + done.stderr
+
+
 def test_slurm_refuses_notify_by_name(write: WriteFile) -> None:
     inventory = load_inventory(write("hpc.yaml", "slurm:\n  login: login1\n  partition: gpu\n"))
     job = load_job(job_file(write, "notify: echo done"))
