@@ -4,6 +4,7 @@ check)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,7 +52,7 @@ class SshBackend:
     ) -> str:
         from orchestrator.ssh import submit as submitting  # with ssh/check/: for submit only
 
-        sub = submitting.prepare(job, inventory, outputs_dir, no_wait)
+        sub = submitting.prepare(_with_default_notify(job), inventory, outputs_dir, no_wait)
         submitting.submit(sub, reporter, detach=detach)
         return sub.job_id
 
@@ -59,9 +60,17 @@ class SshBackend:
         from orchestrator.ssh.plan import describe
         from orchestrator.sync.ignore import collect_files
 
-        plan = self.plan(job, inventory)
+        plan = self.plan(_with_default_notify(job), inventory)
         files = collect_files(plan.job.workdir, plan.job.exclude)  # and its ignore files read
         lines = [*describe(plan), "", f"pushes {len(files)} files from {plan.job.workdir}"]
+        if plan.job.notify is not None:
+            from orchestrator.agent.kernel.notify import is_webhook, redact
+
+            target = redact(plan.job.notify) if is_webhook(plan.job.notify) else "a command"
+            lines.append(
+                f"notify: the job's end, failure, restarts and stalls go to {target} "
+                "(attached: from here; detached: from its keeper on the master host)"
+            )
         env = plan.job.environment
         if env is not None:
             source = f", installed from {env.wheels} with no index" if env.wheels else ""
@@ -287,3 +296,13 @@ class SshBackend:
         from orchestrator.bench.allreduce import run_allreduce
 
         return run_allreduce(inventory, options, listener, self.submit)
+
+
+def _with_default_notify(job: JobSpec) -> JobSpec:
+    """The job, with the user's default `notify:` (~/.config/orch/notify.yaml) where it
+    has none of its own (models/notify.py)."""
+    if job.notify is not None:
+        return job
+    from orchestrator.models.notify import default_notify
+
+    return dataclasses.replace(job, notify=default_notify())

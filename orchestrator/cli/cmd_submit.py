@@ -85,6 +85,15 @@ def submit(
             "the hosts install the job's environment: from, with no index.",
         ),
     ] = None,
+    notify: Annotated[
+        str | None,
+        typer.Option(
+            "--notify",
+            metavar="URL|COMMAND",
+            help="Instead of the job's notify: where word goes when the job ends, fails, "
+            "restarts or stalls: a webhook's URL or a shell command.",
+        ),
+    ] = None,
 ) -> None:
     """Run a job on its hosts and stream every rank's output.
 
@@ -102,6 +111,7 @@ def submit(
         cold=cold,
         stall_after=stall_after,
         wheels=wheels,
+        notify=notify,
     )
     if dry_run:  # each host's command (a Slurm cluster: the batch script and sbatch)
         typer.echo("\n".join(api.dry_run(job, inventory, overrides=overrides)))

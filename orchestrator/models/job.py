@@ -26,6 +26,7 @@ from orchestrator.models.job_run import (
     load_warm,
     pattern_error,
 )
+from orchestrator.models.notify import check_flag, load_notify
 from orchestrator.models.schema import (
     Where,
     check_keys,
@@ -74,6 +75,7 @@ _JOB_KEYS = {
     "setup_inputs": None,
     "forward": None,
     "metrics": None,
+    "notify": None,
 }
 OUTPUTS_FROM = ("rank0", "all")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -129,6 +131,9 @@ class JobSpec:
     # Regular expressions whose named groups are numbers `orch ui` plots, beside the
     # forms it finds by default (reporting/metrics.py).
     metrics: tuple[str, ...] = ()
+    # Where word of the job's events goes (models/notify.py): a webhook's URL or a shell
+    # command; None: nowhere (the SSH backend then takes the user's default).
+    notify: str | None = None
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     def error(self, key: str, message: str, hint: str = "") -> SpecError:
@@ -258,6 +263,7 @@ def load_job(path: Path) -> JobSpec:
         setup_inputs=_load_setup_inputs(where),
         forward=load_forward(where),
         metrics=load_metrics(where),
+        notify=load_notify(where),
         positions=dict(where.mapping.positions),
     )
 
@@ -479,6 +485,7 @@ class Overrides:
     cold: bool = False  # start cold even where a warm interpreter waits (--cold)
     stall_after: int | None = None  # --stall-after: the job's stall_after: instead
     wheels: Path | None = None  # --wheels: the job's wheels: instead (inside the workdir)
+    notify: str | None = None  # --notify: the job's notify: instead
 
 
 def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
@@ -541,4 +548,5 @@ def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
         cold="--cold" if over.cold else job.cold,
         stall_after=over.stall_after if over.stall_after is not None else job.stall_after,
         environment=environment,
+        notify=check_flag(over.notify) if over.notify is not None else job.notify,
     )

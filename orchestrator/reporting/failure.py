@@ -87,7 +87,8 @@ def failure_summary(
 ) -> str:
     """The first failing host and rank, how it ended, and the end of its output."""
     node = record.node(failure.host)
-    rank, code = root_cause(list(tails.get((failure.host, None), ())))
+    own = list(tails.get((failure.host, None), ()))  # torchrun's, or a script's of its own
+    rank, code = root_cause(own)
     if rank is None:  # no torchrun report: the rank whose output ends in a traceback
         rank = next(
             (
@@ -110,4 +111,8 @@ def failure_summary(
     if tail:
         lines.append(f"last lines of [{failure.host} r{rank}]:")
         lines.extend("  " + line.decode("utf-8", "replace") for line in tail)
+    elif rank is None and any(b"Traceback" in line for line in own):
+        # No rank of its own: `launcher: python`'s script, whose output is the node's.
+        lines.append(f"last lines of [{failure.host}]:")
+        lines.extend("  " + line.decode("utf-8", "replace") for line in own)
     return "\n".join(lines)

@@ -70,6 +70,10 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
         from orchestrator.slurm.unsupported import refuse_key
 
         refuse_key("forward", job.where("forward"))
+    if job.notify is not None:  # the job's own or --notify; the user's default is SSH's
+        from orchestrator.slurm.unsupported import refuse_key
+
+        refuse_key("notify", job.where("notify"))
     login = inventory.hosts[0]
     root = layout.job_root(login.workdir, job_id)
     return SlurmJob(job, job_id, section_of(inventory), login.python, root, inventory.path)

@@ -81,6 +81,12 @@ KEYS_NOT_YET: dict[str, tuple[str, str]] = {
         "drop forward: there; once the job runs: orch forward JOB PORT (the server on the "
         "node listening on 0.0.0.0)",
     ),
+    "notify": (
+        "a detached SSH job's keeper sends it from the job's host, and a Slurm job has no "
+        "keeper yet",
+        "drop notify: (and --notify) there; Slurm mails the job's end itself: "
+        "slurm: {sbatch: [--mail-type=END,FAIL, --mail-user=you@example.com]} in the inventory",
+    ),
 }
 
 

@@ -128,6 +128,7 @@ def start_keeper(
                 )
                 for h in hosts
             ],
+            notify=job.notify,  # on stdin: a webhook's URL may hold a token
         )
         if job.stall_after is not None:  # the keeper's members take stacks with py-spy
             from orchestrator.ssh.pyspy import carry_pyspy
@@ -160,6 +161,7 @@ def start_keeper(
                 node_dir=node_dir,
                 lost_after=lost_after,
                 lease=leases[host.name],
+                notify=job.notify,
             )
             _run(host, transport, homes[host.name], "member", config)
 
@@ -178,6 +180,8 @@ def start_keeper(
             f"stall_after: a keeper on {master.host.name} watches the job for "
             f"{job.stall_after} s without a line from any rank"
         )
+    if job.notify is not None:
+        reporter.notice(f"notify: a keeper on {master.host.name} tells the job's end")
     if job.restarts:
         reporter.notice(
             f"restarts: a keeper on {master.host.name} restarts the job up to {job.restarts} "

@@ -9,7 +9,8 @@ failure; with `on_stall: warn`, only show them, once per stall.
 2. The stacks are taken in that same round trip, and shown through the reporter's
    notices (stderr), the grouped view, and the path of the dump kept.
 3. `fire` is called once, with the reason, to stop the job (watch.py tears it down
-   and fails it); the watchdog then stops watching.
+   and fails it); the watchdog then stops watching. `told` (notify: `stalled`) hears
+   what it found, each time it took the stacks.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ class StallWatch:
         warn_only: bool,
         reporter: Reporter,
         fire: Callable[[str], None],
+        told: Callable[[list[str]], None] | None = None,
     ) -> None:
         self.record, self.stall_after, self.warn_only = record, stall_after, warn_only
-        self.reporter, self.fire = reporter, fire
+        self.reporter, self.fire, self.told = reporter, fire, told
         self.reason: str | None = None  # set once the job was stopped as stalled
         self.saved: str | None = None
         self._last = time.monotonic()
@@ -78,12 +80,19 @@ class StallWatch:
                 continue
             quiet = max(idle or 0.0, self.stall_after)
             self._show(found, quiet)
+            if self.told is not None:  # notify: `stalled`
+                self.told(self._words(found, quiet))
             if self.warn_only:
                 self._warned = True
                 continue
             self.reason = stalled_reason(self.stall_after)
             self.fire(self.reason)
             return
+
+    def _words(self, found: stacks.StackView, quiet: float) -> list[str]:
+        what = "warning" if self.warn_only else "stopping the job"
+        words = [f"no rank printed a line for {quiet:.0f} s: {what}"]
+        return words + ([f"the stacks: {found.saved}"] if found.saved else [])
 
     def _show(self, found: stacks.StackView, quiet: float) -> None:
         what = "warning" if self.warn_only else "stopping the job"

@@ -21,6 +21,7 @@ from orchestrator.agent.kernel.requests import NodeTemplate
 from orchestrator.models.clocks import HostClock
 from orchestrator.models.errors import (
     HostError,
+    InputError,
     Interrupted,
     JobFailed,
     OrchError,
@@ -34,6 +35,7 @@ from orchestrator.nodes.group import HostGroup
 from orchestrator.nodes.into import open_forwards
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord, new_job_id
 from orchestrator.records.logmirror import LogMirror
+from orchestrator.reporting.notify import JobNotify
 from orchestrator.reporting.reporter import ProgressReporter, Reporter, phase
 from orchestrator.ssh.check.run import preflight
 from orchestrator.ssh.keep import start_keeper
@@ -107,10 +109,34 @@ def submit(
     store = store or JobDB()
     tree = scan_workdir(sub.job.workdir, sub.job.exclude)
     environment_digest_of(sub.job, tree)  # `wheels:` that carry none: refused before any host
+    if detach or sub.job.notify is None:  # a detached job's keeper tells its events
+        return _attempts(sub, tree, reporter, detach, store, None)
+    word = JobNotify(sub.job.notify, sub.job_id, reporter)
+    try:
+        code = _attempts(sub, tree, reporter, detach, store, word)
+    except OrchError as exc:
+        recorded = _recorded(store, sub.job_id)
+        if recorded is not None:  # it started: its end is word; a refusal before is not
+            state = recorded.state.value if recorded.state.is_terminal() else "failed"
+            word.ended(state, exc.exit_code, [exc.message])  # its hint: the "more:" line
+        raise
+    word.ended("succeeded", code, [])
+    return code
+
+
+def _attempts(
+    sub: Submission,
+    tree: Tree,
+    reporter: Reporter,
+    detach: bool,
+    store: JobDB,
+    word: JobNotify | None,
+) -> int:
+    """The job's attempts, one after another as its restarts allow (`submit`)."""
     hosts, attempt = list(sub.hosts), 0
     while True:
         try:
-            return _attempt(sub, hosts, attempt, tree, reporter, detach, store)
+            return _attempt(sub, hosts, attempt, tree, reporter, detach, store, word)
         except _Restart as restart:
             hosts, attempt = restart.hosts, attempt + 1
             delay = restart_delay(attempt)
@@ -119,10 +145,19 @@ def submit(
                 f"{restart.reason}: starting the job again {when} as attempt "
                 f"{attempt + 1} of {sub.job.restarts + 1}, on {', '.join(h.name for h in hosts)}"
             )
+            if word is not None:
+                word.restarted(restart.reason, attempt + 1)
             try:
                 time.sleep(delay)
             except KeyboardInterrupt:
                 raise Interrupted("interrupted before the job started again") from None
+
+
+def _recorded(store: JobDB, job_id: str) -> JobRecord | None:
+    try:
+        return store.get(job_id)
+    except InputError:  # never recorded: refused before anything started
+        return None
 
 
 class _Restart(Exception):
@@ -151,8 +186,10 @@ def _attempt(
     reporter: Reporter,
     detach: bool,
     store: JobDB,
+    word: JobNotify | None = None,
 ) -> int:
-    """One start of the job on `hosts`: probe, push, start, follow.
+    """One start of the job on `hosts`: probe, push, start, follow; `word` hears of a
+    stall.
 
     Raises:
         _Restart: it failed, and the job's restarts allow another attempt.
@@ -219,7 +256,9 @@ def _attempt(
         mirror = LogMirror(store.home / "logs", plan.job_id, attempt)
         forwards = open_forwards(store.get(plan.job_id), sub.job.forward, reporter.notice)
         try:
-            code = watch_job(store.get(plan.job_id), group, reporter, store, mirror, attached=True)
+            record = store.get(plan.job_id)
+            stalled = word.stalled if word is not None else None
+            code = watch_job(record, group, reporter, store, mirror, attached=True, stalled=stalled)
         except JobFailed:
             record = store.get(plan.job_id)
             again = _restart_of(sub, record, hosts, attempt)
@@ -253,8 +292,8 @@ def _keep(
         OrchError: what kept the keeper from starting.
     """
     several = len(plan.nodes) > 1
-    if not (sub.job.restarts or (queued and several) or sub.job.stall_after):
-        return  # `stall_after:`: the keeper is the detached job's stall watchdog too
+    if not (sub.job.restarts or (queued and several) or sub.job.stall_after or sub.job.notify):
+        return  # `stall_after:`, `notify:`: the keeper watches the detached job for them too
     line = None if not queued else "together" if several else "alone"
 
     def push(p: LaunchPlan, g: HostGroup) -> LaunchPlan:

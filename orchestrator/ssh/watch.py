@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from orchestrator.models.clocks import HostClock, clocks_from_json
 from orchestrator.models.errors import Interrupted, JobFailed
@@ -38,6 +38,7 @@ def watch_job(
     mirror: LogMirror,
     attached: bool,
     stop_others: bool = True,
+    stalled: Callable[[list[str]], None] | None = None,
 ) -> int:
     """Stream a job's output until every node ended; tear the job down when one fails.
 
@@ -46,6 +47,7 @@ def watch_job(
             stops following).
         stop_others: tear the job down when a node fails; False where another owns
             that (a detached job's keeper, which restarts it).
+        stalled: told what the stall watchdog found, each time it takes the stacks.
 
     Returns:
         0 when every node succeeded.
@@ -71,7 +73,7 @@ def watch_job(
     failure: NodeExit | None = None
     failures: list[NodeExit] = []  # in the order they arrived
     killer: threading.Thread | None = None
-    stall = _stall_watch(record, group, reporter, attached)
+    stall = _stall_watch(record, group, reporter, attached, stalled)
     try:
         for event in watcher.events():
             if isinstance(event, Notice):
@@ -140,7 +142,11 @@ def watch_job(
 
 
 def _stall_watch(
-    record: JobRecord, group: HostGroup, reporter: Reporter, attached: bool
+    record: JobRecord,
+    group: HostGroup,
+    reporter: Reporter,
+    attached: bool,
+    stalled: Callable[[list[str]], None] | None,
 ) -> StallWatch | None:
     """The job's stall watchdog, where it has `stall_after:` and this is its
     controller (a detached job's keeper watches it instead)."""
@@ -153,7 +159,7 @@ def _stall_watch(
         teardown(record.id, record.master_port, others, group, reporter)
 
     warn = record.spec.get("on_stall") == "warn"
-    return StallWatch(record, float(stall_after), warn, reporter, stop)
+    return StallWatch(record, float(stall_after), warn, reporter, stop, stalled)
 
 
 def _stalled(record: JobRecord, store: JobDB, reason: str, saved: str | None) -> JobFailed:

@@ -42,13 +42,15 @@ class Controller:
     def env(self, inventory: Path | None = None, **extra: str) -> dict[str, str]:
         """Environment for running the ``orch`` CLI as this controller.
 
-        Inherits PATH and the rest, but not the caller's ORCH_* variables or SSH agent,
+        Inherits PATH and the rest, but not the caller's ORCH_* variables, SSH agent or
+        config directory (XDG_CONFIG_HOME: its orch/notify.yaml),
         which would make results depend on who runs the tests.
         """
         env = {
             key: value
             for key, value in os.environ.items()
-            if not key.startswith("ORCH_") and key not in ("SSH_AUTH_SOCK", "SSH_AGENT_PID")
+            if not key.startswith("ORCH_")
+            and key not in ("SSH_AUTH_SOCK", "SSH_AGENT_PID", "XDG_CONFIG_HOME")
         }
         env.update(
             HOME=str(self.home),

@@ -43,6 +43,11 @@ def hang_job(tmp_path: Path, **keys: object) -> Path:
     return write_job(tmp_path, "stack", "hang.py", nodes=2, args=["300"], **keys)
 
 
+def telling(path: str) -> str:
+    """A `notify:` command that appends a line per event of the job to `path`."""
+    return f'echo "$ORCH_EVENT $ORCH_STATE $ORCH_EXIT_CODE $ORCH_JOB_ID" >> {path}'
+
+
 def wait_ready(cluster: Cluster, job_id: str) -> None:
     """Every rank printed `ready`: the sleeper sleeps, the others are in all_reduce."""
     logs = [(1, 0), (1, 1), (2, 2)]
@@ -153,7 +158,8 @@ def test_a_warm_attached_job_is_read_through_faulthandler_when_its_env_asks(
 def test_stall_after_ends_a_hung_job_with_its_stacks_and_restarts_apply(
     cluster: Cluster, orch: OrchRunner, two_and_one: Path, tmp_path: Path
 ) -> None:
-    job = hang_job(tmp_path, warm=False, stall_after=15, restarts=1)
+    said = tmp_path / "said"
+    job = hang_job(tmp_path, warm=False, stall_after=15, restarts=1, notify=telling(str(said)))
     attached = start_attached(orch, job, two_and_one)
     out, err = Lines(attached.stdout), Lines(attached.stderr)  # type: ignore[arg-type]
     try:
@@ -179,13 +185,18 @@ def test_stall_after_ends_a_hung_job_with_its_stacks_and_restarts_apply(
     (record,) = json.loads(orch("status", job_id, "--json", timeout=30).stdout)
     (first,) = record["spec"]["attempts"]
     assert {n["error"] for n in first["nodes"]} == {"stalled: no output for 15 s"}, first
+    assert said.read_text().splitlines() == [  # notify:, from the laptop
+        f"stalled running  {job_id}",
+        f"restarted restarting  {job_id}",
+        f"ended succeeded 0 {job_id}",
+    ]
     assert_no_job_left(cluster, HOSTS)
 
 
 def test_a_detached_jobs_keeper_ends_it_as_stalled_with_its_stacks(
     cluster: Cluster, orch: OrchRunner, two_and_one: Path, tmp_path: Path
 ) -> None:
-    job = hang_job(tmp_path, warm=False, stall_after=15)
+    job = hang_job(tmp_path, warm=False, stall_after=15, notify=telling("$HOME/said-$ORCH_JOB_ID"))
     submitted = orch("submit", "-d", job, "-i", two_and_one, timeout=90)
     assert submitted.returncode == 0, submitted.stderr
     assert "stall_after: a keeper on node1 watches the job" in submitted.stderr
@@ -211,6 +222,13 @@ def test_a_detached_jobs_keeper_ends_it_as_stalled_with_its_stacks(
         text = kept.read_text()
         assert "2 ranks  node1 r0-r1" in text and "1 rank   node2 r2" in text, text
         assert "load_batch  hang.py:17" in text
+        said = cluster.home(1) / f"said-{job_id}"  # notify:, from the keeper's host
+        told = lambda: said.exists() and len(said.read_text().splitlines()) >= 2  # noqa: E731
+        wait_for(told, 30, "the keeper's word")
+        assert said.read_text().splitlines() == [
+            f"stalled running  {job_id}",
+            f"failed failed 1 {job_id}",
+        ]
     finally:
         orch("kill", job_id, timeout=60)
     assert_no_job_left(cluster, HOSTS)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.agent.keeper.decisions import STACK_WAIT_S, Keeping
+from orchestrator.agent.keeper.decisions import Keeping
+from orchestrator.agent.keeper.stall import STACK_WAIT_S
 from orchestrator.agent.kernel import placement
 from tests.unit.keeping_driver import Driven
 

@@ -46,12 +46,15 @@ from ..kernel.fileio import read_json, write_json
 from ..kernel.layout import STACKS
 from ..kernel.messages import Message
 from ..kernel.requests import KeeperConfig
+from ..kernel.states import KEEPER_ACTING
 from .decisions import STOP_WAIT_S, Keeping
+from .notify import KeeperNotify
 from .wire import (
     HB_S,
     Channel,
     Heartbeat,
     Hello,
+    NodeEnd,
     State,
     greet,
     read_config,
@@ -78,6 +81,7 @@ def start_keeper(directory: str) -> int:
     # The keeper keeps its state as its records and snapshots hold it: plain JSON.
     config = given.as_dict()
     del config["secret"]
+    target = config.pop("notify", None)  # kept out of the record and snapshots: a token
     try:
         family = socket.AF_INET6 if ":" in given.bind else socket.AF_INET
         listener = socket.create_server((given.bind, 0), family=family, backlog=64)
@@ -88,7 +92,7 @@ def start_keeper(directory: str) -> int:
 
     def body(ready_fd: int) -> int:
         keeping = Keeping(config, time.monotonic())
-        keeper = KeeperDaemon(keeping, secret, listener, os.path.abspath(KEEPER_FILE))
+        keeper = KeeperDaemon(keeping, secret, listener, os.path.abspath(KEEPER_FILE), target)
         keeper.save()
         ready(ready_fd, {"port": port, "pid": os.getpid()})
         keeper.run()
@@ -101,10 +105,19 @@ class KeeperDaemon:
     """Runs Keeping: accepts members, feeds it their messages and the clock, sends
     what it answers, heartbeats, shares its snapshot with every member whenever that
     changed (for one of them to take over, takeover.py), and writes its record
-    (`path`) whenever that changed."""
+    (`path`) whenever that changed, and tells the job's events to its `notify:` target
+    (notify.py)."""
 
-    def __init__(self, keeping: Keeping, secret: bytes, listener: socket.socket, path: str) -> None:
+    def __init__(
+        self,
+        keeping: Keeping,
+        secret: bytes,
+        listener: socket.socket,
+        path: str,
+        notify: str | None = None,
+    ) -> None:
         self.keeping, self.secret, self.listener, self.path = keeping, secret, listener, path
+        self.notify = KeeperNotify(notify, keeping)
         self.port = int(listener.getsockname()[1])
         self.events: queue.Queue[tuple[Channel, Message | None]] = queue.Queue()
         self.channels: dict[str, Channel] = {}
@@ -169,11 +182,14 @@ class KeeperDaemon:
                 self.send(host, decided)
             self.keep_dumps()
             self.save()
+            self.notify.observe(self.keeping)
         self.save()
+        self.notify.observe(self.keeping)
         time.sleep(0.2)  # the members read their bye
         for channel in list(self.channels.values()):
             channel.close()
         self.listener.close()
+        self.notify.finish()  # after the job's end is written: a slow hook holds nothing
 
     def keep_dumps(self) -> None:
         """Write the stacks the stall watchdog took: stacks/NAME.json, beside the
@@ -207,6 +223,8 @@ class KeeperDaemon:
             self.shared.pop(channel.host, None)
         if channel.host is None:
             return []
+        if isinstance(message, NodeEnd):
+            self.notify.heard_end(channel.host, message.attempt, message.rank, message.tail)
         return self.keeping.hear(channel.host, message, now)
 
     def send(self, host: str, message: Message) -> None:
@@ -230,16 +248,23 @@ def show(directory: str) -> int:
 
 
 def stop(directory: str) -> int:
-    """`keeper stop DIR`: the keeper stops the job's nodes and leaves; waits for it."""
+    """`keeper stop DIR`: the keeper stops the job's nodes and leaves; waits until the
+    job's end is written (the keeper may then still be telling it, notify.py)."""
     found = _look(directory)
     if found["alive"]:
         proc.signal_pid(int(found["record"]["pid"]), signal.SIGTERM)
         deadline = time.monotonic() + STOP_WAIT_S + 10
-        while _look(directory)["alive"] and time.monotonic() < deadline:
+        # Until the job's end is written: the keeper may then still tell it (notify.py).
+        while _acting(_look(directory)) and time.monotonic() < deadline:
             time.sleep(0.1)
         found = _look(directory)
     print(json.dumps(found))
     return 0
+
+
+def _acting(found: dict[str, Any]) -> bool:
+    """The keeper runs and its job has not ended."""
+    return bool(found["alive"]) and (found["record"] or {}).get("state") in KEEPER_ACTING
 
 
 def _look(directory: str) -> dict[str, Any]:

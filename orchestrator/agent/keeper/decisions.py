@@ -23,13 +23,9 @@ Stopped {attempt}, PortFound {port}, LeaseAnswered {verb, reply}. To a member: S
 {attempt}, Start {place}, PortWanted, LeaseAsked {verb}, Bye. A job that never gets
 its nodes out of the line is not restarted.
 
-With `stall_after:` (docs/STACKS.md), the keeper is the job's stall watchdog: each
-member's heartbeat carries how long its node's ranks have been silent, on its host's
-clock; when every node of a running attempt has been silent that long, the keeper asks
-each member for its node's stacks (StackWanted, StackTaken; STACK_WAIT_S at most),
-hands the dump to the daemon to keep (`dumps`, listed in the record's `stalls`), and,
-unless `on_stall: warn` (then once per stall), stops the attempt as failed,
-`stalled: no output for N s`, its nodes failed with that reason: restarts apply.
+With `stall_after:` (docs/STACKS.md), the keeper is the job's stall watchdog too
+(stall.py): when every node of a running attempt has been silent that long, it takes
+the stacks and, unless `on_stall: warn`, stops the attempt as failed: restarts apply.
 
 When the keeper's host is lost, a member takes over (takeover.py): `snapshot()` is what
 the keeper shares with its members, `Keeping.take_over` the new keeper made from it,
@@ -54,6 +50,7 @@ from ..kernel.line import Line, Outcome
 from ..kernel.messages import Message, MessageError, parse_message
 from ..kernel.placement import failed_hosts, next_hosts, placement, restart_delay
 from . import wire
+from .stall import StallWatch
 
 LINE, RUNNING, STOPPING, WAITING, PORT, STARTING, KILLING, DONE, TAKING = (
     "line",
@@ -71,7 +68,6 @@ START_WAIT_S = 120.0  # for the members to build the snapshot and start torchrun
 PORT_WAIT_S = 30.0
 HELLO_WAIT_S = 30.0
 GATHER_S = 10.0  # beyond lost_after, for a new keeper's members to find it (takeover.py)
-STACK_WAIT_S = 30.0  # for the members' stacks of a stalled attempt (py-spy's own limit is 10 s)
 ACTIVE = states.NODE_ACTIVE
 
 if TYPE_CHECKING:  # a runtime alias would need Python 3.9; hosts may run 3.8
@@ -146,19 +142,7 @@ class Keeping:
         self.resumed = RUNNING  # the phase a taken-over keeper goes on from
         self.gave_way = False  # it ended for want of a quorum: another may keep the job
         self.lost_keeper: str | None = None
-        # The stall watchdog: each host's silence as its member last said it (seconds,
-        # and when heard), the stacks being taken, the stalls seen, the dumps that the
-        # daemon is to keep (name, data), the reason the attempt is being stopped.
-        stall_after = config.get("stall_after")
-        self.stall_after = float(stall_after) if stall_after is not None else None
-        self.on_stall = str(config.get("on_stall") or "fail")
-        self.pyspy = config.get("pyspy")
-        self.idle: dict[str, tuple[float, float]] = {}
-        self.taking: dict[str, Any] | None = None
-        self.warned = False
-        self.stalls: list[dict[str, Any]] = list(config.get("stalls") or [])
-        self.dumps: list[tuple[str, dict[str, Any]]] = []
-        self.stalled: str | None = None
+        self.stall = StallWatch(config)  # the stall watchdog (stall.py)
 
     @staticmethod
     def _node(state: str) -> dict[str, Any]:
@@ -176,14 +160,10 @@ class Keeping:
             return []
         self.heard[host] = now
         if isinstance(msg, wire.Heartbeat):
-            if msg.idle is None:
-                self.idle.pop(host, None)
-            else:
-                self.idle[host] = (float(msg.idle), now)
-        elif isinstance(msg, wire.StackTaken) and self.taking and msg.attempt == self.attempt:
-            self.taking["replies"][host] = msg.reply
-            if set(self.taking["replies"]) >= self.taking["asked"]:
-                return self._stall_taken(now)
+            self.stall.heard(host, msg.idle, now)
+        elif isinstance(msg, wire.StackTaken):
+            if self.stall.took(host, msg, self.attempt):
+                return self.stall.taken(self, now)
         elif isinstance(msg, wire.Hello):
             self.connected.add(host)
             self.greeted.add(host)
@@ -239,7 +219,7 @@ class Keeping:
                     return self._after_start(now)
                 return self._stop_attempt(now)
             if self.phase == RUNNING:
-                return self._watch_stall(now)
+                return self.stall.watch(self, now)
         elif self.phase in (STOPPING, KILLING):
             for host in list(self.pending):
                 if host in silent or now > self.deadline:
@@ -261,77 +241,19 @@ class Keeping:
             return self._after_start(now)
         return []
 
-    # ------------------------------------------------------------ the stall watchdog
+    # ------------------------------------------------------------ the stall watchdog's
 
-    def _quiet_for(self, now: float) -> float | None:
-        """How long every running node of the attempt has been silent (the least of
-        them), or None where one has not said (no rank runs there yet)."""
-        running = [h for h, n in self.nodes.items() if n["state"] == states.RUNNING]
-        if not running or any(h not in self.idle for h in running):
-            return None
-        return min(self.idle[h][0] + (now - self.idle[h][1]) for h in running)
+    @property
+    def running(self) -> bool:
+        return self.phase == RUNNING
 
-    def _watch_stall(self, now: float) -> Send:
-        """A running attempt: take its stacks once every node has been silent
-        stall_after, and act once they came (or STACK_WAIT_S passed)."""
-        if self.stall_after is None:
-            return []
-        if self.taking is not None:
-            return self._stall_taken(now) if now >= self.taking["deadline"] else []
-        quiet = self._quiet_for(now)
-        if quiet is None or quiet < self.stall_after:
-            self.warned = False  # a rank printed: the next silence is a stall of its own
-            return []
-        if self.warned:
-            return []
-        wall = self.wall()
-        taken = time.strftime("%Y%m%dT%H%M%S", time.gmtime(wall)) + "Z-stall"
-        asked = {h for h, n in self.nodes.items() if n["state"] == states.RUNNING}
-        asked &= self.connected
-        self.taking = {
-            "taken": taken,
-            "at": wall,
-            "quiet": round(quiet, 1),
-            "asked": asked,
-            "replies": {},
-            "deadline": now + STACK_WAIT_S,
-        }
-        sends: Send = []
-        for host in sorted(asked):
-            workdir = str(self.candidates[host]["workdir"])
-            wanted = wire.StackWanted(
-                attempt=self.attempt,
-                taken=taken,
-                tools_dir=f"{workdir.rstrip('/')}/tools",
-                pyspy=self.pyspy,
-            )
-            sends.append((host, wanted))
-        return sends or self._stall_taken(now)
+    @property
+    def dumps(self) -> list[tuple[str, dict[str, Any]]]:
+        """The stacks the stall watchdog took, for the daemon to keep."""
+        return self.stall.dumps
 
-    def _stall_taken(self, now: float) -> Send:
-        """The stacks came (or not all in time): keep them, then warn or stop."""
-        taking, self.taking = self.taking, None
-        if taking is None:
-            return []
-        reason = f"stalled: no output for {self.stall_after:.0f} s"
-        data = {
-            "job": self.job_id,
-            "attempt": self.attempt,
-            "at": taking["at"],
-            "quiet_s": taking["quiet"],
-            "reason": reason,
-            "replies": taking["replies"],
-            "unanswered": sorted(taking["asked"] - set(taking["replies"])),
-        }
-        self.dumps.append((taking["taken"], data))
-        action = "warned" if self.on_stall == "warn" else "stopped"
-        self.stalls.append(
-            {"at": taking["at"], "attempt": self.attempt, "dump": taking["taken"], "action": action}
-        )
-        if self.on_stall == "warn" or self.phase != RUNNING:  # warn; or it ended meanwhile
-            self.warned = True
-            return []
-        self.stalled = reason
+    def stop_stalled(self, reason: str, now: float) -> Send:
+        """The stall watchdog stops the attempt as failed, for `reason`."""
         sends = self._stop_attempt(now)
         self.reason = f"attempt {self.attempt + 1} {reason}"
         return sends
@@ -430,10 +352,10 @@ class Keeping:
             return []
         if self.phase == KILLING:
             return self._finish(states.KILLED)
-        if self.stalled:  # stopped by the watchdog: its nodes failed, for that reason
+        if self.stall.stalled:  # stopped by the watchdog: its nodes failed, for that reason
             for node in self.nodes.values():
                 if node["state"] == states.KILLED:
-                    node.update(state=states.FAILED, error=self.stalled)
+                    node.update(state=states.FAILED, error=self.stall.stalled)
         if self.attempt >= self.restarts:
             return self._finish(states.FAILED)
         ends = {h: n["state"] for h, n in self.nodes.items()}
@@ -458,7 +380,7 @@ class Keeping:
         self.place = placement(self.chosen, counts, master_addr, port, self.attempt + 1)
         self.place["ticket"] = [self.wall(), self.job_id]  # one place in every host's line
         self.attempt += 1
-        self.stalled, self.warned, self.idle = None, False, {}
+        self.stall.next_attempt()
         self.nodes = {h: self._node(states.STARTING) for h in self.chosen}
         self.phase, self.deadline = STARTING, now + START_WAIT_S
         self.pending = set(self.chosen)
@@ -528,10 +450,7 @@ class Keeping:
             "phase": self.phase if self.phase != TAKING else self.resumed,
             "roster": {h: p for h, p in self.roster.items() if h in self._members()},
             "connected": sorted(self.connected),
-            "stall_after": self.stall_after,
-            "on_stall": self.on_stall,
-            "pyspy": self.pyspy,
-            "stalls": self.stalls,
+            **self.stall.snapshot(),
         }
 
     def _members(self) -> set[str]:
@@ -642,5 +561,5 @@ class Keeping:
             "epoch": self.epoch,
             "keeper": self.host,
             "gave_way": self.gave_way,
-            "stalls": self.stalls,
+            "stalls": self.stall.stalls,
         }

@@ -34,6 +34,7 @@ from ..kernel.requests import (
 )
 from ..node import state
 from .decisions import DONE, START_WAIT_S, STOP_WAIT_S
+from .notify import last_lines
 from .takeover import Successor, standby
 from .wire import (
     HB_S,
@@ -74,7 +75,7 @@ def start_member(directory: str) -> int:
         return 2
     secret = bytes.fromhex(config.secret)
     host = config.template.host
-    successor = Successor(host, secret, standby(config.template.addr or ""), ".")
+    successor = Successor(host, secret, standby(config.template.addr or ""), ".", config.notify)
 
     def body(ready_fd: int) -> int:
         successor.home = os.getcwd()
@@ -242,7 +243,14 @@ class Member:
         os.chdir(self.node_dir)
         ended = state.exit_record()
         if ended is not None:
-            self.channel.tell(NodeEnd(attempt=self.attempt, **ended.as_dict()))
+            rank: int | None = None
+            tail: list[str] = []
+            failed = ended.returncode != 0 and not ended.killed
+            if failed and self.config.notify:  # the message shows the failing rank's end
+                rank, tail = last_lines(".")
+            self.channel.tell(
+                NodeEnd(attempt=self.attempt, rank=rank, tail=tail, **ended.as_dict())
+            )
             self.reported = True
 
     def agent(self, node_dir: str, *args: str) -> list[str]:

@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+from ..kernel.notify import FINISH_WAIT_S
 from .daemon import KEEPER_FILE, KeeperDaemon
 from .decisions import GATHER_S, Keeping, successors
 from .wire import IO_TIMEOUT_S, Channel, join
@@ -48,10 +49,19 @@ class Successor:
         secret: the job's secret.
         listener: this member's standby listener, or None.
         home: the member's directory, where a keeper it becomes writes its record.
+        notify: the job's `notify:` target (its member's config), for a keeper it becomes.
     """
 
-    def __init__(self, host: str, secret: bytes, listener: socket.socket | None, home: str) -> None:
+    def __init__(
+        self,
+        host: str,
+        secret: bytes,
+        listener: socket.socket | None,
+        home: str,
+        notify: str | None = None,
+    ) -> None:
         self.host, self.secret, self.listener, self.home = host, secret, listener, home
+        self.notify = notify
         self.port = int(listener.getsockname()[1]) if listener is not None else None
         self.addr = str(listener.getsockname()[0]) if listener is not None else ""
         self.keeper: KeeperDaemon | None = None
@@ -77,7 +87,7 @@ class Successor:
         assert self.listener is not None
         keeping = Keeping.take_over(snapshot, self.host, time.monotonic())
         path = os.path.join(self.home, KEEPER_FILE)
-        keeper = KeeperDaemon(keeping, self.secret, self.listener, path)
+        keeper = KeeperDaemon(keeping, self.secret, self.listener, path, self.notify)
         keeper.save()
         print(f"keeping the job from now on, epoch {keeping.epoch}", flush=True)
         # `keeper stop` signals this process: the keeper stops the job, as its first did.
@@ -93,8 +103,8 @@ class Successor:
 
     def wait(self) -> None:
         """Let a keeper this member became write its last record."""
-        if self.thread is not None:
-            self.thread.join(timeout=IO_TIMEOUT_S)
+        if self.thread is not None:  # and its last word (notify.py)
+            self.thread.join(timeout=IO_TIMEOUT_S + FINISH_WAIT_S)
         if self.listener is not None:
             with contextlib.suppress(OSError):
                 self.listener.close()

@@ -22,7 +22,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..kernel.messages import Message, MessageError, parse_message
@@ -66,10 +66,13 @@ class Hello(WireMessage):
 
 
 class NodeEnd(ExitRecord):
-    """The member's node of `attempt` ended, as its host recorded it."""
+    """The member's node of `attempt` ended, as its host recorded it; where it failed
+    and the job has `notify:`, its failing rank and that rank's last lines."""
 
     KIND = "end"
     attempt: int
+    rank: int | None = None
+    tail: Sequence[str] = ()
 
 
 class NodeStarted(WireMessage):

@@ -211,6 +211,9 @@ class KeeperConfig(Request):
     stall_after: float | None = None
     on_stall: str = "fail"
     pyspy: Mapping[str, str] | None = None
+    # Where the job's events go (`notify:`, kernel/notify.py): a shell command, or a
+    # webhook's URL, which may hold a token: it travels only here, on stdin.
+    notify: str | None = None
 
 
 class MemberConfig(Request):
@@ -229,6 +232,7 @@ class MemberConfig(Request):
     attempt: int = 0
     lost_after: float = 0.0
     lease: LeaseUnits | None = None
+    notify: str | None = None  # the job's `notify:`, for a keeper this member becomes
 
 
 class ProbeOptions(Request):

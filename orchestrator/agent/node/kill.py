@@ -17,6 +17,7 @@ from ..host import proc
 from ..kernel.fileio import read_json
 from ..kernel.framing import send_record
 from ..kernel.layout import EXIT, KILLED, LOGS, NODE_SPEC, PIDS
+from ..kernel.notify import NOTIFY_MARK
 from ..kernel.replies import KillReport
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
@@ -117,8 +118,9 @@ class Victims:
         out of the job's groups: setsid, a double fork)."""
         if not self.job_id or pid == os.getpid() or (pid, started) in self.untagged:
             return False
-        if proc.has_env(pid, f"ORCH_JOB_ID={self.job_id}".encode()):
-            return True
+        environ = proc.environ(pid)
+        if f"ORCH_JOB_ID={self.job_id}".encode() in environ and NOTIFY_MARK not in environ:
+            return True  # (a notify: command carries the id, but is no part of the job)
         self.untagged.add((pid, started))
         return False
 
