@@ -16,12 +16,15 @@ from orchestrator.models.environment import (
 )
 from orchestrator.models.errors import SpecError, place
 from orchestrator.models.job_run import (
+    PRIORITIES,
+    PRIORITY_HINT,
     STALL_HINT,
     STALL_MIN_S,
     load_forward,
     load_metrics,
     load_on_stall,
     load_preload,
+    load_priority,
     load_stall_after,
     load_warm,
     pattern_error,
@@ -74,6 +77,7 @@ _JOB_KEYS = {
     "setup_inputs": None,
     "forward": None,
     "metrics": None,
+    "priority": None,
 }
 OUTPUTS_FROM = ("rank0", "all")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -129,6 +133,8 @@ class JobSpec:
     # Regular expressions whose named groups are numbers `orch ui` plots, beside the
     # forms it finds by default (reporting/metrics.py).
     metrics: tuple[str, ...] = ()
+    # Its place in a shared host's line (docs/SHARING.md): low, normal or high.
+    priority: str = "normal"
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     def error(self, key: str, message: str, hint: str = "") -> SpecError:
@@ -258,6 +264,7 @@ def load_job(path: Path) -> JobSpec:
         setup_inputs=_load_setup_inputs(where),
         forward=load_forward(where),
         metrics=load_metrics(where),
+        priority=load_priority(where),
         positions=dict(where.mapping.positions),
     )
 
@@ -479,6 +486,7 @@ class Overrides:
     cold: bool = False  # start cold even where a warm interpreter waits (--cold)
     stall_after: int | None = None  # --stall-after: the job's stall_after: instead
     wheels: Path | None = None  # --wheels: the job's wheels: instead (inside the workdir)
+    priority: str | None = None  # --priority: the job's priority: instead
 
 
 def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
@@ -509,6 +517,8 @@ def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
         raise InputError(
             f"--stall-after {over.stall_after}: must be at least {STALL_MIN_S} s", STALL_HINT
         )
+    if over.priority is not None and over.priority not in PRIORITIES:
+        raise InputError(f"--priority: unknown priority {over.priority!r}", PRIORITY_HINT)
     environment = job.environment
     if over.wheels is not None:
         directory = over.wheels.resolve()
@@ -541,4 +551,5 @@ def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
         cold="--cold" if over.cold else job.cold,
         stall_after=over.stall_after if over.stall_after is not None else job.stall_after,
         environment=environment,
+        priority=over.priority or job.priority,
     )
