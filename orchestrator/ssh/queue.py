@@ -482,9 +482,9 @@ def unit_rows(host: Host, view: LeaseHosts) -> list[UnitRow]:
 
 
 def queue_rows(host: Host, view: LeaseHosts) -> list[QueueRow]:
-    """The host's line, first first."""
+    """The host's line, first first (in the order of the host's policy)."""
     return [
-        QueueRow(host.name, i + 1, t.job, t.user, t.kind, t.count, t.since)
+        QueueRow(host.name, i + 1, t.job, t.user, t.kind, t.count, t.since, t.priority)
         for i, t in enumerate(view.tickets)
     ]
 
