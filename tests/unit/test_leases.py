@@ -532,6 +532,7 @@ def test_host_rows_show_each_inventory_gpu_free_held_or_busy_outside_orch() -> N
             "kind": "gpu",
             "count": 2,
             "since": 6.0,
+            "priority": "normal",
         }
     ]
 
