@@ -275,13 +275,17 @@ def test_orch_submit_says_a_job_waits_for_its_users_limit_and_refuses_a_high_it_
     the second job waits and says why on submit and in `orch status`; `--priority
     high` exits 2, as does an unknown priority."""
     inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[1], node1={"slots": 2})
-    write_policy(cluster, "limit root slots 1\n", host=1)
+    write_policy(cluster, "limit root slots 1\nlimit root slots\n", host=1)
     release = tmp_path / "release"
     try:
         first = orch(
             "submit", "-d", hold_job(tmp_path, "first", release, nproc_per_node=1), "-i", inventory
         )
         assert first.returncode == 0, first.stderr
+        assert (
+            f"warning: {POLICY_FILE}:2: write: limit USER gpus|slots N: ignored the line "
+            "'limit root slots' (host node1)" in first.stderr
+        ), first.stderr
         second = orch(
             "submit", "-d", hold_job(tmp_path, "second", 1, nproc_per_node=1), "-i", inventory
         )

@@ -98,6 +98,17 @@ def test_a_bad_line_of_a_trusted_policy_is_named_and_the_rest_applies(policy_dir
     ]
 
 
+def test_a_user_name_no_host_could_have_is_a_bad_line_not_a_crash(policy_dir: Path) -> None:
+    put(
+        policy_dir / "policy",
+        "limit a\0b slots 1\nhigh \udcff\nlimit * slots 3\n".encode(
+            "utf-8", "surrogateescape"
+        ).decode("utf-8", "replace"),
+    )
+    rules, warnings = admin.load_policy()
+    assert rules.limit(0, "slot") == 3 and len(warnings) == 2, warnings
+
+
 def wait_turn(job_dir: Path, lease_req: dict[str, object]) -> tuple[object, dict[str, object]]:
     job_dir.mkdir(exist_ok=True)
     os.chdir(job_dir)

@@ -96,5 +96,5 @@ def _ignored(path: str, why: str) -> str:
 def _user_id(name: str) -> int | None:
     try:
         return pwd.getpwnam(name).pw_uid
-    except (KeyError, UnicodeEncodeError):
+    except (KeyError, ValueError):  # no such user; a NUL or a lone surrogate in it
         return None
