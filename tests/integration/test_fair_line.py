@@ -307,6 +307,8 @@ def test_orch_submit_says_a_job_waits_for_its_users_limit_and_refuses_a_high_it_
         assert high.returncode == 2, high.stderr
         assert "error: not started: priority high is not open to root here" in high.stderr
         assert "(host node1)" in high.stderr and "hint: " in high.stderr
+        checked = orch("check", "-i", inventory, timeout=120)
+        assert "ignored the line 'limit root slots'" in checked.stdout + checked.stderr
         bogus = orch("submit", "--priority", "urgent", hold_job(tmp_path, "u", 1), "-i", inventory)
         assert bogus.returncode == 2 and "unknown priority 'urgent'" in bogus.stderr
     finally:

@@ -175,3 +175,26 @@ def test_a_job_at_its_users_limit_says_who_holds_how_many_of_how_many_where() ->
 def test_a_refusal_by_the_policy_is_bad_input_naming_the_hosts() -> None:
     error = PolicyRefused({"node2": "priority high is not open to bob here", "node1": "x"})
     assert error.exit_code == 2 and "(hosts node1, node2)" in error.message
+
+
+def test_check_warns_of_a_policy_file_that_was_ignored_or_has_a_bad_line() -> None:
+    from orchestrator.agent.kernel.lease_wire import LeaseDir
+    from orchestrator.ssh.check.rules import lease_dir_problems
+
+    said = "ignored the policy file /etc/orch/policy: it belongs to bob, not root\x1b[2J"
+    found = LeaseDir(dir="/d", exists=True, owner="root", policy=[said])
+    problems = lease_dir_problems("node1", found)
+    assert [p.what for p in problems] == [
+        "ignored the policy file /etc/orch/policy: it belongs to bob, not root[2J"
+    ]
+    assert "docs/SHARING.md#the-policy-file" in problems[0].hint
+
+
+def test_the_lease_dir_command_names_what_of_the_policy_was_ignored(
+    policy_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.agent.leases import commands
+
+    put(policy_dir / "policy", "high *\n", owner=NOBODY)
+    found = commands.dir_view()
+    assert len(found.policy) == 1 and "it belongs to nobody, not root" in found.policy[0]

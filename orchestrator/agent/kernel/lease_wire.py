@@ -118,12 +118,14 @@ class LeaseHosts(Reply):
 
 class LeaseDir(Reply):
     """`lease dir`: where the host's lease directory is, whether it exists, and
-    why it is not safe to share (`warning`: not root's, or missing)."""
+    why it is not safe to share (`warning`: not root's, or missing); what of the
+    host's policy file was ignored (`policy`)."""
 
     dir: str
     exists: bool = False
     owner: str | None = None
     warning: str | None = None
+    policy: Sequence[str] = ()  # the host's policy file ignored, or its bad lines
 
 
 def lease_record(reply: Reply) -> dict[str, Any]:

@@ -177,8 +177,10 @@ def host_view() -> LeaseHosts:
 
 
 def dir_view() -> LeaseDir:
-    """The lease directory, and why it is not safe to share (`orch check`)."""
+    """The lease directory, why it is not safe to share, and what of the host's
+    policy file was ignored (`orch check`)."""
     root = lease_dir()
+    _, policy = load_policy()
     try:
         uid = os.lstat(root).st_uid
     except OSError:
@@ -187,7 +189,9 @@ def dir_view() -> LeaseDir:
             f"here will own it, and can then remove anyone's lease; have root make it "
             f"at boot: 'd {root} 1777 root root -' in /etc/tmpfiles.d/orch.conf"
         )
-        return LeaseDir(dir=root, exists=False, warning=missing)
+        return LeaseDir(dir=root, exists=False, warning=missing, policy=policy)
     from ..host.proc import user_name
 
-    return LeaseDir(dir=root, exists=True, owner=user_name(uid), warning=owner_warning(root))
+    return LeaseDir(
+        dir=root, exists=True, owner=user_name(uid), warning=owner_warning(root), policy=policy
+    )
