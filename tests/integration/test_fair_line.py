@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.cluster import POLICY_FILE, Cluster, OrchRunner
-from tests.integration.test_leases import LEASES, as_user_on, hold_job, said, tell
+from tests.integration.test_leases import LEASES, as_user_on, finished, hold_job, said, tell
 from tests.support import job_id_of, status_json, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -315,3 +315,46 @@ def test_orch_submit_says_a_job_waits_for_its_users_limit_and_refuses_a_high_it_
         release.touch()
         cluster.exec_on(1, ["rm", "-rf", POLICY_DIR])
     assert orch("logs", job_id_of(second.stdout), "-f", timeout=60).returncode == 0
+
+
+def test_a_high_job_of_two_nodes_passes_a_waiting_normal_one_on_both_hosts(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    """Jobs of several nodes take their turn through their keeper (detached), on a
+    line whose order must be the same on every host: the `high` one, submitted
+    last, starts first when the running job ends, on both hosts at once."""
+    inventory = cluster.write_inventory(
+        tmp_path / "inv.yaml", hosts=[1, 2], node1={"slots": 2}, node2={"slots": 2}
+    )
+    release = tmp_path / "release"
+    for host in (1, 2):
+        write_policy(cluster, "high root\n", host=host)
+    try:
+        keys: dict[str, Any] = {"nodes": 2, "nproc_per_node": 2}
+        running = orch(
+            "submit", "-d", hold_job(tmp_path, "running", release, **keys), "-i", inventory
+        )
+        assert running.returncode == 0, running.stderr
+        normal = orch("submit", "-d", hold_job(tmp_path, "normal", 1, **keys), "-i", inventory)
+        assert normal.returncode == 0 and "queued" in normal.stderr, normal.stderr
+        high = orch(
+            "submit",
+            "-d",
+            "--priority",
+            "high",
+            hold_job(tmp_path, "high", 1, **keys),
+            "-i",
+            inventory,
+        )
+        assert high.returncode == 0 and "queued" in high.stderr, high.stderr
+        line = json.loads(orch("status", "--hosts", "--json", "-i", inventory).stdout)["queue"]
+        for host in ("node1", "node2"):
+            ours = [(q["job"], q["priority"]) for q in line if q["host"] == host]
+            assert ours == [(job_id_of(high.stdout), "high"), (job_id_of(normal.stdout), "normal")]
+        release.touch()
+        first, second = (finished(orch, job_id_of(r.stdout)) for r in (high, normal))
+        assert first.start < second.start, (first.start, second.start)
+    finally:
+        release.touch()
+        for host in (1, 2):
+            cluster.exec_on(host, ["rm", "-rf", POLICY_DIR])
