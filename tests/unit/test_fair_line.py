@@ -354,3 +354,23 @@ def test_a_ticket_with_an_unknown_priority_is_no_record() -> None:
     assert policy.check_record({**record, "priority": "low", "several": 1}, "T-x.json", BOB, 1.0)[
         1
     ] == ("several is not true or false")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0, 10_000), st.floats(0, 50_000), st.integers(0, 3), st.integers(0, 3))
+def test_no_job_that_came_two_ages_after_a_low_one_goes_first_whatever_their_users_hold(
+    gap: float, waited: float, alice_holds: int, bob_holds: int
+) -> None:
+    """`normal` two ages later, `high` three ages later, never pass a `low` ticket
+    (one and two ages later where both users hold as much)."""
+    age = MINUTE
+    held = [lease(f"L-a{u}", [u], ALICE) for u in range(alice_holds)]
+    held += [lease(f"L-b{u}", [4 + u], BOB) for u in range(bob_holds)]
+    low = ticket("T-l", 0.0, ALICE, priority="low")
+    now = 3 * age + gap + waited
+    for priority, ages in (("normal", 2), ("high", 3)):
+        if alice_holds == bob_holds:
+            ages -= 1
+        later = ticket("T-x", ages * age + gap, BOB, priority=priority)
+        order = policy.line_order([later, low], held, now, rules("age 1\nhigh *"))
+        assert order[0]["name"] == "T-l", (priority, ages)

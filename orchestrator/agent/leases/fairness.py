@@ -11,8 +11,9 @@ then arrival (policy.ticket_key):
   not let use it is read as `normal`), plus one per `age` waited (`Rules.age_s`,
   30 minutes unless the policy says otherwise), counted from the ticket's line time
   (policy.line_time: no earlier than LINE_SLACK_S before its file was made), on
-  this host's clock: so a `low` ticket passes every `normal` one that came more
-  than `age` after it, and no ticket waits behind newer ones for ever.
+  this host's clock: so no `normal` ticket that came more than two ages after a
+  `low` one goes before it (one age, where their users hold as much), nor a `high`
+  one three ages after it (two): no ticket waits behind newer ones for ever.
 - fair share: between tickets of one level, the one whose user holds fewer units of
   its kind here (live leases, counted by their files' owner) goes first. A ticket of
   a job of several nodes counts as holding more than any user: its place must be
