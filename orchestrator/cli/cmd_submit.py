@@ -76,6 +76,15 @@ def submit(
             "this long (at least 10), take every rank's stack and fail the job as stalled.",
         ),
     ] = None,
+    priority: Annotated[
+        str | None,
+        typer.Option(
+            "--priority",
+            metavar="LEVEL",
+            help="Instead of the job's priority: low, normal or high: its place in a shared "
+            "host's line (high only where the hosts' policy names you).",
+        ),
+    ] = None,
     wheels: Annotated[
         Path | None,
         typer.Option(
@@ -112,6 +121,7 @@ def submit(
         stall_after=stall_after,
         wheels=wheels,
         notify=notify,
+        priority=priority,
     )
     if dry_run:  # each host's command (a Slurm cluster: the batch script and sbatch)
         typer.echo("\n".join(api.dry_run(job, inventory, overrides=overrides)))

@@ -54,7 +54,9 @@ def _print_tables(units: Sequence[UnitRow], line: Sequence[QueueRow]) -> None:
         )
     console.print(table)
     if line:
-        queue = Table("host", "#", "job", "user", "wants", "since", box=None, title="in line")
+        queue = Table(
+            "host", "#", "job", "user", "wants", "priority", "since", box=None, title="in line"
+        )
         for waiting in line:
             unit = "GPU" if waiting.kind == "gpu" else "slot"
             queue.add_row(
@@ -63,6 +65,7 @@ def _print_tables(units: Sequence[UnitRow], line: Sequence[QueueRow]) -> None:
                 _text(waiting.job),
                 _text(waiting.user),
                 f"{waiting.count} {unit}{'s' if waiting.count != 1 else ''}",
+                waiting.priority,
                 _since(waiting.since),
             )
         console.print(queue)

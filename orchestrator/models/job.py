@@ -16,12 +16,15 @@ from orchestrator.models.environment import (
 )
 from orchestrator.models.errors import SpecError, place
 from orchestrator.models.job_run import (
+    PRIORITIES,
+    PRIORITY_HINT,
     STALL_HINT,
     STALL_MIN_S,
     load_forward,
     load_metrics,
     load_on_stall,
     load_preload,
+    load_priority,
     load_stall_after,
     load_warm,
     pattern_error,
@@ -76,6 +79,7 @@ _JOB_KEYS = {
     "forward": None,
     "metrics": None,
     "notify": None,
+    "priority": None,
 }
 OUTPUTS_FROM = ("rank0", "all")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -134,6 +138,8 @@ class JobSpec:
     # Where word of the job's events goes (models/notify.py): a webhook's URL or a shell
     # command; None: nowhere (the SSH backend then takes the user's default).
     notify: str | None = None
+    # Its place in a shared host's line (docs/SHARING.md): low, normal or high.
+    priority: str = "normal"
     positions: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     def error(self, key: str, message: str, hint: str = "") -> SpecError:
@@ -264,6 +270,7 @@ def load_job(path: Path) -> JobSpec:
         forward=load_forward(where),
         metrics=load_metrics(where),
         notify=load_notify(where),
+        priority=load_priority(where),
         positions=dict(where.mapping.positions),
     )
 
@@ -486,6 +493,7 @@ class Overrides:
     stall_after: int | None = None  # --stall-after: the job's stall_after: instead
     wheels: Path | None = None  # --wheels: the job's wheels: instead (inside the workdir)
     notify: str | None = None  # --notify: the job's notify: instead
+    priority: str | None = None  # --priority: the job's priority: instead
 
 
 def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
@@ -516,6 +524,8 @@ def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
         raise InputError(
             f"--stall-after {over.stall_after}: must be at least {STALL_MIN_S} s", STALL_HINT
         )
+    if over.priority is not None and over.priority not in PRIORITIES:
+        raise InputError(f"--priority: unknown priority {over.priority!r}", PRIORITY_HINT)
     environment = job.environment
     if over.wheels is not None:
         directory = over.wheels.resolve()
@@ -549,4 +559,5 @@ def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
         stall_after=over.stall_after if over.stall_after is not None else job.stall_after,
         environment=environment,
         notify=check_flag(over.notify) if over.notify is not None else job.notify,
+        priority=over.priority or job.priority,
     )

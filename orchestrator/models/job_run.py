@@ -68,6 +68,23 @@ def load_forward(where: Where) -> tuple[tuple[int, int | None], ...]:
     return tuple(found)
 
 
+# A job's place in a shared host's line (docs/SHARING.md): the agent's own list is
+# agent/leases/fairness.py PRIORITIES (models import nothing of the agent but its
+# state names; a unit test holds the two equal).
+PRIORITIES = ("low", "normal", "high")
+PRIORITY_HINT = (
+    "low, normal or high: a higher one goes ahead in a shared host's line "
+    "(high only for the users the hosts' policy names)"
+)
+
+
+def load_priority(where: Where) -> str:
+    value = get_str(where, "priority", "normal") or "normal"
+    if value not in PRIORITIES:
+        raise where.error("priority", f"unknown priority {value!r}", PRIORITY_HINT)
+    return value
+
+
 def load_on_stall(where: Where) -> str:
     value = get_str(where, "on_stall", "fail") or "fail"
     if value not in ON_STALL:

@@ -76,7 +76,8 @@ def start(node: NodeStart, transport: Transport, lease: LeaseRequest | None = No
 
     Returns:
         The reply: `pid` once torchrun runs; with a lease, else `queued` (the node
-        waits in line) or `busy` (it was told not to wait).
+        waits in line), `busy` (it was told not to wait) or `refused` (the host's
+        policy refuses its priority or its count).
 
     Raises:
         HostError: the host's lease directory cannot be used.
@@ -93,7 +94,7 @@ def start(node: NodeStart, transport: Transport, lease: LeaseRequest | None = No
     # On stdin: the env may hold secrets, and every user of a host can read an argv.
     result = transport.run(command, stdin=spec.to_json().encode(), timeout=START_TIMEOUT_S)
     reply = messages.last_json(result.stdout) or {}
-    if any(reply.get(key) is not None for key in ("pid", "queued", "busy")):
+    if any(reply.get(key) is not None for key in ("pid", "queued", "busy", "refused")):
         started = agent.parse(node.host, LeaseStart, reply)
         log.debug(
             "[job=%s host=%s] start: %s", node.env.get("ORCH_JOB_ID"), node.host.name, started

@@ -55,6 +55,7 @@ class QueueRow(Row):
     kind: str  # what it waits for: "gpu" or "slot"
     count: int
     since: float | None = None
+    priority: str = "normal"  # as the host's policy reads it (docs/SHARING.md)
 
 
 @dataclass(frozen=True)

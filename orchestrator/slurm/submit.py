@@ -56,6 +56,14 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
             "let Slurm pick the nodes (nodes: N), or name them in the inventory: "
             "slurm: {sbatch: [--nodelist=node1,node2]}",
         )
+    if job.priority != "normal":
+        raise job.error(
+            "priority",
+            f"priority: {job.priority} orders a shared SSH host's line, but {inventory.path} "
+            "is a Slurm cluster, whose own priorities and fair share order its jobs",
+            "leave priority: (and --priority) out, or ask Slurm in the inventory: "
+            "slurm: {sbatch: [--nice=100]} to go after others, or a QOS of your cluster's",
+        )
     if job.labels:
         raise job.error(
             "labels",

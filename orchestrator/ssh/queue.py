@@ -31,7 +31,7 @@ from orchestrator.agent.kernel.lease_wire import (
 from orchestrator.agent.kernel.line import Line, Outcome
 from orchestrator.agent.kernel.messages import MessageError, parse_message
 from orchestrator.agent.kernel.requests import LeaseRequest, LeaseUnits
-from orchestrator.models.errors import HostError, InfraError, RemoteCommandError
+from orchestrator.models.errors import HostError, InfraError, InputError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.models.job import JobSpec
 from orchestrator.models.states import JobState
@@ -57,6 +57,20 @@ class QueueBusy(InfraError):
         )
 
 
+class PolicyRefused(InputError):
+    """The hosts' policy refuses what the job asks (exit 2): a priority its user may
+    not use, more GPUs or slots than they may hold there."""
+
+    def __init__(self, why: dict[str, str]) -> None:
+        hosts = sorted(why)
+        text = printable(why[hosts[0]], 1000)
+        super().__init__(
+            f"not started: {text} (host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)})",
+            "ask whoever administers the hosts, or submit with --priority normal or fewer "
+            "GPUs or slots per node (docs/SHARING.md, the policy file)",
+        )
+
+
 def lease_units(job: JobSpec, host: Host, nproc: int, first_slot: int = 0) -> LeaseUnits | None:
     """What a node of `nproc` processes leases on `host`: GPUs where the inventory
     lists them (the job's gpus_per_node, else one per process), else slots (one per
@@ -70,7 +84,7 @@ def lease_units(job: JobSpec, host: Host, nproc: int, first_slot: int = 0) -> Le
     else:
         kind, count = "slot", nproc
         pool = list(range(first_slot, first_slot + host.slots))
-    return LeaseUnits(kind=kind, pool=pool, count=count)
+    return LeaseUnits(kind=kind, pool=pool, count=count, priority=job.priority)
 
 
 def lease_request(
@@ -89,6 +103,7 @@ def lease_request(
         kind=units.kind,
         pool=units.pool,
         count=units.count,
+        priority=units.priority,
         job=ticket[1],
         ticket=list(ticket),
         wait=wait,
@@ -151,6 +166,7 @@ def start_nodes(
                 kind=NO_UNITS.kind,
                 pool=NO_UNITS.pool,
                 count=NO_UNITS.count,
+                priority=plan.job.priority,
                 job=plan.job_id,
                 ticket=list(ticket),
                 wait=wait,
@@ -161,6 +177,9 @@ def start_nodes(
     replies = group.each(start)
     # A node that started says so with its warnings, below.
     warn_once(reporter, {n: r.warnings for n, r in replies.items() if r.pid is None})
+    refused = {name: r.refused for name, r in replies.items() if r.refused is not None}
+    if refused:
+        raise PolicyRefused(refused)
     busy = {name: r.busy for name, r in replies.items() if r.busy is not None}
     if busy:
         raise QueueBusy(waiting_text(busy, nodes))
@@ -358,10 +377,32 @@ def _check_in_line(name: str, reply: LeaseState) -> None:
         raise HostError(name, f"the node left the line before it started: {printable(why)}")
 
 
+def limit_text(infos: dict[str, Waiting]) -> str:
+    """`waiting: alice holds 4 of their 4 GPUs on node1, node2`: where a node waits
+    because its user is at their limit there; '' where none does."""
+    said: dict[str, list[str]] = {}
+    for name, info in infos.items():
+        if info.limit is not None:
+            unit = "GPU" if info.kind == "gpu" else "slot"
+            plural = "s" if info.limit.most != 1 else ""
+            what = (
+                f"{printable(info.limit.user)} holds {info.limit.held} of their "
+                f"{info.limit.most} {unit}{plural}"
+            )
+            said.setdefault(what, []).append(name)
+    return "; ".join(
+        f"waiting: {what} on {', '.join(sorted(names))}" for what, names in said.items()
+    )
+
+
 def waiting_text(infos: dict[str, Waiting], nodes: dict[str, NodeLaunch]) -> str:
     """`queued: 4 GPUs on node2, node3 held by train-1a2b (alice) since 14:02; 1st in
-    line` from the hosts' answers. Job ids and user names come from other users'
-    files: printed without their control characters."""
+    line` from the hosts' answers, or `waiting: alice holds 4 of their 4 GPUs on
+    node1` where the job waits for its user's limit (`limit_text`). Job ids and user
+    names come from other users' files: printed without their control characters."""
+    limited = limit_text(infos)
+    if limited:
+        return limited
     wants: dict[str, list[str]] = {}
     holders: dict[str, str] = {}
     ahead: dict[str, str] = {}
@@ -441,9 +482,9 @@ def unit_rows(host: Host, view: LeaseHosts) -> list[UnitRow]:
 
 
 def queue_rows(host: Host, view: LeaseHosts) -> list[QueueRow]:
-    """The host's line, first first."""
+    """The host's line, first first (in the order of the host's policy)."""
     return [
-        QueueRow(host.name, i + 1, t.job, t.user, t.kind, t.count, t.since)
+        QueueRow(host.name, i + 1, t.job, t.user, t.kind, t.count, t.since, t.priority)
         for i, t in enumerate(view.tickets)
     ]
 
@@ -471,13 +512,19 @@ def positions(job_ids: Sequence[str], store: JobDB | None = None) -> dict[str, s
                 return _parsed(host.name, LeaseState, reply)
 
             replies, _ = group.try_each(poll, only=list(by_host))
-            places = [
-                f"{_ordinal(int(r.info.position or 1))} in line on {name}"
+            infos = {
+                name: r.info
                 for name, r in replies.items()
                 if r.state == "waiting" and r.info is not None
+            }
+            places = [
+                f"{_ordinal(int(info.position or 1))} in line on {name}"
+                for name, info in infos.items()
             ]
+            limited = limit_text(infos)
             if places:
                 found[record.id] = "queued, " + ", ".join(places)
+                found[record.id] += f"; {limited}" if limited else ""
             elif any(r.state in ("ready", "starting") for r in replies.values()):
                 found[record.id] = "queued, its turn came"
     return found

@@ -47,6 +47,8 @@ change without notice; only the harness's own tests look at them.
   skip (in CI, fail) where the cluster cannot run; ``ClusterError`` when it breaks.
 - ``BRIDGE``, ``SUBNET``, ``ROOT_HOME``: the bridge's name, the first three octets of
   the hosts' addresses, and the home directory every host hides.
+- ``POLICY_FILE``: where every host's agent reads its line policy (sshd sets
+  ``ORCH_POLICY_FILE``: on the host's own ``/run/lock``, absent until a test writes it).
 - ``SlurmCluster``: a Slurm cluster (login node, compute nodes, one shared home) on a
   ``Cluster``'s hosts, its partition ``PARTITION``, and ``slurm_unavailable_reason()``.
 
@@ -73,7 +75,7 @@ from tests.cluster.availability import (
 )
 from tests.cluster.commands import ClusterError
 from tests.cluster.controller import REPO_ROOT, Controller, OrchRunner, orch_command, repo_python
-from tests.cluster.hosts import ROOT_HOME, Host
+from tests.cluster.hosts import POLICY_FILE, ROOT_HOME, Host
 from tests.cluster.lifecycle import Cluster
 from tests.cluster.network import BRIDGE, SUBNET
 from tests.cluster.slurm import PARTITION, SlurmCluster, slurm_unavailable_reason
@@ -82,6 +84,7 @@ from tests.cluster.users import PasswordLogin
 __all__ = [
     "BRIDGE",
     "PARTITION",
+    "POLICY_FILE",
     "REPO_ROOT",
     "ROOT_HOME",
     "SUBNET",

@@ -24,6 +24,9 @@ from tests.cluster.network import NETNS_PREFIX, SUBNET, VETH_PREFIX, _mac_for
 SSHD = "/usr/sbin/sshd"
 # sshd reads the home directory of root from passwd; that is what the private home hides.
 ROOT_HOME = Path(pwd.getpwuid(0).pw_dir)
+# Where every host's agent reads the host's line policy (agent/leases/admin.py): on the
+# host's own tmpfs /run/lock, not this machine's /etc, which the hosts share with it.
+POLICY_FILE = "/run/lock/orch-policy/policy"
 
 
 def paths_hidden_by_private_home() -> list[Path]:
@@ -257,7 +260,7 @@ def _prepare_home(path: Path) -> None:
 def _sshd_config(host: Host, tmpdir: Path) -> str:
     """An sshd config that lets the client key in as root and nothing else."""
     return f"""\
-SetEnv TMPDIR={tmpdir}
+SetEnv TMPDIR={tmpdir} ORCH_POLICY_FILE={POLICY_FILE}
 Port 22
 ListenAddress 0.0.0.0
 HostKey "{host.host_key}"

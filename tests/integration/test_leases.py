@@ -424,6 +424,8 @@ def test_two_unix_users_share_the_leases_and_cannot_touch_each_others(
             "pool",
             "since",
             "units",
+            "priority",
+            "several",
         }
         first.communicate(timeout=30)
         assert (

@@ -21,7 +21,7 @@ from orchestrator.agent.kernel.layout import EXIT
 from orchestrator.agent.kernel.lease_wire import LeaseHosts, Waiting
 from orchestrator.agent.kernel.messages import parse_message
 from orchestrator.agent.kernel.requests import StartRequest
-from orchestrator.agent.leases import holder, policy, storage
+from orchestrator.agent.leases import fairness, holder, policy, storage
 from orchestrator.models.inventory import Host
 from orchestrator.ssh.plan import build_plan
 from orchestrator.ssh.queue import lease_request, slot_offsets, waiting_text
@@ -183,17 +183,18 @@ def test_what_others_see_of_a_lease_leaves_its_pids_and_pool_out() -> None:
     }
 
 
-def test_the_lines_policy_is_pure() -> None:
-    """Records in, answers out: it reads no file, process or clock (storage.py,
-    holder.py and gpus.py do)."""
-    tree = ast.parse(Path(policy.__file__).read_text())
+@pytest.mark.parametrize("module", [policy, fairness])
+def test_the_lines_policy_is_pure(module: object) -> None:
+    """Records in, answers out: the line's rules and the fair line's read no file,
+    process or clock (storage.py, admin.py, holder.py and gpus.py do)."""
+    tree = ast.parse(Path(str(getattr(module, "__file__", ""))).read_text())
     imported = {
         alias.name.split(".")[0] if isinstance(node, ast.Import) else str(node.module)
         for node in ast.walk(tree)
         if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names
     }
-    assert imported <= {"__future__", "typing"}
+    assert imported <= {"__future__", "typing", "collections.abc", "fairness"}
 
 
 # ---------------------------------------------------------------- stale or alive
@@ -531,6 +532,7 @@ def test_host_rows_show_each_inventory_gpu_free_held_or_busy_outside_orch() -> N
             "kind": "gpu",
             "count": 2,
             "since": 6.0,
+            "priority": "normal",
         }
     ]
 

@@ -214,6 +214,12 @@ def test_the_cli_dry_run_prints_the_batch_script_and_refuses_ssh_keys(
     assert refused.returncode == 2
     assert "labels: selects SSH hosts" in refused.stderr
     assert "hint: ask Slurm for node features" in refused.stderr
+    high = orch(
+        "submit", write("job.yaml", job_text()), "-i", inventory, "--dry-run", "--priority", "high"
+    )
+    assert high.returncode == 2
+    assert "priority: high orders a shared SSH host's line" in high.stderr
+    assert "hint: leave priority: (and --priority) out" in high.stderr
 
 
 def test_launcher_python_runs_the_entry_once_per_node_with_the_output_the_nodes(

@@ -327,6 +327,7 @@ class Member:
                 kind=units.kind,
                 pool=units.pool,
                 count=units.count,
+                priority=units.priority,
                 job=str(ticket[1]),
                 ticket=ticket,
                 wait=True,

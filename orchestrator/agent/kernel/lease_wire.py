@@ -35,6 +35,7 @@ class LeaseRecord(Reply):
     uid: int | None = None
     since: float | None = None
     host: str = ""
+    priority: str = "normal"  # a ticket's, as the host's policy reads it
 
 
 class BusyGpu(Reply):
@@ -45,8 +46,18 @@ class BusyGpu(Reply):
     user: str
 
 
+class UserLimit(Reply):
+    """A node waits because its user holds `held` units of the `most` the host's
+    policy lets them hold at once (leases/fairness.py)."""
+
+    user: str
+    held: int
+    most: int
+
+
 class Waiting(Reply):
-    """What a node in line waits for (leases/policy.why_waiting)."""
+    """What a node in line waits for (leases/policy.why_waiting), the priority it is
+    read with, and its user's limit where that is what it waits for."""
 
     kind: str
     want: int
@@ -57,6 +68,8 @@ class Waiting(Reply):
     position: int = 1
     foreign: Sequence[BusyGpu] = ()
     waiting_for: str | None = None  # "go": a node of several, taken by its controller
+    priority: str = "normal"
+    limit: UserLimit | None = None
 
 
 LEASE_STATES = ("started", "ended", "starting", "waiting", "ready", "taken", "gone")
@@ -80,18 +93,20 @@ class LeaseState(Reply):
 class LeaseStart(Reply):
     """`start` with a lease request: Started's fields once torchrun runs, else the
     node waits in line (`queued`, what for) or would have to (`busy`: it was told not
-    to wait), or could not start (`error`)."""
+    to wait), or could not start (`error`; `refused`: the host's policy refuses what
+    it asks, a priority its user may not use or more units than they may hold)."""
 
     pid: int | None = None
     queued: Waiting | None = None
     busy: Waiting | None = None
     error: str | None = None
+    refused: str | None = None
     warnings: Sequence[str] = ()
 
 
 class LeaseHosts(Reply):
     """`lease hosts`: the host's lease directory, every live lease and ticket in it
-    (tickets in line order), the GPUs busy outside orch, and warnings: files ignored
+    (tickets in line order, the host's policy's), the GPUs busy outside orch, and warnings: files ignored
     (naming their owner), a directory root does not own."""
 
     dir: str
@@ -103,12 +118,14 @@ class LeaseHosts(Reply):
 
 class LeaseDir(Reply):
     """`lease dir`: where the host's lease directory is, whether it exists, and
-    why it is not safe to share (`warning`: not root's, or missing)."""
+    why it is not safe to share (`warning`: not root's, or missing); what of the
+    host's policy file was ignored (`policy`)."""
 
     dir: str
     exists: bool = False
     owner: str | None = None
     warning: str | None = None
+    policy: Sequence[str] = ()  # the host's policy file ignored, or its bad lines
 
 
 def lease_record(reply: Reply) -> dict[str, Any]:

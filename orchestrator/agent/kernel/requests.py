@@ -67,6 +67,7 @@ class LeaseUnits(Request):
     kind: str  # "gpu" or "slot"
     pool: Sequence[int]
     count: int
+    priority: str = "normal"  # the job's priority: (low, normal, high; leases/fairness.py)
 
 
 class LeaseRequest(LeaseUnits):

@@ -53,7 +53,14 @@ deadlock and neither holds a host while it waits for another.
 GPUs that nvidia-smi shows in use by a process and that no live lease holds are
 busy too (a process orch did not start); each comes with a warning naming it.
 
-Its modules: `policy` (the rules above, pure), `storage` (the directory and its
-records), `gpus` (GPUs busy outside orch, from nvidia-smi), `holder` (the supervisor's
-side) and `commands` (the `lease` command).
+**The fair line** (fairness.py): tickets order by priority (raised by waiting), then
+by what their users hold here, then as above; a user's limit keeps their ticket
+waiting without holding anything back; the host's policy file (admin.py) says who
+may use `high`, each user's limit and how fast waiting counts. Whatever a ticket
+says of itself is read through this host's policy, and its user is its file's owner.
+
+Its modules: `policy` (the rules above, pure), `fairness` (the fair line's, pure),
+`admin` (the policy file), `storage` (the directory and its records), `gpus` (GPUs
+busy outside orch, from nvidia-smi), `holder` (the supervisor's side) and
+`commands` (the `lease` command).
 """

@@ -24,9 +24,11 @@ from ..kernel.lease_wire import (
     lease_record,
 )
 from ..kernel.replies import ExitRecord
+from .admin import load_policy
+from .fairness import priority_of
 from .gpus import busy_units, foreign_gpus
 from .holder import GO, QUEUED
-from .policy import Record, foreign_warning, grant, public, why_waiting
+from .policy import Record, foreign_warning, grant, line_order, public, why_waiting
 from .storage import (
     LeaseError,
     claim,
@@ -99,27 +101,29 @@ def poll(take_it: bool = False) -> LeaseState:
 
 
 def _look(queued: Record, root: str, take_it: bool) -> LeaseState:
+    rules, said = load_policy()
     with locked(root):
         seen = scan(root)
         leases, tickets = seen
+        warnings = seen.warnings + said
         ticket = seen.find(str(queued.get("ticket")))
         if ticket is None:
             return LeaseState(state="starting")  # its supervisor puts it back in line
         request = {"kind": ticket["kind"], "count": ticket["count"], "pool": ticket.get("pool", [])}
         busy: dict[int, Record] = {}
         now = time.time()
-        if grant(request, ticket, leases, tickets, busy, now) is not None:
+        if grant(request, ticket, leases, tickets, busy, now, rules) is not None:
             busy = busy_units(request, leases)  # nvidia-smi: only when it may matter
-        units = grant(request, ticket, leases, tickets, busy, now)
+        units = grant(request, ticket, leases, tickets, busy, now, rules)
         if units is None:
-            info = why_waiting(request, ticket, leases, tickets, busy)
-            return LeaseState(state="waiting", info=Waiting(**info), warnings=seen.warnings)
+            info = why_waiting(request, ticket, leases, tickets, busy, now, rules)
+            return LeaseState(state="waiting", info=Waiting(**info), warnings=warnings)
         if not take_it:
-            return LeaseState(state="ready", warnings=seen.warnings)
+            return LeaseState(state="ready", warnings=warnings)
         lease = {k: v for k, v in ticket.items() if k not in ("name", "order", "claim", "claimed")}
         lease.update(units=units, since=time.time())
         write_record(root, str(queued["lease"]), lease)
-        warnings = [foreign_warning(b) for b in busy.values()] + seen.warnings
+        warnings = [foreign_warning(b) for b in busy.values()] + warnings
         return LeaseState(state="taken", units=units, warnings=warnings)
 
 
@@ -161,18 +165,22 @@ def host_view() -> LeaseHosts:
         return LeaseHosts(dir=root)
     seen = scan(root)
     unsafe = owner_warning(root)
+    rules, said = load_policy()
+    line = line_order(seen.tickets, seen.leases, time.time(), rules)
     return LeaseHosts(
         dir=root,
         leases=[LeaseRecord(**public(r)) for r in seen.leases],
-        tickets=[LeaseRecord(**public(r)) for r in seen.tickets],
+        tickets=[LeaseRecord(**public(r), priority=priority_of(r, rules)) for r in line],
         foreign=[BusyGpu(**f) for f in foreign_gpus(seen.leases).values()],
-        warnings=([unsafe] if unsafe else []) + seen.warnings,
+        warnings=([unsafe] if unsafe else []) + seen.warnings + said,
     )
 
 
 def dir_view() -> LeaseDir:
-    """The lease directory, and why it is not safe to share (`orch check`)."""
+    """The lease directory, why it is not safe to share, and what of the host's
+    policy file was ignored (`orch check`)."""
     root = lease_dir()
+    _, policy = load_policy()
     try:
         uid = os.lstat(root).st_uid
     except OSError:
@@ -181,7 +189,9 @@ def dir_view() -> LeaseDir:
             f"here will own it, and can then remove anyone's lease; have root make it "
             f"at boot: 'd {root} 1777 root root -' in /etc/tmpfiles.d/orch.conf"
         )
-        return LeaseDir(dir=root, exists=False, warning=missing)
+        return LeaseDir(dir=root, exists=False, warning=missing, policy=policy)
     from ..host.proc import user_name
 
-    return LeaseDir(dir=root, exists=True, owner=user_name(uid), warning=owner_warning(root))
+    return LeaseDir(
+        dir=root, exists=True, owner=user_name(uid), warning=owner_warning(root), policy=policy
+    )

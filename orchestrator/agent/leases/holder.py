@@ -16,6 +16,8 @@ from ..kernel.fileio import write_json
 from ..kernel.layout import EXIT, KILLED
 from ..kernel.lease_wire import LeaseStart, Waiting, lease_record
 from ..kernel.requests import StartRequest
+from .admin import load_policy
+from .fairness import PRIORITIES, Rules
 from .gpus import busy_units
 from .policy import Record, foreign_warning, grant, why_waiting
 from .storage import (
@@ -80,6 +82,8 @@ class Turn:
             "host": HOST,
             "pool": request.get("pool", []),
             "since": time.time(),
+            "priority": request.get("priority", "normal"),
+            "several": not request.get("self_start", True),
             **({"units": self.units} if kind == "L" else {"claim": self.claim_name}),
         }
 
@@ -109,6 +113,12 @@ def wait_turn(spec: StartRequest, ready_fd: int, warnings: Sequence[str] = ()) -
     if turn.request is None:
         return turn
     request = turn.request
+    rules, said = load_policy()
+    turn.warnings.extend(said)
+    refused = not_allowed(request, rules)
+    if refused:
+        refuse(turn, ready_fd, refused, refused=True)
+        return None
     try:
         turn.root = open_dir(lease_dir())
         turn.claim()
@@ -163,14 +173,35 @@ def wait_turn(spec: StartRequest, ready_fd: int, warnings: Sequence[str] = ()) -
     return turn
 
 
+def not_allowed(request: Record, rules: Rules) -> str:
+    """Why the host's policy refuses the node at once (a priority its user may not
+    use, more units than its user may ever hold here), or ''."""
+    me, name = os.getuid(), proc.user_name(os.getuid())
+    priority = request.get("priority", "normal")
+    where = f"the policy {rules.source}" if rules.source else "no policy file"
+    if priority not in PRIORITIES:
+        return f"unknown priority {priority!r}: low, normal or high"
+    if not rules.may_use(me, priority):
+        return f"priority {priority} is not open to {name} here ({where} names who may use it)"
+    most = rules.limit(me, request["kind"])
+    if most is not None and int(request["count"]) > most:
+        unit = "GPU" if request["kind"] == "gpu" else "slot"
+        return (
+            f"the node needs {request['count']} {unit}s, but {where} lets {name} hold "
+            f"at most {most} here"
+        )
+    return ""
+
+
 def try_take(turn: Turn) -> Record | None:
     """Take the lease if the node's turn came (None), else say what it waits for."""
     assert turn.request is not None
     turn.claim()  # a node alone: its supervisor drives its ticket
+    rules, said = load_policy()
     with locked(turn.root):
         found = scan(turn.root)
         leases, tickets = found
-        for warning in found.warnings:
+        for warning in found.warnings + said:
             if warning not in turn.warnings:
                 turn.warnings.append(warning)
         mine = found.find(turn.ticket_name)
@@ -179,16 +210,16 @@ def try_take(turn: Turn) -> Record | None:
             mine = {**turn.record("T"), "name": turn.ticket_name, "order": time.time()}
             tickets.append(mine)
         now = time.time()
-        if grant(turn.request, mine, leases, tickets, {}, now) is None:
-            return why_waiting(turn.request, mine, leases, tickets, {})
+        if grant(turn.request, mine, leases, tickets, {}, now, rules) is None:
+            return why_waiting(turn.request, mine, leases, tickets, {}, now, rules)
         busy = busy_units(turn.request, leases)  # nvidia-smi: only when it may matter
-        units = grant(turn.request, mine, leases, tickets, busy, now)
+        units = grant(turn.request, mine, leases, tickets, busy, now, rules)
         if units is not None:
             turn.units = units
             write_record(turn.root, turn.lease_name, turn.record("L"))
             turn.warnings = [foreign_warning(b) for b in busy.values()] + turn.warnings
             return None
-        return why_waiting(turn.request, mine, leases, tickets, busy)
+        return why_waiting(turn.request, mine, leases, tickets, busy, now, rules)
 
 
 def taken_by_controller(turn: Turn) -> Record | None:
@@ -215,10 +246,17 @@ def gave_up(turn: Turn, stop: list[int]) -> str:
     return ""
 
 
-def refuse(turn: Turn, ready_fd: int, why: str, info: Record | None = None) -> None:
-    reply = (
-        LeaseStart(busy=Waiting(**info), warnings=turn.warnings) if info else LeaseStart(error=why)
-    )
+def refuse(
+    turn: Turn, ready_fd: int, why: str, info: Record | None = None, refused: bool = False
+) -> None:
+    """Answer the start: the node does not start (`refused`: the host's policy says
+    no to what it asks; `info`: busy, and told not to wait)."""
+    if info:
+        reply = LeaseStart(busy=Waiting(**info), warnings=turn.warnings)
+    elif refused:
+        reply = LeaseStart(refused=why, warnings=turn.warnings)
+    else:
+        reply = LeaseStart(error=why)
     os.write(ready_fd, json.dumps(lease_record(reply)).encode())
     os.close(ready_fd)
     turn.reported = True

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Dict  # noqa: UP035
 
+from .fairness import NORMAL, PRIORITIES, Rules, holdings, over_limit, priority_of, standing
+
 Record = Dict[str, Any]  # noqa: UP006 (run at import: hosts may have Python 3.8)
 
 # A ticket's place in line is the submit time its controller wrote (one clock for
@@ -83,6 +85,8 @@ def check_record(data: Any, name: str, owner: int, changed: float) -> tuple[Reco
         ),
         (not name.startswith("L-") or _is_units(data.get("units")), "units is not a list of units"),
         (_is_claim_name(data.get("claim", "C-.json")), "claim is not a claim file's name"),
+        (data.get("priority", NORMAL) in PRIORITIES, "priority is not low, normal or high"),
+        (isinstance(data.get("several", False), bool), "several is not true or false"),
     ]
     for ok, why in checks:
         if not ok:
@@ -156,6 +160,7 @@ def grant(
     tickets: list[Record],
     busy: dict[int, Any],
     now: float | None = None,
+    rules: Rules | None = None,
 ) -> list[int] | None:
     """The units `mine` (a ticket) may take now, or None when its turn has not come.
 
@@ -163,37 +168,86 @@ def grant(
         request: kind, pool (the units orch may hand out here) and count.
         busy: units in use by processes orch did not start (GPUs: nvidia-smi).
         now: the host's clock, against which older tickets' claims are checked
-            (`claimed`): an older ticket nobody claimed for CLAIM_S keeps nothing
-            back; None: every older ticket does.
+            (`claimed`) and waiting raises a ticket (fairness.level): a ticket ahead
+            that nobody claimed for CLAIM_S keeps nothing back; None: every ticket
+            ahead does, and nothing ages.
+        rules: the host's policy (fairness.Rules; the default: none).
     """
+    rules = rules or Rules()
     kind, count = request["kind"], int(request["count"])
     held = held_units(leases, kind)
     free = [int(u) for u in request["pool"] if int(u) not in held and int(u) not in busy]
-    key = ticket_key(mine)
-    older = [
-        t
-        for t in tickets
-        if t.get("kind") == kind
-        and t["name"] != mine["name"]
-        and ticket_key(t) < key
-        and claimed(t, now)
-    ]
-    # An older ticket keeps back only what it could take of these units: entries of one
-    # machine in the inventory lease slots of their own (ssh/queue.py slot_offsets).
-    reserved = sum(
-        min(int(t.get("count", 0)), len(set(free) & set(map(int, t.get("pool") or free))))
-        for t in older
-    )
+    projected, reserved = _ahead_of(mine, kind, free, leases, tickets, now, rules)
+    if over_limit(mine.get("uid"), kind, count, projected, rules):
+        return None
     if len(free) - reserved < count:
         return None
     return free[:count]
 
 
+def _ahead_of(
+    mine: Record,
+    kind: str,
+    free: list[int],
+    leases: list[Record],
+    tickets: list[Record],
+    now: float | None,
+    rules: Rules,
+) -> tuple[dict[int, int], int]:
+    """What the tickets ahead of `mine` keep back of `free`, and each user's holdings
+    once they took it. A ticket ahead keeps back only what it could take now: not
+    while nobody claims it, nor what would pass its user's limit."""
+    holds = holdings(leases, kind)
+    key = standing(mine, rules, now, holds, ticket_key)
+    ahead = sorted(
+        (
+            (standing(t, rules, now, holds, ticket_key), t)
+            for t in tickets
+            if t.get("kind") == kind and t["name"] != mine["name"]
+        ),
+        key=lambda pair: pair[0],
+    )
+    projected, reserved = dict(holds), 0
+    for place, ticket in ahead:
+        if place >= key:
+            break
+        want = int(ticket.get("count", 0))
+        if not claimed(ticket, now) or over_limit(ticket.get("uid"), kind, want, projected, rules):
+            continue
+        if isinstance(ticket.get("uid"), int):
+            projected[ticket["uid"]] = projected.get(ticket["uid"], 0) + want
+        # An older ticket keeps back only what it could take of these units: entries of
+        # one machine in the inventory lease slots of their own (ssh/queue.py
+        # slot_offsets).
+        reserved += min(want, len(set(free) & set(map(int, ticket.get("pool") or free))))
+    return projected, reserved
+
+
+def line_order(
+    tickets: list[Record], leases: list[Record], now: float | None, rules: Rules | None = None
+) -> list[Record]:
+    """The host's line, first first, as `grant` reads it (fairness.standing)."""
+    rules = rules or Rules()
+    holds = {kind: holdings(leases, kind) for kind in ("gpu", "slot")}
+    return sorted(
+        tickets,
+        key=lambda t: standing(t, rules, now, holds.get(str(t.get("kind")), {}), ticket_key),
+    )
+
+
 def why_waiting(
-    request: Record, mine: Record, leases: list[Record], tickets: list[Record], busy: dict[int, Any]
+    request: Record,
+    mine: Record,
+    leases: list[Record],
+    tickets: list[Record],
+    busy: dict[int, Any],
+    now: float | None = None,
+    rules: Rules | None = None,
 ) -> Record:
     """What a ticket waits for, for `queued: ...` lines: who holds the units, who is
-    ahead, its place in line."""
+    ahead, its place in line, the priority it is read with, and its user's limit
+    where that is what it waits for."""
+    rules = rules or Rules()
     kind = request["kind"]
     pool = [int(u) for u in request["pool"]]
     held = held_units(leases, kind)
@@ -202,10 +256,10 @@ def why_waiting(
         if unit in held:
             lease = held[unit]
             holders.setdefault(lease["name"], public(lease))
-    same = [t for t in tickets if t.get("kind") == kind]
+    same = line_order([t for t in tickets if t.get("kind") == kind], leases, now, rules)
     names = [t["name"] for t in same]
     position = names.index(mine["name"]) + 1 if mine["name"] in names else len(names) + 1
-    return {
+    info = {
         "kind": kind,
         "want": int(request["count"]),
         "total": len(pool),
@@ -214,7 +268,17 @@ def why_waiting(
         "ahead": [public(t) for t in same[: position - 1]],
         "position": position,
         "foreign": [busy[u] for u in sorted(busy) if u in pool],
+        "priority": priority_of(mine, rules),
     }
+    uid, holds = mine.get("uid"), holdings(leases, kind)
+    if over_limit(uid, kind, int(request["count"]), holds, rules):
+        most = rules.limit(uid, kind)
+        info["limit"] = {
+            "user": str(mine.get("user", uid)),
+            "held": holds.get(uid, 0) if isinstance(uid, int) else 0,
+            "most": most,
+        }
+    return info
 
 
 def public(record: Record) -> Record:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from orchestrator.agent.kernel.lease_wire import LeaseDir
+from orchestrator.agent.kernel.lease_wire import LeaseDir, printable
 from orchestrator.models.errors import OrchError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
@@ -393,21 +393,36 @@ def bandwidth_problems(
 def lease_dir_problems(host: str, found: LeaseDir) -> list[Problem]:
     """A shared host's lease directory that root did not make: its owner (the first
     user whose job leased there) may remove anyone's lease, and two jobs then run on
-    the same GPUs or slots without a word."""
+    the same GPUs or slots without a word. And its policy file, where it was
+    ignored or has a bad line."""
     fix = (
         f"as root: add 'd {found.dir} 1777 root root -' to /etc/tmpfiles.d/orch.conf "
         "and run systemd-tmpfiles --create (docs/SHARING.md)"
     )
+    # The host's policy file, ignored (not root's) or with a bad line: its text comes
+    # from the host, perhaps from another user's file: without control characters.
+    problems = [
+        _warning(
+            host,
+            "leases",
+            printable(said, 1000),
+            "as root: fix the policy file (docs/SHARING.md#the-policy-file)",
+        )
+        for said in found.policy
+    ]
     if not found.exists:
         what = f"no lease directory {found.dir} yet: the first user to lease here will own it"
-        return [_warning(host, "leases", what, fix)]
+        return [_warning(host, "leases", what, fix), *problems]
     if found.owner not in (None, "root"):
         what = (
             f"lease directory {found.dir} belongs to {found.owner}, not root: "
             f"{found.owner} can remove anyone's lease"
         )
-        return [_warning(host, "leases", what, f"as root: chown root:root {found.dir}; {fix}")]
-    return []
+        return [
+            _warning(host, "leases", what, f"as root: chown root:root {found.dir}; {fix}"),
+            *problems,
+        ]
+    return problems
 
 
 def human_bytes(n: int) -> str:
