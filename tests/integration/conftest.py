@@ -38,7 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _children_get_default_signals()
 
 
-# The modules whose tests take longest (a minute of outage, a stall watchdog's wait,
+# The integration modules whose tests take longest (a minute of outage, a stall watchdog's wait,
 # warm interpreters importing torch), longest first. Workers take tests in collection
 # order, and pytest-xdist puts the groups (the Slurm modules) before single tests: these
 # go next, so that none starts last and holds the whole run up while the other workers
@@ -65,7 +65,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     test's id; where a pytest release no longer lets it, the groups would be spread
     over every worker in silence, each booting its own Slurm cluster: those fail."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: keeps the rest
+
+    def place(item: pytest.Item) -> int:  # tests/unit has modules of the same names
+        here = item.path.parent.name == "integration"
+        return rank.get(item.path.name, len(rank)) if here else len(rank)
+
+    items.sort(key=place)  # stable: keeps the rest in their order
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:

@@ -3,6 +3,7 @@ bad input must pass (an InputError, exit code 2), and `orch` run in this process
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 from collections.abc import Callable
@@ -73,8 +74,12 @@ def orch(
             m.chdir(cwd)
             m.setattr(sys, "argv", ["orch", *map(str, args)])
             capsys.readouterr()
-            with pytest.raises(SystemExit) as exit_info:
-                main()
+            umask = os.umask(0o077)  # main() sets it for the whole process: put it back
+            try:
+                with pytest.raises(SystemExit) as exit_info:
+                    main()
+            finally:
+                os.umask(umask)
         out = capsys.readouterr()
         code = exit_info.value.code
         return Run(code if isinstance(code, int) else 1, out.out, out.err)
