@@ -247,6 +247,9 @@ def show(directory: str) -> int:
     return 0
 
 
+LEAVE_WAIT_S = 2.0  # `keeper stop`: the keeper's leaving, once the job's end is written
+
+
 def stop(directory: str) -> int:
     """`keeper stop DIR`: the keeper stops the job's nodes and leaves; waits until the
     job's end is written (the keeper may then still be telling it, notify.py)."""
@@ -257,6 +260,11 @@ def stop(directory: str) -> int:
         # Until the job's end is written: the keeper may then still tell it (notify.py).
         while _acting(_look(directory)) and time.monotonic() < deadline:
             time.sleep(0.1)
+        # Then it leaves at once, but for a notify: hook it still runs: nothing of the
+        # job is left when the kill returns, and a slow hook holds it up LEAVE_WAIT_S.
+        leave_by = min(deadline, time.monotonic() + LEAVE_WAIT_S)
+        while _look(directory)["alive"] and time.monotonic() < leave_by:
+            time.sleep(0.05)
         found = _look(directory)
     print(json.dumps(found))
     return 0
