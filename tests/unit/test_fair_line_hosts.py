@@ -50,6 +50,21 @@ def test_a_root_policy_in_a_root_folder_applies(policy_dir: Path) -> None:
     assert rules.source == str(policy_dir / "policy")
 
 
+def test_where_the_administrator_wrote_the_policy_no_users_environment_moves_it(
+    policy_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ORCH_POLICY_FILE at a root-owned file of no rules would lift its user's limit:
+    where the host has its policy file, the variable is not read."""
+    put(policy_dir / "policy", "limit * slots 2\n")
+    monkeypatch.setattr(admin, "POLICY_FILE", str(policy_dir / "policy"))
+    elsewhere = tmp_path / "empty"
+    elsewhere.mkdir(mode=0o755)
+    put(elsewhere / "none", "# no rules\n")
+    monkeypatch.setenv("ORCH_POLICY_FILE", str(elsewhere / "none"))
+    rules, _ = admin.load_policy()
+    assert rules.limit(1234, "slot") == 2 and rules.source == str(policy_dir / "policy")
+
+
 def test_no_policy_file_is_no_policy_and_no_warning(policy_dir: Path) -> None:
     rules, warnings = admin.load_policy()
     assert warnings == [] and rules.limits == {} and not rules.may_use(0, "high")

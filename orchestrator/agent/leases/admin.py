@@ -7,9 +7,11 @@ by the host's owner (the owner of `/`: in a container or a user namespace, whoev
 runs the host), writable by nobody else, in a folder that is owned by one of them
 and writable by nobody else either. Any other file at the path is ignored, with a
 warning that names it: the line then runs as if there were no policy. Every user's
-agent reads the same path (ORCH_POLICY_FILE, which only the test harness sets, can
-point one user's own agent elsewhere, but only to a file that passes the same check,
-and it changes nothing of how the other users' agents read that user's tickets).
+agent reads the same path. ORCH_POLICY_FILE (the test harness sets it: its hosts share
+this machine's /etc) is read only where POLICY_FILE does not exist: on a host whose
+administrator wrote a policy, no user's environment can point their own agent at
+another file (a root-owned file of no rules would lift their limit), and where there
+is none, there is no limit to lift; the file it names must pass the same check.
 
 The format is lines of words, not YAML or JSON: the agent is the standard library
 on Python 3.8 (no PyYAML on the hosts), a bad line must be ignored alone with its
@@ -31,8 +33,10 @@ POLICY_FILE = "/etc/orch/policy"
 
 
 def policy_path() -> str:
-    """Where this host's policy is: ORCH_POLICY_FILE where set (tests), else
-    POLICY_FILE."""
+    """Where this host's policy is: POLICY_FILE, or where that does not exist,
+    ORCH_POLICY_FILE where set (the tests)."""
+    if os.path.lexists(POLICY_FILE):
+        return POLICY_FILE
     return os.environ.get("ORCH_POLICY_FILE") or POLICY_FILE
 
 
