@@ -13,13 +13,13 @@ import pytest
 
 from orchestrator.agent.kernel.lease_wire import Waiting
 from orchestrator.agent.kernel.messages import parse_message
-from orchestrator.agent.kernel.requests import StartRequest
 from orchestrator.agent.leases import admin, fairness, holder, storage
 from orchestrator.models import job_run
 from orchestrator.models.errors import InputError
 from orchestrator.models.job import Overrides, load_job, with_overrides
 from orchestrator.ssh.queue import PolicyRefused, waiting_text
 from tests.unit.conftest import WriteFile
+from tests.unit.test_leases import wait_turn
 
 NOBODY = 65534
 
@@ -122,19 +122,6 @@ def test_a_user_name_no_host_could_have_is_a_bad_line_not_a_crash(policy_dir: Pa
     )
     rules, warnings = admin.load_policy()
     assert rules.limit(0, "slot") == 3 and len(warnings) == 2, warnings
-
-
-def wait_turn(job_dir: Path, lease_req: dict[str, object]) -> tuple[object, dict[str, object]]:
-    job_dir.mkdir(exist_ok=True)
-    os.chdir(job_dir)
-    read_fd, write_fd = os.pipe()
-    start = parse_message(StartRequest, {"argv": [], "env": {}, "lease": lease_req})
-    turn = holder.wait_turn(start, write_fd)
-    if turn is not None and not turn.reported:
-        os.close(write_fd)
-    said = os.read(read_fd, 65536)
-    os.close(read_fd)
-    return turn, (json.loads(said) if said else {})
 
 
 def test_a_high_the_policy_does_not_open_to_the_user_is_refused_before_it_joins_the_line(
