@@ -22,7 +22,28 @@ from . import wire
 STACK_WAIT_S = 30.0  # for the members' stacks of a stalled attempt (py-spy's own limit is 10 s)
 
 if TYPE_CHECKING:  # a runtime alias would need Python 3.9; hosts may run 3.8
-    from .decisions import Keeping, Send
+    from collections.abc import Callable
+    from typing import Protocol
+
+    from ..kernel.messages import Message
+
+    Send = list[tuple[str, Message]]  # (host, message) to send
+
+    class Keeping(Protocol):
+        """What the watchdog reads of the keeper's state (decisions.Keeping, which
+        holds the watchdog: this module does not import it back)."""
+
+        job_id: str
+        attempt: int
+        nodes: dict[str, dict[str, Any]]
+        candidates: dict[str, Any]
+        connected: set[str]
+        wall: Callable[[], float]
+
+        @property
+        def running(self) -> bool: ...
+
+        def stop_stalled(self, reason: str, now: float) -> Send: ...
 
 
 class StallWatch:
