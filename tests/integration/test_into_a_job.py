@@ -146,6 +146,27 @@ def test_orch_ssh_and_exec_land_in_the_nodes_directory_with_the_jobs_environment
         assert all(f"/{job_id}/" in s and s.endswith("/code set") for s in said), said
         assert "command failed on node2 (exit 3); succeeded on node1" in everywhere.stderr
 
+        # Ctrl-C stops the command on every node, and nothing of it is left.
+        stopped = subprocess.Popen(
+            [*orch_command(), "exec", job_id, "--", "echo started; sleep 96; echo never"],
+            env=orch.controller.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert stopped.stdout is not None
+        begun = {stopped.stdout.readline().strip() for _ in HOSTS}
+        assert begun == {"[node1] started", "[node2] started"}, begun
+        stopped.send_signal(signal.SIGINT)
+        out, err = stopped.communicate(timeout=30)
+        assert stopped.returncode == 130 and "never" not in out, err
+        assert "error: interrupted: stopped the command on node1, node2" in err
+
+        def sleeping() -> list[str]:
+            return [c for i in HOSTS for _, c in cluster.host_pids(i) if "sleep 96" in c]
+
+        wait_for(lambda: not sleeping(), 5, "the command gone from every node")
+
         # On a terminal: a shell of the host's, typed into.
         mine, theirs = pty.openpty()
         shell = subprocess.Popen(
