@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 
 from tests.cluster import POLICY_FILE, Cluster, OrchRunner
-from tests.integration.test_leases import LEASES, as_user_on, finished, hold_job, said, tell
+from tests.integration.test_leases import (
+    LEASES,
+    as_user_on,
+    end_user_scripts,
+    finished,
+    hold_job,
+    said,
+    tell,
+)
 from tests.support import job_id_of, status_json, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -137,6 +145,7 @@ def node3(cluster: Cluster) -> Any:
     for process in processes:
         process.kill()
         process.wait()
+    end_user_scripts(cluster, 3)  # a forged ticket's claimer would run for ever
     cluster.exec_on(
         3, ["sh", "-c", f"rm -rf {LEASES} {POLICY_DIR} /run/orch-u40* /run/orch-40*.py"]
     )

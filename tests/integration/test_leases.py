@@ -500,6 +500,14 @@ if turn is not None:
 ALICE, BOB = 4011, 4012
 
 
+def end_user_scripts(cluster: Cluster, i: int) -> None:
+    """End, by their pid in host i, the scripts `as_user_on` started there: killing
+    its Popen kills nsenter, which forked them into the host's namespace."""
+    scripts = [str(pid) for pid, cmd in cluster.host_pids(i) if " /run/orch-40" in f" {cmd}"]
+    if scripts:
+        cluster.exec_on(i, ["kill", "-9", *scripts])
+
+
 def as_user_on(
     cluster: Cluster, i: int, uid: int, script: str, *args: str
 ) -> subprocess.Popen[str]:
@@ -618,6 +626,7 @@ def test_another_users_hostile_files_give_the_next_users_job_a_correct_start_or_
         for process in [bob, *alice]:
             process.kill()
             process.wait()
+        end_user_scripts(cluster, 3)
         cluster.exec_on(3, ["sh", "-c", f"rm -rf {LEASES} /run/orch-u40* /run/orch-40*.py"])
 
 
@@ -671,4 +680,5 @@ def test_a_ticket_at_the_front_that_nobody_claims_is_passed_within_seconds_and_k
         for process in [bob, *([alice] if alice else [])]:
             process.kill()
             process.wait()
+        end_user_scripts(cluster, 3)
         cluster.exec_on(3, ["sh", "-c", f"rm -rf {LEASES} /run/orch-u40* /run/orch-40*.py"])
