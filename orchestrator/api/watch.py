@@ -17,14 +17,17 @@ for group in watch.stack("digits-ab12cd").groups:   # ranks with one stack, larg
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from orchestrator import backends
 from orchestrator.api import PathLike, _owner_only, _path
 from orchestrator.api.lines import QuietReporter
 from orchestrator.backends import ExecOptions, PullBars
-from orchestrator.nodes.execute import HostRun
 from orchestrator.nodes.into import Forwarding, ForwardOptions, ShellOptions, parse_ports
 from orchestrator.records.db import JobDB
+
+if TYPE_CHECKING:
+    from orchestrator.nodes.execute import HostRun
 from orchestrator.records.samples import SampleLog
 from orchestrator.reporting.pull import Progress, PullReport, default_target
 from orchestrator.reporting.reporter import Reporter

@@ -27,15 +27,18 @@ import socket
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from orchestrator.models.errors import HostError, InputError
 from orchestrator.models.inventory import Host
 from orchestrator.models.job_run import port_pair
 from orchestrator.nodes.agent import job_command
-from orchestrator.nodes.execute import HostRun, remote_command, run_lines
 from orchestrator.records.db import JobRecord, NodeRecord
 from orchestrator.transport import ConnectOptions, Transport, open_transport
 from orchestrator.transport.base import Tunnel
+
+if TYPE_CHECKING:
+    from orchestrator.nodes.execute import HostRun
 
 CHUNK = 1 << 16
 ACCEPT_WAKE_S = 0.5  # how often `serve` looks whether it was closed
@@ -97,6 +100,8 @@ def exec_in_job(
         InputError: the job has ended, or no command.
         Interrupted: Ctrl-C; the command was stopped on every node first.
     """
+    from orchestrator.nodes.execute import remote_command, run_lines  # exec's alone
+
     running_node(record, None, "orch exec")  # says where an ended job's files are
     if not command:
         raise InputError("no command to run", f"orch exec {record.id} -- COMMAND [ARGS...]")
