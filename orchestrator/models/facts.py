@@ -38,3 +38,6 @@ class HostFacts:
     # the other hosts' marks it found (None: not asked, or the workdir is not writable).
     fs_mark: str | None = None
     fs_seen: tuple[str, ...] | None = None
+    # `orch check` of a job with `environment:` and no `wheels:`: the package index it
+    # would install from, and "ok" or why this host does not reach it.
+    index: tuple[str, str] | None = None

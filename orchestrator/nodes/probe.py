@@ -75,8 +75,10 @@ def probe_host(
     gpus: bool = True,
     modules: Sequence[str] = (),
     marks: Marks | None = None,
+    index: str | None = None,
 ) -> ProbeResult:
-    """The probe without a verdict: facts even where torch is missing (`orch check`).
+    """The probe without a verdict: facts even where torch is missing (`orch check`);
+    with `index`, whether the host reaches that package index.
 
     Raises:
         HostError: python is missing, or the probe's output cannot be read (no JSON
@@ -84,7 +86,12 @@ def probe_host(
         RemoteCommandError: the probe itself failed.
     """
     options = ProbeOptions(
-        master=master, port=port, workdir=host.workdir, gpus=gpus, modules=list(modules)
+        master=master,
+        port=port,
+        workdir=host.workdir,
+        gpus=gpus,
+        modules=list(modules),
+        index=index,
     )
     if marks is not None and host.name in marks.of:
         options.mark, options.look = marks.of[host.name], list(marks.of.values())
@@ -107,7 +114,7 @@ def probe_host(
     if data is None:
         raise HostError(host.name, f"unreadable probe output: {result.stdout[-200:]!r}")
     reply = agent.parse(host, ProbeFacts, data)
-    return ProbeResult(facts_from_probe(reply, received, sent), reply.ssh_addr)
+    return ProbeResult(facts_from_probe(reply, received, sent, index), reply.ssh_addr)
 
 
 def torch_missing(host: Host) -> HostError:
@@ -120,10 +127,11 @@ def torch_missing(host: Host) -> HostError:
 
 
 def facts_from_probe(
-    reply: ProbeFacts, received_at: float, sent_at: float | None = None
+    reply: ProbeFacts, received_at: float, sent_at: float | None = None, index: str | None = None
 ) -> HostFacts:
     """HostFacts from the probe's reply; `received_at` is this machine's clock when it
-    came, `sent_at` when the probe was sent.
+    came, `sent_at` when the probe was sent, `index` the package index it was asked
+    about.
 
     The probe stamps its clock just before it answers, so the difference is the
     clock offset, give or take the time the answer took to arrive; between sending
@@ -159,6 +167,7 @@ def facts_from_probe(
             else None
         ),
         modules_missing=tuple(m for m, found in (reply.modules or {}).items() if not found),
+        index=(index, reply.index_reach) if index and reply.index_reach else None,
         fs_mark=reply.fs_mark,
         fs_seen=tuple(reply.fs_seen) if reply.fs_seen is not None else None,
     )

@@ -180,6 +180,41 @@ def test_port_blocked_between_nodes_is_caught(
     assert "reached from node2, not from node3" in result.stdout
 
 
+def test_a_host_that_cannot_reach_the_package_index_is_named_for_an_environment(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    """An `environment:` with no `wheels:` installs from the index: a listener on node1
+    stands in for it, cut off from node3 only."""
+    index = f"http://{SUBNET}.11:8633/simple"
+    job = write_job(
+        tmp_path,
+        "echo_args",
+        "echo_args.py",
+        nodes=3,
+        environment=["orchtiny==9.0"],
+        env={"PIP_INDEX_URL": index},
+    )
+    holder = cluster.hold_port(1, 8633)
+    try:
+        try:
+            cluster.block_port(1, 8633, source=3)
+        except ClusterError as exc:
+            skip_or_fail(f"no firewall in the namespaces (make test-deps installs iptables): {exc}")
+        try:
+            result = orch("check", "-i", inventory, job, timeout=60)
+        finally:
+            cluster.unblock_port(1, 8633, source=3)
+    finally:
+        cluster.release_port(holder)
+    said = [line for line in result.stdout.splitlines() if "package index" in line]
+    assert said == [
+        f"error: cannot reach the package index http://{SUBNET}.11:8633/… (no answer within "
+        "3 s): the job's environment cannot be built there (host node3)"
+    ], result.stdout + result.stderr
+    assert result.returncode == 3
+    assert "wheels: DIR" in result.stdout
+
+
 IFACE_JOB = """\
 import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")

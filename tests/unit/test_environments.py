@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -307,3 +308,50 @@ def test_orch_env_on_a_slurm_cluster_is_refused_by_name_with_exit_2(
     run = orch("env", "-i", inventory)
     assert run.returncode == 2, run
     assert "orch env is not for the slurm backend" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_the_probe_says_whether_a_package_index_answers_and_why_not() -> None:
+    from orchestrator.agent.host.probe import index_reach
+
+    with socket.socket() as index:
+        index.bind(("127.0.0.1", 0))
+        index.listen(1)
+        assert index_reach(f"http://127.0.0.1:{index.getsockname()[1]}/simple") == "ok"
+    with socket.socket() as gone:
+        gone.bind(("127.0.0.1", 0))
+        port = gone.getsockname()[1]
+    assert index_reach(f"http://127.0.0.1:{port}/simple") == "Connection refused"
+    assert index_reach("ftp://mirror.example/simple") == "not an http(s) URL"
+
+
+def test_check_asks_for_the_index_an_environment_would_be_built_from(write: WriteFile) -> None:
+    from orchestrator.models.facts import HostFacts
+    from orchestrator.models.inventory import Host
+    from orchestrator.ssh.check.rules import host_problems
+    from orchestrator.ssh.check.run import DEFAULT_INDEX, index_to_reach
+
+    host = Host(name="node1", address="10.0.0.1")
+    (write("w/x.py", "").parent / "wheels").mkdir()  # a wheel directory for the third job
+    plain = load_job(write("a.yaml", "workdir: w\nscript: x.py\nenvironment: [tqdm]\n"))
+    assert index_to_reach(host, plain) == DEFAULT_INDEX
+    mirror = "https://user:secret@mirror.example/simple"
+    own = load_job(
+        write(
+            "b.yaml",
+            f"workdir: w\nscript: x.py\nenvironment: [tqdm]\nenv: {{PIP_INDEX_URL: '{mirror}'}}\n",
+        )
+    )
+    assert index_to_reach(host, own) == mirror
+    wheels = load_job(
+        write("c.yaml", "workdir: w\nscript: x.py\nenvironment: [tqdm]\nwheels: w/wheels\n")
+    )
+    assert index_to_reach(host, wheels) is None
+    assert index_to_reach(host, load_job(write("d.yaml", "workdir: w\nscript: x.py\n"))) is None
+
+    cut = host_problems(host, HostFacts(index=(mirror, "Connection refused")), {})
+    assert [p.message for p in cut] == [
+        "cannot reach the package index https://mirror.example/… (Connection refused): "
+        "the job's environment cannot be built there (host node1)"
+    ]
+    assert "secret" not in cut[0].lines()[0] and "wheels: DIR" in cut[0].lines()[-1]
+    assert host_problems(host, HostFacts(index=(mirror, "ok")), {}) == []

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import subprocess
 
 MARK_TTL_S = 600.0  # marks of earlier probes go after this long
+INDEX_TIMEOUT_S = 3.0  # to connect to the package index (orch check only)
 GPU_QUERY = "gpu=index,name,memory.total,driver_version"  # one row per GPU (nvidia.py)
 GPU_QUERY_TIMEOUT_S = 10.0
 
@@ -58,6 +59,8 @@ def main(args: list[str]) -> int:
     )
     own = own_addresses()
     facts.addresses = own
+    if opts.index:
+        facts.index_reach = index_reach(opts.index)
     if opts.master:
         route = route_facts(opts.master, own)
         facts.iface, facts.local_addr = route["iface"], route["local_addr"]
@@ -391,3 +394,25 @@ def port_holders(port: int) -> list[PortHolder]:
             )
         )
     return holders
+
+
+def index_reach(url: str, timeout: float = INDEX_TIMEOUT_S) -> str:
+    """Whether a TCP connection to the package index at `url` can be made from here:
+    "ok", or why not (what `pip install` from it would meet first)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return "not a URL"
+    if not host or parts.scheme not in ("http", "https"):
+        return "not an http(s) URL"
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except socket.timeout:  # noqa: UP041 (Python 3.8 spelling kept with the agent's)
+        return f"no answer within {timeout:.0f} s"
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    return "ok"

@@ -76,6 +76,7 @@ class ProbeFacts(Reply):
     fs_seen: Sequence[str] | None = None  # the marks found (None: workdir not writable)
     fs_mark: str | None = None
     modules: dict[str, bool] | None = None  # each module asked for: found
+    index_reach: str | None = None  # the index asked about: "ok", or why not
     gpus: GpuFacts | None = None
     time: float | None = None  # the host's clock, read last
 

@@ -249,6 +249,7 @@ class ProbeOptions(Request):
     modules: Sequence[str] = ()
     mark: str | None = None
     look: Sequence[str] = ()
+    index: str | None = None  # a package index's URL: whether this host reaches it
 
 
 class SlurmNode(Request):

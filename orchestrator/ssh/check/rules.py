@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from orchestrator.agent.kernel.lease_wire import LeaseDir, printable
+from orchestrator.agent.kernel.notify import redact
 from orchestrator.models.errors import OrchError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
@@ -117,6 +118,18 @@ def host_problems(host: Host, facts: HostFacts, env: Mapping[str, str]) -> list[
                 "clock",
                 f"clock is {facts.clock_offset_s:+.1f} s off this machine's",
                 "enable time sync on both (timedatectl set-ntp true, or chrony)",
+            )
+        )
+    if facts.index is not None and facts.index[1] != "ok":
+        url, why = facts.index
+        found.append(
+            _error(
+                host.name,
+                "environment",
+                f"cannot reach the package index {redact(url)} ({why}): the job's "
+                "environment cannot be built there",
+                "give the job its wheels (wheels: DIR in the job file, or --wheels DIR): "
+                "orch carries them to the hosts, which then install with no index",
             )
         )
     for module in facts.modules_missing:

@@ -128,8 +128,9 @@ def run_check(
 
         def inspect(host: Host, transport: Transport) -> HostStatus:
             port = wanted if host.name == master.name else None
+            index = index_to_reach(host, job)
             try:
-                found = probe_host(host, transport, master_addr, port, True, modules, marks)
+                found = probe_host(host, transport, master_addr, port, True, modules, marks, index)
             except OrchError as exc:
                 return HostStatus(host, error=exc, error_topic="python")
             leases = _lease_dir(host, transport)
@@ -357,6 +358,19 @@ def _modules_to_find(job: JobSpec | None) -> list[str]:
     top = job.module.split(".")[0]
     in_workdir = (job.workdir / top).is_dir() or (job.workdir / f"{top}.py").is_file()
     return [] if in_workdir else [top]
+
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+
+
+def index_to_reach(host: Host, job: JobSpec | None) -> str | None:
+    """The package index a job's environment would be built from on `host`: where the
+    job has `environment:` and no `wheels:`, PIP_INDEX_URL (or UV_INDEX_URL) of the env
+    it gets there, else PyPI's; None where nothing is installed from an index."""
+    if job is None or job.environment is None or job.environment.wheels is not None:
+        return None
+    env = _job_env(host, job)
+    return env.get("PIP_INDEX_URL") or env.get("UV_INDEX_URL") or DEFAULT_INDEX
 
 
 def _job_env(host: Host, job: JobSpec | None) -> dict[str, str]:
