@@ -159,14 +159,20 @@ def test_unpinned_job_takes_a_free_port_even_when_29500_is_busy(
         cluster.release_port(holder)
 
 
+def block_or_skip(cluster: Cluster, i: int, port: int, source: int) -> None:
+    """TCP to `port` on host i dropped from host `source`, where the namespaces have a
+    firewall."""
+    try:
+        cluster.block_port(i, port, source=source)
+    except ClusterError as exc:
+        skip_or_fail(f"no firewall in the namespaces (make test-deps installs iptables): {exc}")
+
+
 def test_port_blocked_between_nodes_is_caught(
     cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
 ) -> None:
     job = write_job(tmp_path, "allreduce", "allreduce.py", nodes=3, rendezvous={"port": 29556})
-    try:
-        cluster.block_port(1, 29556, source=3)
-    except ClusterError as exc:
-        skip_or_fail(f"no firewall in the namespaces (make test-deps installs iptables): {exc}")
+    block_or_skip(cluster, 1, 29556, 3)
     try:
         result = orch("check", "-i", inventory, job, timeout=60)
     finally:
@@ -196,10 +202,7 @@ def test_a_host_that_cannot_reach_the_package_index_is_named_for_an_environment(
     )
     holder = cluster.hold_port(1, 8633)
     try:
-        try:
-            cluster.block_port(1, 8633, source=3)
-        except ClusterError as exc:
-            skip_or_fail(f"no firewall in the namespaces (make test-deps installs iptables): {exc}")
+        block_or_skip(cluster, 1, 8633, 3)
         try:
             result = orch("check", "-i", inventory, job, timeout=60)
         finally:
