@@ -85,6 +85,7 @@ def probe_host(
             object, or a field of the wrong type).
         RemoteCommandError: the probe itself failed.
     """
+    index = index_origin(index) if index else None  # the argv is any user's to read
     options = ProbeOptions(
         master=master,
         port=port,
@@ -115,6 +116,22 @@ def probe_host(
         raise HostError(host.name, f"unreadable probe output: {result.stdout[-200:]!r}")
     reply = agent.parse(host, ProbeFacts, data)
     return ProbeResult(facts_from_probe(reply, received, sent, index), reply.ssh_addr)
+
+
+def index_origin(url: str) -> str:
+    """A package index's scheme, host and port, all a connection to it needs: its path,
+    user and password (a token of the job's env) stay here, out of the probe's argv."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return "invalid:"
+    if not host:
+        return f"{parts.scheme}:"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "") + "/"
 
 
 def torch_missing(host: Host) -> HostError:

@@ -355,3 +355,15 @@ def test_check_asks_for_the_index_an_environment_would_be_built_from(write: Writ
     ]
     assert "secret" not in cut[0].lines()[0] and "wheels: DIR" in cut[0].lines()[-1]
     assert host_problems(host, HostFacts(index=(mirror, "ok")), {}) == []
+
+
+def test_only_the_index_s_origin_goes_to_the_hosts_probe() -> None:
+    """The probe's options are in its argv, which every user of the host can read: a
+    token in PIP_INDEX_URL stays on the laptop."""
+    from orchestrator.nodes.probe import index_origin
+
+    assert index_origin("https://user:secret@mirror.example:8443/simple?t=x") == (
+        "https://mirror.example:8443/"
+    )
+    assert index_origin("https://pypi.org/simple") == "https://pypi.org/"
+    assert index_origin("http://[fd00::1]:3141/root/pypi/") == "http://[fd00::1]:3141/"
