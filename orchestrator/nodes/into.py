@@ -88,10 +88,13 @@ def exec_in_job(
     command: Sequence[str],
     on_line: Callable[[str, str], None],
     notice: Callable[[str], None],
+    step: Callable[[NodeRecord], str] | None = None,
 ) -> list[HostRun]:
     """`orch exec JOB -- COMMAND`: the command on every node of the running job at once,
     each in its node's code directory with the job's environment (as `orch ssh JOB NODE
-    -- COMMAND`), in a session of its own that Ctrl-C stops (`run_lines`).
+    -- COMMAND`), in a session of its own that Ctrl-C stops (`run_lines`). `step`: the
+    line that runs the agent's `shell` with the command for a node, where it is not
+    the node's own host's (a Slurm node's, through its login node).
 
     Returns:
         Each node's run, in node rank order.
@@ -106,10 +109,8 @@ def exec_in_job(
     if not command:
         raise InputError("no command to run", f"orch exec {record.id} -- COMMAND [ARGS...]")
     nodes = sorted(record.nodes, key=lambda n: n.node_rank)
-    lines = {
-        n.host.name: remote_command([job_command(n.host, n.job_dir, "shell", "--", *command)])
-        for n in nodes
-    }
+    line_of = step or (lambda n: job_command(n.host, n.job_dir, "shell", "--", *command))
+    lines = {n.host.name: remote_command([line_of(n)]) for n in nodes}
     return run_lines([n.host for n in nodes], lines, on_line, ConnectOptions(notice=notice))
 
 

@@ -25,15 +25,15 @@ from dataclasses import replace
 from orchestrator.agent.kernel import layout
 from orchestrator.models.errors import ExecFailed, InputError
 from orchestrator.models.states import JobState
-from orchestrator.nodes.execute import HostRun, remote_command, run_lines
+from orchestrator.nodes.execute import HostRun
 from orchestrator.nodes.into import Forwarding, ForwardOptions, ShellOptions, running_node
+from orchestrator.nodes.into import exec_in_job as in_every_node
 from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.slurm.follow import nodes_of, slurm_id_of
 from orchestrator.slurm.jobs import connected, refresh
 from orchestrator.slurm.login import LoginNode
-from orchestrator.transport import ConnectOptions
 
 NODE_ADDR = re.compile(r"\bNodeAddr=(\S+)")
 # srun's own word on a task's exit code, which `orch exec` says once for every node
@@ -81,17 +81,14 @@ def exec_in_job(
     """
     with connected(record, reporter.notice) as login:
         placed = _placed(store, record, login, "orch exec")
-    running_node(placed, None, "orch exec")
-    if not command:
-        raise InputError("no command to run", f"orch exec {record.id} -- COMMAND [ARGS...]")
-    lines = {n.host.name: remote_command([step_command(record, n, command)]) for n in placed.nodes}
-    runs = run_lines(
-        [n.host for n in placed.nodes],
-        lines,
+    runs = in_every_node(
+        placed,
+        command,
         lambda node, line: (
             None if TASK_EXIT.match(line) else reporter.output(node, None, (line + "\n").encode())
         ),
-        ConnectOptions(notice=reporter.notice),
+        reporter.notice,
+        lambda node: step_command(record, node, command),
     )
     if any(not r.ok for r in runs):
         raise ExecFailed(runs)
