@@ -26,6 +26,7 @@ COMMANDS = {
     "slurm-node": "node.srun",
     "slurm-top": "node.slurm_top",
     "slurm-stack": "node.slurm_stack",
+    "slurm-shell": "node.slurm_shell",
     "slurm-attempt": "node.chain",
     "sync": "store.sync",
     "relay": "store.relay",
@@ -62,6 +63,7 @@ USAGE = """usage: orch agent COMMAND ARGS...
   slurm-node JOB_ROOT                 under srun, on each node of a Slurm job: its torchrun
   slurm-top JOB_ROOT REQUEST          under srun --overlap: `top` of this node of a Slurm job
   slurm-stack JOB_ROOT REQUEST        under srun --overlap: `stack` of this node of a Slurm job
+  slurm-shell JOB_ROOT ATTEMPT -- CMD under srun --overlap: `shell` with CMD on this node, its code
   slurm-attempt begin|end JOB_ROOT ATTEMPT [PREVIOUS|RC]
                                       a Slurm job's restarts: run or skip, queue the next
   warm ensure|list|stop [KEY]         warm interpreters a job's ranks are forked from

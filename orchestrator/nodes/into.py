@@ -88,13 +88,10 @@ def exec_in_job(
     command: Sequence[str],
     on_line: Callable[[str, str], None],
     notice: Callable[[str], None],
-    step: Callable[[NodeRecord], str] | None = None,
 ) -> list[HostRun]:
     """`orch exec JOB -- COMMAND`: the command on every node of the running job at once,
     each in its node's code directory with the job's environment (as `orch ssh JOB NODE
-    -- COMMAND`), in a session of its own that Ctrl-C stops (`run_lines`). `step`: the
-    line that runs the agent's `shell` with the command for a node, where it is not
-    the node's own host's (a Slurm node's, through its login node).
+    -- COMMAND`), in a session of its own that Ctrl-C stops (`run_lines`).
 
     Returns:
         Each node's run, in node rank order.
@@ -105,13 +102,24 @@ def exec_in_job(
     """
     from orchestrator.nodes.execute import remote_command, run_lines  # exec's alone
 
-    running_node(record, None, "orch exec")  # says where an ended job's files are
+    nodes = exec_nodes(record, command)
+    lines = {
+        n.host.name: remote_command([job_command(n.host, n.job_dir, "shell", "--", *command)])
+        for n in nodes
+    }
+    return run_lines([n.host for n in nodes], lines, on_line, ConnectOptions(notice=notice))
+
+
+def exec_nodes(record: JobRecord, command: Sequence[str]) -> list[NodeRecord]:
+    """The nodes `orch exec JOB -- COMMAND` runs on, in node rank order.
+
+    Raises:
+        InputError: the job has ended (the hint says where its files are), or no command.
+    """
+    running_node(record, None, "orch exec")
     if not command:
         raise InputError("no command to run", f"orch exec {record.id} -- COMMAND [ARGS...]")
-    nodes = sorted(record.nodes, key=lambda n: n.node_rank)
-    line_of = step or (lambda n: job_command(n.host, n.job_dir, "shell", "--", *command))
-    lines = {n.host.name: remote_command([line_of(n)]) for n in nodes}
-    return run_lines([n.host for n in nodes], lines, on_line, ConnectOptions(notice=notice))
+    return sorted(record.nodes, key=lambda n: n.node_rank)
 
 
 def parse_ports(text: str) -> tuple[int, int | None]:

@@ -5,10 +5,12 @@ login node, as a person would with `srun --overlap` and `ssh -L`.
   the job root (shared with the login node), running the agent's `shell` there as over
   SSH: the job's environment comes from the node's own node.json, which the node's
   launcher wrote (agent/node/srun.py), never an argv. On a terminal, with `--pty`.
-- `orch exec JOB -- COMMAND`: one such step per node, all at once (nodes/execute.py's
-  `run_lines`, each over a connection of its own to the login node, named by its
-  node), so that each node's lines and exit code are its own, and Ctrl-C stops every
-  step (srun ends its step's tasks when it is signalled).
+- `orch exec JOB -- COMMAND`: one labelled step for every node of the allocation, as
+  `orch top` and `orch stack` are, over one SSH session to the login node (a session
+  per node would meet sshd's MaxStartups and MaxSessions, 10 by default, at a few
+  dozen nodes). The agent's `slurm-shell` on each node says its name first and its
+  exit code last, so each node's lines and exit code are its own; Ctrl-C stops the
+  step's session (nodes/execute.py's `run_lines`), and srun its tasks.
 - `orch forward JOB PORT`: a tunnel made by the login node's sshd to the node's address
   (`ssh -L LOCAL:NODE:PORT LOGIN`): the server on the node must listen on that address
   (0.0.0.0), not on its loopback only.
@@ -23,21 +25,30 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from orchestrator.agent.kernel import layout
+from orchestrator.agent.kernel.slurm import EXIT_MARK, NODE_MARK
 from orchestrator.models.errors import ExecFailed, InputError
 from orchestrator.models.states import JobState
-from orchestrator.nodes.execute import HostRun
-from orchestrator.nodes.into import Forwarding, ForwardOptions, ShellOptions, running_node
-from orchestrator.nodes.into import exec_in_job as in_every_node
+from orchestrator.nodes.execute import LOST, HostRun, remote_command, run_lines
+from orchestrator.nodes.into import (
+    Forwarding,
+    ForwardOptions,
+    ShellOptions,
+    exec_nodes,
+    running_node,
+)
 from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord
 from orchestrator.reporting.reporter import Reporter
 from orchestrator.slurm.follow import nodes_of, slurm_id_of
 from orchestrator.slurm.jobs import connected, refresh
+from orchestrator.slurm.jobs import login_host as login_host_of
 from orchestrator.slurm.login import LoginNode
+from orchestrator.transport import ConnectOptions
 
 NODE_ADDR = re.compile(r"\bNodeAddr=(\S+)")
 # srun's own word on a task's exit code, which `orch exec` says once for every node
 TASK_EXIT = re.compile(r"^srun: error: \S+: task \d+: Exited with exit code \d+$")
+LABELLED = re.compile(r"^\s*(\d+): (.*)$")  # srun --label: "TASK: line"
 
 
 def step_command(
@@ -78,21 +89,56 @@ def exec_in_job(
         InputError: the job has ended or waits in Slurm's queue, or no command.
         ExecFailed: the command failed on some node (exit code: the worst node's).
         HostError: the login node cannot be reached.
+        Interrupted: Ctrl-C; the step was stopped first.
     """
     with connected(record, reporter.notice) as login:
         placed = _placed(store, record, login, "orch exec")
-    runs = in_every_node(
-        placed,
-        command,
-        lambda node, line: (
-            None if TASK_EXIT.match(line) else reporter.output(node, None, (line + "\n").encode())
-        ),
-        reporter.notice,
-        lambda node: step_command(record, node, command),
+    nodes = exec_nodes(placed, command)
+    tasks: dict[str, str] = {}  # srun's task label -> its node
+    ends: dict[str, int] = {}
+
+    def on_line(login_name: str, line: str) -> None:
+        label = LABELLED.match(line)
+        if label is None:  # srun's own word
+            if not TASK_EXIT.match(line):
+                reporter.output(login_name, None, (line + "\n").encode())
+            return
+        task, said = label.groups()
+        if said.startswith(NODE_MARK) and task not in tasks:
+            tasks[task] = said.removeprefix(NODE_MARK)
+        elif said.startswith(EXIT_MARK) and task in tasks:
+            ends[tasks[task]] = int(said.removeprefix(EXIT_MARK))
+        else:
+            reporter.output(tasks.get(task, login_name), None, (said + "\n").encode())
+
+    login_host = login_host_of(record)
+    step = remote_command([exec_step(record, len(nodes), command)])
+    (ran,) = run_lines(
+        [login_host], {login_host.name: step}, on_line, ConnectOptions(notice=reporter.notice)
     )
+    runs = [
+        HostRun(n.host.name, ends[n.host.name])
+        if n.host.name in ends
+        else HostRun(n.host.name, LOST, ran.error)
+        for n in nodes
+    ]
     if any(not r.ok for r in runs):
         raise ExecFailed(runs)
     return runs
+
+
+def exec_step(record: JobRecord, nodes: int, command: Sequence[str]) -> str:
+    """The login node's line that runs `command` on every node of the job's allocation,
+    each in its node's directory (the agent's `slurm-shell`), as one labelled step."""
+    q = shlex.quote
+    root = sh_path(str(record.spec["slurm"]["job_root"]))
+    python = sh_path(str(login_host_of(record).python))
+    return (
+        f"cd {root} && exec srun --overlap --jobid={q(slurm_id_of(record))} --nodes={nodes} "
+        f"--ntasks-per-node=1 --label --quiet {python} -I -S "
+        f"{layout.AGENT}/{layout.RUN_SCRIPT} slurm-shell {root} {record.view.attempt} -- "
+        f"{shlex.join(command)}"
+    )
 
 
 def forward(

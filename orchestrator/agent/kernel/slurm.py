@@ -76,3 +76,9 @@ def node_dir_name(name: str) -> str:
 def fill_marks(value: str, master_addr: str, port: int) -> str:
     """`value` with the master's address and port where the controller left marks."""
     return value.replace(MASTER_ADDR_MARK, master_addr).replace(MASTER_PORT_MARK, str(port))
+
+
+# `slurm-shell`'s lines (node/slurm_shell.py) among its command's: which node a task
+# of srun's is, and how the command ended there
+NODE_MARK = "@orch-node "
+EXIT_MARK = "@orch-exit "
