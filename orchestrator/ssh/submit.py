@@ -522,7 +522,11 @@ def _ensure_environment(
         failed = {name: r for name, r in replies.items() if r.error is not None or not r.python}
         if failed:
             raise envs.failure(env, failed)
-    built = [f"{name} ({r.seconds:.1f} s)" for name, r in replies.items() if r.built]
+    built = [
+        f"{name} ({f'{r.installer}, ' if r.installer else ''}{r.seconds:.1f} s)"
+        for name, r in replies.items()
+        if r.built
+    ]
     if built:
         reporter.notice(f"environment: built on {', '.join(built)}")
     else:

@@ -115,6 +115,7 @@ def test_build_publishes_one_owner_only_env_reused_and_waited_for(
     _tiny_wheel(tmp_path, "orchtiny", "1.0")
     monkeypatch.chdir(tmp_path)  # the job directory: code/wheels is beside
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # pip, not a uv of this machine
+    monkeypatch.setenv("HOME", str(tmp_path))  # nor one in ~/.local/bin
     envs_dir = tmp_path / "envs"
     request = _request(envs_dir, ["orchtiny==1.0"])
     replies: list[object] = []
@@ -367,3 +368,23 @@ def test_only_the_index_s_origin_goes_to_the_hosts_probe() -> None:
     )
     assert index_origin("https://pypi.org/simple") == "https://pypi.org/"
     assert index_origin("http://[fd00::1]:3141/root/pypi/") == "http://[fd00::1]:3141/"
+
+
+def test_uv_is_found_on_path_else_where_its_installer_puts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    assert envs.find_uv() is None  # pip installs
+    local = tmp_path / ".local" / "bin"
+    local.mkdir(parents=True)
+    (local / "uv").write_text("#!/bin/sh\n")
+    assert envs.find_uv() is None, "not executable: not a uv"
+    (local / "uv").chmod(0o755)
+    assert envs.find_uv() == str(local / "uv")
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    (on_path / "uv").write_text("#!/bin/sh\n")
+    (on_path / "uv").chmod(0o755)
+    monkeypatch.setenv("PATH", str(on_path))
+    assert envs.find_uv() == str(on_path / "uv")

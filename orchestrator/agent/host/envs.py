@@ -162,7 +162,10 @@ def _build(request: EnvRequest, root: str, key: str, final: str) -> EnvReady:
     finally:
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
-    return EnvReady(key=key, python=os.path.join(final, "bin", "python"), built=True)
+    installer = "uv" if find_uv() else "pip"
+    return EnvReady(
+        key=key, python=os.path.join(final, "bin", "python"), built=True, installer=installer
+    )
 
 
 def _run(argv: list[str]) -> tuple[int, str]:
@@ -176,8 +179,6 @@ def _run(argv: list[str]) -> tuple[int, str]:
 
 def _make(request: EnvRequest, tmp: str) -> EnvReady | None:
     """The venv in `tmp`, its packages installed; an error reply, or None."""
-    import shutil
-
     code, out = _run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", tmp])
     if code != 0:
         return EnvReady(error="python -m venv failed", tail=_tail(out))
@@ -206,9 +207,12 @@ def _make(request: EnvRequest, tmp: str) -> EnvReady | None:
             "--find-links",
             os.path.abspath(os.path.join("code", request.wheels)),
         ]
-    uv = shutil.which("uv")
+    uv = find_uv()
     if uv:
-        argv = [uv, "pip", "install", "--python", py, *source, "-r", wanted]
+        # Compiled as pip compiles: an environment without bytecode would compile
+        # torch's modules again at every import where bytecode cannot be written.
+        argv = [uv, "pip", "install", "--python", py, "--compile-bytecode", *source]
+        argv += ["-r", wanted]
     else:
         if _run([py, "-m", "pip", "--version"])[0] != 0:
             code, out = _run([py, "-m", "ensurepip", "--default-pip"])
@@ -219,6 +223,24 @@ def _make(request: EnvRequest, tmp: str) -> EnvReady | None:
     code, out = _run(argv)
     if code != 0:
         return EnvReady(error="installing failed", missing=_missing(out), tail=_tail(out))
+    return None
+
+
+# Where uv's own installer puts it: a non-interactive SSH session's PATH seldom has it.
+UV_PLACES = ("~/.local/bin/uv", "~/.cargo/bin/uv")
+
+
+def find_uv() -> str | None:
+    """The host's uv: on PATH, else where its installer puts it; None: pip installs."""
+    import shutil
+
+    found = shutil.which("uv")
+    if found:
+        return found
+    for place in UV_PLACES:
+        path = os.path.expanduser(place)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
     return None
 
 

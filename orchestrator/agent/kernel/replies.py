@@ -49,13 +49,14 @@ class Started(Reply):
 
 class EnvReady(Reply):
     """`env ensure`: the environment's python on this host and its key; `built` when
-    this command built it (else it was there, or another's build made it meanwhile);
-    or why it could not be built: `error`, the packages that could not be found
-    (`missing`), and the installer's last lines."""
+    this command built it (else it was there, or another's build made it meanwhile),
+    and with which installer (`uv` or `pip`); or why it could not be built: `error`,
+    the packages that could not be found (`missing`), and the installer's last lines."""
 
     key: str | None = None
     python: str | None = None
     built: bool = False
+    installer: str = ""
     seconds: float = 0.0
     error: str | None = None
     missing: Sequence[str] = ()
