@@ -16,10 +16,16 @@ command timed from its start to its exit:
 - edit-resubmit:        the same after editing the script each time.
 
 Runs alternate; the median of each is reported. Needs root (the namespace test cluster).
-torch's CPU wheel in place of the small ones is the issue's figure (0.7x by hand at 8
-hosts); it is not run by default: each host's environment would take 1 GB.
+`--torch`: the first build only, of an environment of torch's CPU wheel and numpy (with
+their dependencies, about 210 MB of wheels the controller's pip downloads once) over a
+bare python (the hosts' venv's base, which has no torch), on `--hosts` hosts (8: the
+issue's figure, at most 0.7x by hand): orch where the hosts have uv (in `~/.local/bin`,
+where its installer puts it), orch where they have only pip, and by hand with pip; the
+job imports torch. Each host's environment takes about 0.8 GB; each is removed after
+its run, and so is uv's cache, so that every build is a first one.
 
     .venv/bin/python bench/env.py [--hosts 3] [--repeat 5]
+    .venv/bin/python bench/env.py --torch [--hosts 8] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ from tests.cluster import Cluster, orch_command, repo_python
 
 SCRIPT = "import socket\nprint('up on', socket.gethostname(), flush=True)\n"
 PACKAGES = ("orchbenchone", "orchbenchtwo")
+TORCH_SCRIPT = (
+    "import socket, torch\nprint('up on', socket.gethostname(), torch.__version__, flush=True)\n"
+)
+TORCH_PACKAGES = ("torch==2.13.0", "numpy")
 BASELINE_DIR = "/root/bench-env"
 
 
@@ -78,7 +88,15 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - start
 
 
-def by_hand(cluster: Cluster, controller: object, n: int, wheels: Path, script: Path) -> float:
+def by_hand(
+    cluster: Cluster,
+    controller: object,
+    n: int,
+    wheels: Path,
+    script: Path,
+    python: str | None = None,
+    packages: tuple[str, ...] = PACKAGES,
+) -> float:
     """Per host at once: one ssh that unpacks the wheels and the script it is sent,
     builds a venv over the hosts' python, installs with no index and runs the script."""
     buf = io.BytesIO()
@@ -86,12 +104,12 @@ def by_hand(cluster: Cluster, controller: object, n: int, wheels: Path, script: 
         tar.add(wheels, arcname="wheels")
         tar.add(script, arcname="job.py")
     data = buf.getvalue()
-    python = str(repo_python())
+    python = python or str(repo_python())
     command = (
         f"rm -rf {BASELINE_DIR} && mkdir -p {BASELINE_DIR} && cd {BASELINE_DIR} && tar x && "
         f"{python} -m venv --system-site-packages venv && "
         "venv/bin/python -m pip install -q --no-index --find-links wheels "
-        f"{' '.join(PACKAGES)} && venv/bin/python job.py"
+        f"{' '.join(packages)} && venv/bin/python job.py"
     )
     start = time.perf_counter()
     procs = [
@@ -110,14 +128,116 @@ def by_hand(cluster: Cluster, controller: object, n: int, wheels: Path, script: 
     return time.perf_counter() - start
 
 
+def torch_first_build(n: int, repeat: int) -> None:
+    """`--torch`: the first build of torch's environment on n hosts, orch with uv, orch
+    with pip and by hand with pip, alternating; the median of each."""
+    bare = getattr(sys, "_base_executable", sys.executable)
+    if subprocess.run([bare, "-c", "import torch"], capture_output=True).returncode == 0:
+        raise SystemExit(f"{bare} has torch: the hosts need a python without it")
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent))
+    if uv is None:
+        raise SystemExit("no uv beside this python: make setup installs it (the dev extra)")
+    runs: dict[str, list[float]] = {k: [] for k in ("uv", "pip", "hand")}
+    with Cluster(n) as cluster:
+        controller = cluster.new_controller()
+        env = controller.env()
+        work = controller.home / "envbench"
+        wheels = work / "wheels"
+        wheels.mkdir(parents=True)
+        download = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:"]
+        subprocess.run([*download, "-d", str(wheels), *TORCH_PACKAGES], check=True)
+        size_mb = sum(p.stat().st_size for p in wheels.iterdir()) / 1e6
+        (work / "job.py").write_text(TORCH_SCRIPT)
+        hosts = cluster.hosts[:n]
+        inventory = cluster.write_inventory(
+            controller.home / "inv.yaml", hosts=[h.name for h in hosts], defaults={"python": bare}
+        )
+        job = controller.home / "torch.yaml"
+        job.write_text(
+            f"name: torchenv\nworkdir: {work}\nscript: job.py\nnodes: {n}\nlauncher: python\n"
+            f"environment: [{', '.join(TORCH_PACKAGES)}]\nwheels: {wheels}\n"
+        )
+        plain = controller.home / "plain.yaml"
+        (work / "up.py").write_text(SCRIPT)
+        plain.write_text(
+            f"name: plain\nworkdir: {work}\nscript: up.py\nnodes: {n}\nlauncher: python\n"
+            "environment: [numpy]\nwheels: " + str(wheels) + "\n"
+        )
+        submit = [*orch_command(), "submit"]
+        timed([*submit, str(plain), "-i", str(inventory)], env)  # agent and code there once
+
+        def clean(with_uv: bool) -> None:
+            for host in hosts:
+                shutil.rmtree(host.home / ".orch" / "envs", ignore_errors=True)
+                shutil.rmtree(host.home / ".cache" / "uv", ignore_errors=True)
+                shutil.rmtree(host.home / BASELINE_DIR.removeprefix("/root/"), ignore_errors=True)
+                link = host.home / ".local" / "bin" / "uv"
+                link.unlink(missing_ok=True)
+                if with_uv:
+                    link.parent.mkdir(parents=True, exist_ok=True)
+                    link.symlink_to(uv)
+
+        try:
+            for r in range(repeat):
+                order = ["uv", "pip", "hand"] if r % 2 == 0 else ["hand", "pip", "uv"]
+                for name in order:
+                    clean(with_uv=name == "uv")
+                    (work / "job.py").write_text(TORCH_SCRIPT + f"# round {r}\n")
+                    time.sleep(2)
+                    if name == "hand":
+                        runs[name].append(
+                            by_hand(
+                                cluster,
+                                controller,
+                                n,
+                                wheels,
+                                work / "job.py",
+                                bare,
+                                TORCH_PACKAGES,
+                            )
+                        )
+                    else:
+                        runs[name].append(timed([*submit, str(job), "-i", str(inventory)], env))
+                    print(name, f"{runs[name][-1]:.1f} s", flush=True)
+        finally:
+            clean(with_uv=False)
+    m = {k: median(v) for k, v in runs.items()}
+    each = "; ".join(f"{k} " + ", ".join(f"{x:.1f}" for x in v) for k, v in runs.items())
+    body = f"""### The first build of torch's environment on {n} hosts
+
+`.venv/bin/python bench/env.py --torch --hosts {n} --repeat {repeat}` ({machine()}):
+an environment of `{", ".join(TORCH_PACKAGES)}` ({size_mb:.0f} MB of wheels with their
+dependencies, no index) over a bare python, on hosts that have none; the job (one rank
+a host, launcher python) imports torch and prints; each command to its exit, the median
+of {repeat} alternating runs. By hand: per host at once, one `ssh` that receives the wheels
+(a tar on stdin), makes a venv, `pip install --no-index --find-links` and runs the
+script.
+
+| {n} hosts | seconds | against by hand |
+|---|---:|---:|
+| orch, the hosts have uv (push, wheels' copy, build, run) | {m["uv"]:.1f} | {m["uv"] / m["hand"]:.2f}x |
+| orch, the hosts have only pip | {m["pip"]:.1f} | {m["pip"] / m["hand"]:.2f}x |
+| by hand with pip (ssh, tar of the wheels, venv, pip, run) | {m["hand"]:.1f} | 1.00x |
+
+The runs (s): {each}.
+"""
+    print(body)
+    write_section("env-torch", body)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--hosts", type=int, default=3)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--hosts", type=int, default=None)
+    parser.add_argument("--repeat", type=int, default=None)
+    parser.add_argument("--torch", action="store_true", help="torch's first build only")
     args = parser.parse_args()
-    n = args.hosts
+    if args.torch:
+        torch_first_build(args.hosts or 8, args.repeat or 3)
+        return
+    n = args.hosts or 3
+    args.repeat = args.repeat or 5
     runs: dict[str, list[float]] = {
         k: [] for k in ("orch", "hand", "same", "plain", "edit", "edit_plain")
     }

@@ -177,7 +177,11 @@ class SlurmBackend:
         refuse("gc", str(inventory.path))
 
     def envs(self, inventory: Inventory, reporter: Reporter) -> PerHost[tuple[Environment, ...]]:
-        refuse("envs", str(inventory.path))
+        """The environments built on the login node, in the shared home every node runs
+        its job's in."""
+        from orchestrator.reporting.hosts import environments
+
+        return environments(inventory.hosts[:1], reporter.notice)
 
     def exec(self, inventory: Inventory, options: ExecOptions, reporter: Reporter) -> list[HostRun]:
         refuse("exec", str(inventory.path))

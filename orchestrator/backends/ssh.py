@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING
 
 from orchestrator.backends.base import CheckOptions, ExecOptions, GcOptions, PullBars
 from orchestrator.records.db import JobDB, JobRecord
-from orchestrator.reporting.hosts import Environment, HostsView, PerHost, WarmInterpreter
+from orchestrator.reporting.hosts import (
+    Environment,
+    HostsView,
+    PerHost,
+    WarmInterpreter,
+    environments,
+)
 from orchestrator.reporting.outcomes import GcOutcome
 from orchestrator.ssh import keep, reconcile
 from orchestrator.transport import ConnectOptions
@@ -263,16 +269,7 @@ class SshBackend:
         }
 
     def envs(self, inventory: Inventory, reporter: Reporter) -> PerHost[tuple[Environment, ...]]:
-        from orchestrator.nodes import envs
-
-        found, failures = envs.listing(list(inventory.hosts), reporter.notice)
-        rows = {
-            host: tuple(
-                Environment(host, e.key, e.size, e.used, tuple(e.requirements)) for e in reply.envs
-            )
-            for host, reply in found.items()
-        }
-        return PerHost.of(rows, failures)
+        return environments(list(inventory.hosts), reporter.notice)
 
     def exec(self, inventory: Inventory, options: ExecOptions, reporter: Reporter) -> list[HostRun]:
         from orchestrator.models.errors import ExecFailed

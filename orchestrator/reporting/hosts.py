@@ -5,11 +5,14 @@ them as tables, `--json` prints `as_json()`, a web page would draw the same rows
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from orchestrator.models.errors import OrchError
+
+if TYPE_CHECKING:
+    from orchestrator.models.inventory import Host
 
 T = TypeVar("T")
 
@@ -117,3 +120,20 @@ class PerHost(Generic[T]):
     @classmethod
     def of(cls, results: Mapping[str, T], errors: Sequence[OrchError]) -> PerHost[T]:
         return cls(dict(results), tuple(errors))
+
+
+def environments(
+    hosts: Sequence[Host], notice: Callable[[str], None]
+) -> PerHost[tuple[Environment, ...]]:
+    """`orch env`: each host's environments of this user (both backends: a Slurm
+    cluster's are on its login node, in the shared home)."""
+    from orchestrator.nodes import envs
+
+    found, failures = envs.listing(list(hosts), notice)
+    rows = {
+        host: tuple(
+            Environment(host, e.key, e.size, e.used, tuple(e.requirements)) for e in reply.envs
+        )
+        for host, reply in found.items()
+    }
+    return PerHost.of(rows, failures)

@@ -33,12 +33,6 @@ NOT_YET: dict[str, tuple[str, str, str]] = {
         "remove the job directories you no longer need on the login node (orch status "
         "JOB --json names each job's)",
     ),
-    "envs": (
-        "orch env",
-        "a Slurm cluster's environments are built on the login node, in the shared home, "
-        "and orch env does not list them there yet",
-        "on the login node: ls -l WORKDIR/envs (each one's orch-env.json says what it holds)",
-    ),
     "exec": (
         "orch exec",
         "the partition's nodes are Slurm's to hand out, and only the login node is in the "

@@ -50,3 +50,9 @@ def test_a_slurm_job_runs_every_node_in_the_environment_built_once_on_the_login_
     assert "environment: built" not in again.stderr
     assert len(re.findall(r"TINY 8.0 \d", again.stdout)) == 3
     assert_slurm_clean(slurm)
+    # orch env lists it where it was built: the login node, in the shared home.
+    listed = orch("env", "-i", hpc, timeout=120)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    rows = [line for line in listed.stdout.splitlines() if "orchtiny==8.0" in line]
+    login = slurm.login
+    assert len(rows) == 1 and rows[0].split(":")[0] in (login.name, login.address), listed.stdout
