@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -121,8 +122,12 @@ def by_hand(
         )
         for host in cluster.hosts[:n]
     ]
-    for proc in procs:
-        _, err = proc.communicate(data)
+    # Every host's copy and build at once, as a parallel ssh would: each one's stdin is
+    # written by a thread of its own (one communicate after another would run the hosts
+    # one after another).
+    with ThreadPoolExecutor(len(procs)) as pool:
+        outcomes = list(pool.map(lambda proc: proc.communicate(data), procs))
+    for proc, (_, err) in zip(procs, outcomes, strict=True):
         if proc.returncode != 0:
             raise SystemExit(f"by hand failed: {err.decode()[-2000:]}")
     return time.perf_counter() - start
