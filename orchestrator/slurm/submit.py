@@ -36,6 +36,7 @@ from orchestrator.sync.ignore import collect_files
 from orchestrator.sync.manifest import Tree, scan_workdir
 from orchestrator.sync.push import push
 from orchestrator.sync.store import environment_digest_of, setup_key
+from orchestrator.sync.wheels import carried
 from orchestrator.transport import ConnectOptions
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,10 @@ def slurm_job(job: JobSpec, inventory: Inventory, job_id: str) -> SlurmJob:
         from orchestrator.slurm.unsupported import refuse_key
 
         refuse_key("notify", job.where("notify"))
+    if job.environment is not None and job.environment.download:
+        from orchestrator.slurm.unsupported import refuse_key
+
+        refuse_key("wheels: download", job.where("wheels"))
     login = inventory.hosts[0]
     root = layout.job_root(login.workdir, job_id)
     return SlurmJob(job, job_id, section_of(inventory), login.python, root, inventory.path)
@@ -149,7 +154,7 @@ def submit(
         Interrupted: Ctrl-C; the job was cancelled and its allocation is gone.
     """
     store = store or JobDB()
-    tree = scan_workdir(sj.job.workdir, sj.job.exclude)
+    tree = carried(sj.job, scan_workdir(sj.job.workdir, sj.job.exclude))
     environment_digest_of(sj.job, tree)  # `wheels:` that carry none: refused before any host
     with HostGroup([login], ConnectOptions(notice=reporter.notice)) as group:
         phase(reporter, f"connecting to the login node {login.name}")

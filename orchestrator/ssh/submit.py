@@ -19,8 +19,10 @@ from orchestrator.agent.kernel.placement import restart_delay
 from orchestrator.agent.kernel.replies import EnvReady
 from orchestrator.agent.kernel.requests import NodeTemplate
 from orchestrator.models.clocks import HostClock
+from orchestrator.models.environment import WheelTarget
 from orchestrator.models.errors import (
     HostError,
+    InfraError,
     InputError,
     Interrupted,
     JobFailed,
@@ -55,6 +57,7 @@ from orchestrator.sync.manifest import Tree, scan_workdir
 from orchestrator.sync.push import PushResult, push
 from orchestrator.sync.relay import Relay
 from orchestrator.sync.store import environment_digest_of, setup_inputs_digest, setup_key
+from orchestrator.sync.wheels import carried, downloaded
 from orchestrator.transport import ConnectOptions, Transport
 
 log = logging.getLogger(__name__)
@@ -107,7 +110,7 @@ def submit(
         Interrupted: Ctrl-C; the job was stopped on every node.
     """
     store = store or JobDB()
-    tree = scan_workdir(sub.job.workdir, sub.job.exclude)
+    tree = carried(sub.job, scan_workdir(sub.job.workdir, sub.job.exclude))
     environment_digest_of(sub.job, tree)  # `wheels:` that carry none: refused before any host
     if detach or sub.job.notify is None:  # a detached job's keeper tells its events
         return _attempts(sub, tree, reporter, detach, store, None)
@@ -200,8 +203,10 @@ def _attempt(
         group.connect()
         log.info("connected to %d hosts", len(hosts))
         phase(reporter, f"checking {_count(hosts, 'host')}")
-        plan, clocks = plan_with_facts(sub, group, hosts, attempt)
+        plan, clocks, targets = plan_with_facts(sub, group, hosts, attempt)
         log.info("probed %d hosts; master %s:%s", len(hosts), plan.master_addr, plan.master_port)
+        # `wheels: download`: here, before anything is recorded or started anywhere.
+        tree = downloaded(sub.job, tree, targets, reporter.notice)
         # Recorded before anything starts, so that `orch kill` can always find the job.
         if attempt == 0:
             store.add(record_of(plan))
@@ -359,11 +364,12 @@ def record_of(plan: LaunchPlan) -> JobRecord:
 
 def plan_with_facts(
     sub: Submission, group: HostGroup, hosts: Sequence[Host], attempt: int
-) -> tuple[LaunchPlan, dict[str, HostClock]]:
+) -> tuple[LaunchPlan, dict[str, HostClock], dict[str, WheelTarget]]:
     """Probe the hosts and run check's blocking checks; refuse on any error found.
 
     Returns:
-        The plan, and each host's clock as the probe measured it (where it could).
+        The plan, each host's clock as the probe measured it (where it could), and,
+        for a job with `wheels: download`, what each host's python installs.
 
     Raises:
         HostError / MultiHostError: python or torch missing on a host.
@@ -383,7 +389,17 @@ def plan_with_facts(
         attempt,
     )
     clocks = {name: f.clock for name, f in checked.facts.items() if f.clock is not None}
-    return plan, clocks
+    targets = {n: f.wheel_target for n, f in checked.facts.items() if f.wheel_target is not None}
+    env = sub.job.environment
+    if env is not None and env.download:
+        silent = [h.name for h in hosts if h.name not in targets]
+        if silent:
+            raise InfraError(
+                f"environment: {', '.join(silent)} did not say what wheels its python "
+                "installs (wheels: download)",
+                "update orch on this machine; or give the job its wheels (wheels: DIR)",
+            )
+    return plan, clocks, targets
 
 
 def _start(node: NodeLaunch, transport: Transport) -> LeaseStart:
