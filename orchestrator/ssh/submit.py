@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -525,7 +525,7 @@ def _ensure_environment(
     if replies:
         log.info("environment: the push found it built on %s", ", ".join(replies))
     if firsts:
-        replies.update(group.each(one, only=firsts))
+        replies.update(_builds(group, one, firsts, reporter))
     failed = {name: r for name, r in replies.items() if r.error is not None or not r.python}
     if failed:
         groups = plan.snapshots()  # a group's others would have used the same build
@@ -534,7 +534,7 @@ def _ensure_environment(
         )
     others = [name for name in nodes if name not in replies]
     if others:
-        replies.update(group.each(one, only=others))
+        replies.update(_builds(group, one, others, reporter))
         failed = {name: r for name, r in replies.items() if r.error is not None or not r.python}
         if failed:
             raise envs.failure(env, failed)
@@ -553,6 +553,28 @@ def _ensure_environment(
         return replace(node, python=python, template=template)
 
     return replace(plan, nodes=tuple(in_env(n) for n in plan.nodes))
+
+
+def _builds(
+    group: HostGroup,
+    one: Callable[[Host, Transport], EnvReady],
+    names: Sequence[str],
+    reporter: Reporter,
+) -> dict[str, EnvReady]:
+    """`one` on the hosts `names` at once. A Ctrl-C leaves without waiting for the
+    builds under way: each goes on on its host (a command without a terminal is not
+    stopped by its connection's end) and is published whole when it ends, or, killed
+    halfway, leaves only its temporary directory, which no job uses and the next build
+    removes (agent/host/envs.py)."""
+    try:
+        return group.each(one, only=names)
+    except KeyboardInterrupt:
+        group.abandon()
+        reporter.notice(
+            f"environment: the build under way on {', '.join(names)} goes on there; a "
+            "later job uses it once it is whole"
+        )
+        raise
 
 
 def _run_setup(
