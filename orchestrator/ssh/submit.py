@@ -156,6 +156,12 @@ def _attempts(
                 raise Interrupted("interrupted before the job started again") from None
 
 
+def _killed(store: JobDB, job_id: str) -> bool:
+    """Whether `orch kill` ended the job (its record says so)."""
+    recorded = _recorded(store, job_id)
+    return recorded is not None and recorded.state is JobState.KILLED
+
+
 def _recorded(store: JobDB, job_id: str) -> JobRecord | None:
     try:
         return store.get(job_id)
@@ -232,12 +238,22 @@ def _attempt(
             phase(reporter, f"pushing {tree.total_bytes / 1e6:.1f} MB of code")
             plan = push_code(plan, group, tree, reporter)
             nodes = {n.host.name: n for n in plan.nodes}
+            if _killed(store, plan.job_id):  # `orch kill` while it was pushed or built
+                raise JobFailed(f"job {plan.job_id} was killed before it started", "")
             phase(reporter, f"starting {_count(plan.nodes, 'node')}")
             queued = start_nodes(plan, group, reporter, store, start, sub.no_wait, detach)
             if not queued:
                 log.info("started torchrun on %d hosts", len(nodes))
-        except OrchError:
+        except OrchError as exc:
             teardown(plan.job_id, plan.master_port, plan.nodes, group, reporter)
+            if _killed(store, plan.job_id):
+                # Its end, whatever a node's start said of it (a node that `orch kill`
+                # reached first refuses to start).
+                raise JobFailed(
+                    f"job {plan.job_id} was killed (orch kill) before it started; nothing "
+                    "was started on any host",
+                    "submit it again to run it (an environment built meanwhile is kept)",
+                ) from exc
             store.update_job(plan.job_id, JobState.FAILED)
             raise
         except KeyboardInterrupt:

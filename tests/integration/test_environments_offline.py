@@ -276,3 +276,53 @@ def test_a_full_disk_mid_build_names_the_host_exits_3_and_leaves_no_environment(
     assert again.returncode == 0, again.stdout + again.stderr
     ran = re.findall(r"TINY (\S+) (node\d) (\S+)", again.stdout)
     assert sorted((v, h) for v, h, _ in ran) == [("11.0", "node1"), ("11.0", "node2")]
+
+
+def test_orch_kill_during_a_build_ends_the_submit_as_killed_and_the_build_serves_the_next_job(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "tiny.py").write_text(TINY)
+    tiny_wheel(tmp_path, work / "wheels", "orchtiny", "12.0", payload_bytes=1 << 20)
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml")
+    job = write_workdir_job(
+        tmp_path,
+        work,
+        "tiny.py",
+        launcher="python",
+        hosts=["node3"],
+        environment=["orchtiny==12.0"],
+        wheels=str(work / "wheels"),
+        warm=False,
+    )
+    home = cluster.home(3)
+    before = published(home)
+    submit = orch.popen("submit", job, "-i", inventory)
+    try:
+        assert submit.stdout is not None
+        job_id = submit.stdout.readline().split()[1]
+        wait_for(lambda: pids_on(cluster, 3, "pip", "install", "/.build-"), 120, "the build")
+        held = pids_on(cluster, 3, "pip", "install", "/.build-")
+        for pid in held:
+            cluster.exec_on(3, ["kill", "-STOP", str(pid)])
+        killed = orch("kill", job_id, timeout=120)
+        assert killed.returncode == 0, killed.stdout + killed.stderr
+        for pid in held:  # the build goes on, and ends
+            cluster.exec_on(3, ["kill", "-CONT", str(pid)])
+        out, err = submit.communicate(timeout=120)
+    finally:
+        if submit.poll() is None:
+            os.killpg(submit.pid, signal.SIGKILL)
+            submit.communicate()
+    assert submit.returncode == 1, out + err
+    assert f"error: job {job_id} was killed (orch kill) before it started" in err
+    assert "TINY" not in out and "Traceback" not in err
+    assert re.search(rf"{job_id}\s+\S+\s+killed", orch("status", timeout=60).stdout)
+    # The build was published whole, and the next job runs in it with no build.
+    assert len(published(home)) == len(before) + 1 and leftovers(home) == []
+    again = orch("submit", job, "-i", inventory, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "environment: built" not in again.stderr
+    assert re.findall(r"TINY (\S+) (node\d)", again.stdout) == [("12.0", "node3")]
+    assert_no_job_left(cluster, [3])
