@@ -349,7 +349,7 @@ def _load_environment(where: Where, base: Path, workdir: Path) -> Environment | 
     try:
         return with_wheels(env, wheels, base, workdir)
     except ValueError as exc:
-        raise where.error("wheels", f"wheels: {exc}", WHEELS_HINT) from None
+        raise where.error("wheels", str(exc), WHEELS_HINT) from None
 
 
 WHEELS_HINT = (

@@ -18,6 +18,7 @@ from orchestrator.sync import wheels
 from orchestrator.sync.manifest import graft, scan
 from orchestrator.sync.wire import encode_piece, pieces
 from tests.index import serve_index
+from tests.unit.conftest import Orch, WriteFile
 from tests.wheels import tiny_wheel
 
 X86 = WheelTarget("cp", "3.11", "cp311", "linux_x86_64", "2.36")
@@ -171,3 +172,84 @@ def test_carried_wheels_are_grafted_beside_the_code_and_read_from_where_they_are
     taken = scan(code, ["train.py", f"{CARRIED_WHEELS}/mine.whl"], cache_dir=tmp_path / "stat")
     with pytest.raises(InputError, match="where orch puts the wheels it carries"):
         graft(taken, CARRIED_WHEELS, files)
+
+
+def test_the_probe_says_what_wheels_its_python_installs_when_asked(tmp_path: Path) -> None:
+    """The agent's probe, run here as a host runs it; the controller's facts from it."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from orchestrator.agent.kernel.host_wire import ProbeFacts
+    from orchestrator.agent.kernel.messages import parse_message
+    from orchestrator.agent.kernel.requests import ProbeOptions
+    from orchestrator.nodes import agent
+    from orchestrator.nodes.probe import facts_from_probe
+
+    def probe(options: ProbeOptions) -> ProbeFacts:
+        loader = [sys.executable, "-c", agent.LOADER]
+        where = [str(len(agent.packed())), agent.version(), str(tmp_path / "agent")]
+        result = subprocess.run(
+            [*loader, *where, "probe", options.to_json()],
+            input=agent.packed(),
+            capture_output=True,
+            check=True,
+        )
+        out = result.stdout.decode().strip().splitlines()[-1]
+        return parse_message(ProbeFacts, json.loads(out))
+
+    asked = probe(ProbeOptions(gpus=False, target=True))
+    assert asked.target is not None
+    assert facts_from_probe(asked, time.time()).wheel_target == here()
+    assert probe(ProbeOptions(gpus=False)).target is None  # not asked: not read
+
+
+def test_dry_run_says_the_controller_downloads_the_wheels(
+    orch: Orch, write: WriteFile, tmp_path: Path
+) -> None:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print(1)\n")
+    job = write(
+        "job.yaml", "workdir: code\nscript: train.py\nenvironment: [tqdm]\nwheels: download\n"
+    )
+    run = orch("submit", job, "--dry-run")
+    assert run.returncode == 0, run
+    assert (
+        "environment of job.yaml (tqdm, installed with no index from wheels this machine "
+        "downloads for the hosts' platform and Python)" in run.stdout.replace(str(job), "job.yaml")
+    )
+    via_flag = write("plain.yaml", "workdir: code\nscript: train.py\nenvironment: [tqdm]\n")
+    run = orch("submit", via_flag, "--wheels", "download", "--dry-run")
+    assert run.returncode == 0 and "downloads for the hosts'" in run.stdout, run
+
+
+def test_wheels_download_on_a_slurm_cluster_is_refused_by_name_with_exit_2(
+    orch: Orch, write: WriteFile, tmp_path: Path
+) -> None:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print(1)\n")
+    inventory = write("hpc.yaml", "slurm:\n  login: login1.hpc.example.edu\n  partition: gpu\n")
+    job = write(
+        "job.yaml", "workdir: code\nscript: train.py\nenvironment: [tqdm]\nwheels: download\n"
+    )
+    run = orch("submit", job, "-i", inventory, "--dry-run")
+    assert run.returncode == 2, run
+    assert f"error: {job}:4:9: wheels: download: is not for the slurm backend yet" in run.stderr
+    assert "hint: download them for the login node's python" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_wheels_that_are_not_a_directory_are_bad_input_naming_the_key(
+    orch: Orch, write: WriteFile, tmp_path: Path
+) -> None:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print(1)\n")
+    job = write("job.yaml", "workdir: code\nscript: train.py\nenvironment: [tqdm]\nwheels: gone\n")
+    run = orch("submit", job, "--dry-run")
+    assert run.returncode == 2, run
+    assert f"error: {job}:4:9: wheels: gone is not a directory" in run.stderr
+    assert "hint: give a directory of wheels" in run.stderr and "Traceback" not in run.stderr
+    plain = write("plain.yaml", "workdir: code\nscript: train.py\nenvironment: [tqdm]\n")
+    run = orch("submit", plain, "--wheels", "gone", "--dry-run")
+    assert run.returncode == 2 and "error: --wheels gone is not a directory" in run.stderr, run
