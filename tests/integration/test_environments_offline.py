@@ -39,11 +39,12 @@ def abi_and_machine() -> tuple[str, str]:
 
 
 def index_wheels(tmp_path: Path) -> Path:
-    """orchdep; orchtop, which needs orchdep; orchplat, a wheel for the hosts' python on
-    manylinux_2_17 only; orchwin, a wheel for Windows only."""
+    """orchdep; orchtop, which needs orchdep (5 MB); orchplat, a wheel for the hosts'
+    python on manylinux_2_17 only; orchwin, a wheel for Windows only."""
     made = tmp_path / "made"
     tiny_wheel(tmp_path, made, "orchdep", "1.0")
-    tiny_wheel(tmp_path, made, "orchtop", "1.0", ["orchdep>=1"])
+    # 5 MB: past what the relay takes over (sync/relay.py RELAY_MIN_BYTES).
+    tiny_wheel(tmp_path, made, "orchtop", "1.0", ["orchdep>=1"], payload_bytes=5 << 20)
     abi, machine = abi_and_machine()
     for name, platform in (("orchplat", f"manylinux_2_17_{machine}"), ("orchwin", "win_amd64")):
         tiny_wheel(tmp_path, made, name, "1.0")
@@ -59,6 +60,12 @@ def pip_reads_only(tmp_path: Path, url: str) -> dict[str, str]:
     nothing = tmp_path / "no-links"
     nothing.mkdir(exist_ok=True)
     return {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": str(nothing), "PIP_INDEX_URL": url}
+
+
+def push_log(stderr: str, verb: str) -> dict[str, int]:
+    """Files per host from the `-v` line `pushed ...` or `relayed ...`."""
+    line = next((x for x in stderr.splitlines() if f"orchestrator.ssh.submit: {verb} " in x), "")
+    return {h: int(n) for n, h in re.findall(r"(\d+) files \(\d+ kB\) to (\S+?)(?:,|$)", line)}
 
 
 def published(home: Path) -> list[str]:
@@ -105,8 +112,12 @@ def test_the_controller_downloads_the_wheels_once_for_hosts_that_reach_no_index(
         assert cluster.exec_on(1, [str(repo_python()), "-c", reach]).returncode != 0
         pip = pip_reads_only(tmp_path, index.url)
 
-        first = orch("submit", job, "-i", inventory, env=pip, timeout=300)
+        first = orch("-v", "submit", job, "-i", inventory, env=pip, timeout=300)
         assert first.returncode == 0, first.stdout + first.stderr
+        # Over the controller's link once: node1 got them, node2 and node3 from its relay.
+        pushed, relayed = push_log(first.stderr, "pushed"), push_log(first.stderr, "relayed")
+        assert pushed["node1"] >= 4 and pushed["node2"] == pushed["node3"] == 0, pushed
+        assert relayed == {"node2": pushed["node1"], "node3": pushed["node1"]}, relayed
         assert "wheels: downloading for node1, node2, node3 (python " in first.stderr
         assert "environment: built on node1" in first.stderr
         ran = re.findall(r"OFFLINE (\S+) (\S+) (\S+) (node\d) (\S+)", first.stdout)
