@@ -111,6 +111,13 @@ def test_the_controller_downloads_the_wheels_once_for_hosts_that_reach_no_index(
         reach = f"import socket; socket.create_connection(('127.0.0.1', {port}), 2)"
         assert cluster.exec_on(1, [str(repo_python()), "-c", reach]).returncode != 0
         pip = pip_reads_only(tmp_path, index.url)
+        # orch check asks no host for the index: they install with none.
+        checked = orch("check", "-i", inventory, job, env=pip, timeout=120)
+        assert "cannot reach the package index" not in checked.stdout + checked.stderr
+        assert (
+            "(orchtop==1.0, orchplat, from wheels this machine downloads for the hosts at "
+            "submit, no index there): not asked" in checked.stdout
+        ), checked.stdout + checked.stderr
 
         first = orch("-v", "submit", job, "-i", inventory, env=pip, timeout=300)
         assert first.returncode == 0, first.stdout + first.stderr

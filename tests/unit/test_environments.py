@@ -377,13 +377,17 @@ def test_check_asks_for_the_index_an_environment_would_be_built_from(write: Writ
     )
     assert index_to_reach(host, wheels) is None
     assert index_to_reach(host, load_job(write("d.yaml", "workdir: w\nscript: x.py\n"))) is None
+    downloaded = load_job(
+        write("e.yaml", "workdir: w\nscript: x.py\nenvironment: [tqdm]\nwheels: download\n")
+    )
+    assert index_to_reach(host, downloaded) is None  # the hosts install with no index
 
     cut = host_problems(host, HostFacts(index=(mirror, "Connection refused")), {})
     assert [p.message for p in cut] == [
         "cannot reach the package index https://mirror.example/… (Connection refused): "
         "the job's environment cannot be built there (host node1)"
     ]
-    assert "secret" not in cut[0].lines()[0] and "wheels: DIR" in cut[0].lines()[-1]
+    assert "secret" not in cut[0].lines()[0] and "wheels: download" in cut[0].lines()[-1]
     assert host_problems(host, HostFacts(index=(mirror, "ok")), {}) == []
 
 
