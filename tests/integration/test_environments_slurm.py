@@ -50,3 +50,28 @@ def test_a_slurm_job_runs_every_node_in_the_environment_built_once_on_the_login_
     assert "environment: built" not in again.stderr
     assert len(re.findall(r"TINY 8.0 \d", again.stdout)) == 3
     assert_slurm_clean(slurm)
+
+
+def test_a_slurm_job_gets_wheels_from_a_directory_outside_its_workdir(
+    slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "tiny.py").write_text(SCRIPT)
+    make_wheel(tmp_path, tmp_path / "outside", "8.2")
+    spec = {
+        "name": "envoutside",
+        "workdir": str(work),
+        "script": "tiny.py",
+        "nodes": 2,
+        "environment": ["orchtiny==8.2"],
+        "wheels": str(tmp_path / "outside"),
+    }
+    job = tmp_path / f"env-{time.monotonic_ns()}.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    ran = orch("submit", job, "-i", hpc, timeout=180)
+    assert ran.returncode == 0, ran.stdout + ran.stderr[-3000:]
+    runs = re.findall(r"TINY (\S+) (\d) (\S+)", ran.stdout)
+    assert sorted(r for _, r, _ in runs) == ["0", "1"], ran.stdout
+    assert all(v == "8.2" and "/.orch/envs/" in p for v, _, p in runs), runs
+    assert_slurm_clean(slurm)
