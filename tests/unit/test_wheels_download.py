@@ -253,3 +253,36 @@ def test_wheels_that_are_not_a_directory_are_bad_input_naming_the_key(
     plain = write("plain.yaml", "workdir: code\nscript: train.py\nenvironment: [tqdm]\n")
     run = orch("submit", plain, "--wheels", "gone", "--dry-run")
     assert run.returncode == 2 and "error: --wheels gone is not a directory" in run.stderr, run
+
+
+def test_a_build_that_reached_no_index_says_so_and_points_at_wheels_download() -> None:
+    from orchestrator.agent.kernel.replies import EnvReady
+    from orchestrator.nodes.envs import failure
+
+    offline = EnvReady(
+        error="installing failed",
+        missing=["tqdm"],
+        tail=[
+            "WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, "
+            "status=None)) after connection broken by 'NewConnectionError('<pip._vendor."
+            "urllib3.connection.HTTPSConnection object>: Failed to establish a new "
+            "connection: [Errno 101] Network is unreachable')': /simple/tqdm/",
+            "ERROR: Could not find a version that satisfies the requirement tqdm",
+            "ERROR: No matching distribution found for tqdm",
+        ],
+    )
+    online = EnvReady(
+        error="installing failed",
+        missing=["tqdm"],
+        tail=["ERROR: No matching distribution found for tqdm"],
+    )
+    env = Environment(("tqdm",), "job.yaml")
+    cut = failure(env, {"node3": offline})
+    assert cut.message.startswith("environment: node3 cannot reach the package index")
+    assert "Network is unreachable" in cut.message and "wheels: download" in cut.hint
+    assert failure(env, {"node3": online}).message.startswith(
+        "environment: cannot install tqdm on node3"
+    )
+    # From wheels, no index is asked: a missing package is the requirement's fault.
+    carried = Environment(("tqdm",), "job.yaml", "wheels")
+    assert "cannot install tqdm" in failure(carried, {"node3": offline}).message
