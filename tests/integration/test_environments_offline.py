@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -192,8 +193,29 @@ def test_wheels_from_a_directory_outside_the_workdir_travel_with_the_code(
     assert other.is_dir()
 
 
-def pids_on(cluster: Cluster, i: int, *words: str) -> list[int]:
-    return [pid for pid, cmd in cluster.host_pids(i) if all(w in cmd for w in words)]
+def hold_build(job_id: str, timeout: float = 120) -> tuple[int, int]:
+    """Stop (SIGSTOP) the installer of the job's environment build the moment it runs,
+    and return its pid and its parent's (the agent's `env ensure`), as this machine
+    numbers them. /proc is read here in a tight loop: the installer may take only a
+    fraction of a second, which a listing through the host's namespaces could miss."""
+    deadline = time.monotonic() + timeout
+    mark = f"/jobs/{job_id}/".encode()
+    while time.monotonic() < deadline:
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"pip" in argv and b"install" in argv and any(mark in a for a in argv):
+                os.kill(int(name), signal.SIGSTOP)
+                with open(f"/proc/{name}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                return int(name), parent
+        time.sleep(0.01)
+    raise AssertionError(f"no build of job {job_id} seen in {timeout:.0f} s")
 
 
 def test_a_build_interrupted_by_ctrl_c_and_killed_halfway_is_never_used_and_the_next_submit_builds_it(
@@ -202,7 +224,7 @@ def test_a_build_interrupted_by_ctrl_c_and_killed_halfway_is_never_used_and_the_
     work = tmp_path / "work"
     work.mkdir()
     (work / "tiny.py").write_text(TINY)
-    tiny_wheel(tmp_path, work / "wheels", "orchtiny", "10.0", payload_bytes=4 << 20)
+    tiny_wheel(tmp_path, work / "wheels", "orchtiny", "10.0", payload_bytes=1 << 20)
     inventory = cluster.write_inventory(tmp_path / "inv.yaml")
     job = write_workdir_job(
         tmp_path,
@@ -218,10 +240,10 @@ def test_a_build_interrupted_by_ctrl_c_and_killed_halfway_is_never_used_and_the_
     before = published(home)
     submit = orch.popen("submit", job, "-i", inventory)
     try:
+        assert submit.stdout is not None
+        job_id = submit.stdout.readline().split()[1]
         # The installer at work in the build's temporary directory: held there.
-        wait_for(lambda: pids_on(cluster, 3, "pip", "install", "/.build-"), 120, "the build")
-        for pid in pids_on(cluster, 3, "pip", "install", "/.build-"):
-            cluster.exec_on(3, ["kill", "-STOP", str(pid)])
+        pip, agent = hold_build(job_id)
         os.killpg(submit.pid, signal.SIGINT)
         out, err = submit.communicate(timeout=60)
     finally:
@@ -233,11 +255,9 @@ def test_a_build_interrupted_by_ctrl_c_and_killed_halfway_is_never_used_and_the_
     assert "TINY" not in out
     # The build dies halfway on the host (the host's agent and its installer killed,
     # as an OOM kill or a reboot would): its temporary directory stays, unpublished.
-    for pid in pids_on(cluster, 3, "env", "ensure"):
-        cluster.exec_on(3, ["kill", "-KILL", str(pid)])
-    for pid in pids_on(cluster, 3, "pip", "install", "/.build-"):
-        cluster.exec_on(3, ["kill", "-KILL", str(pid)])
-    wait_for(lambda: not pids_on(cluster, 3, "/.build-"), 30, "the build's processes gone")
+    for pid in (agent, pip):
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not os.path.exists(f"/proc/{pip}"), 30, "the build's processes gone")
     assert published(home) == before
     assert leftovers(home), "a half-built environment is left to be ignored"
 
@@ -320,14 +340,10 @@ def test_orch_kill_during_a_build_ends_the_submit_as_killed_and_the_build_serves
     try:
         assert submit.stdout is not None
         job_id = submit.stdout.readline().split()[1]
-        wait_for(lambda: pids_on(cluster, 3, "pip", "install", "/.build-"), 120, "the build")
-        held = pids_on(cluster, 3, "pip", "install", "/.build-")
-        for pid in held:
-            cluster.exec_on(3, ["kill", "-STOP", str(pid)])
+        pip, _agent = hold_build(job_id)
         killed = orch("kill", job_id, timeout=120)
         assert killed.returncode == 0, killed.stdout + killed.stderr
-        for pid in held:  # the build goes on, and ends
-            cluster.exec_on(3, ["kill", "-CONT", str(pid)])
+        os.kill(pip, signal.SIGCONT)  # the build goes on, and ends
         out, err = submit.communicate(timeout=120)
     finally:
         if submit.poll() is None:
