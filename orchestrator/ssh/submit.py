@@ -413,7 +413,8 @@ def plan_with_facts(
             raise InfraError(
                 f"environment: {', '.join(silent)} did not say what wheels its python "
                 "installs (wheels: download)",
-                "update orch on this machine; or give the job its wheels (wheels: DIR)",
+                "check that its python's sysconfig works (orch check -i INVENTORY); or "
+                "give the job a directory of wheels (wheels: DIR)",
             )
     return plan, clocks, targets
 
