@@ -87,12 +87,6 @@ KEYS_NOT_YET: dict[str, tuple[str, str]] = {
         "drop notify: (and --notify) there; Slurm mails the job's end itself: "
         "slurm: {sbatch: [--mail-type=END,FAIL, --mail-user=you@example.com]} in the inventory",
     ),
-    "wheels: download": (
-        "a Slurm job's environment is built on the login node, which the download does "
-        "not ask yet what wheels its python installs",
-        "download them for the login node's python yourself (pip download "
-        "--only-binary=:all: -r requirements.txt -d wheels) and give wheels: wheels",
-    ),
 }
 
 
