@@ -85,8 +85,7 @@ def downloaded(
         notice: one line where wheels are downloaded.
 
     Raises:
-        InfraError: a download failed: the packages (or pip's last lines) and hosts;
-            or a host did not say what it installs.
+        InfraError: a download failed: the packages (or pip's last lines) and hosts.
     """
     env = job.environment
     if env is None or not env.download:
