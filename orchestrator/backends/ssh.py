@@ -79,7 +79,12 @@ class SshBackend:
             )
         env = plan.job.environment
         if env is not None:
-            source = f", installed from {env.wheels} with no index" if env.wheels else ""
+            source = f", installed from {env.wheels_said} with no index" if env.wheels else ""
+            if env.download:
+                source = (
+                    ", installed with no index from wheels this machine downloads for the "
+                    "hosts' platform and Python"
+                )
             held = ", ".join(env.requirements) or "nothing more"
             lines.append(
                 f"runs each node in its host's environment of {env.source} ({held}{source}), "

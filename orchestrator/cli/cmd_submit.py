@@ -86,12 +86,13 @@ def submit(
         ),
     ] = None,
     wheels: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--wheels",
-            metavar="DIR",
-            help="Instead of the job's wheels: a directory of wheels inside the workdir that "
-            "the hosts install the job's environment: from, with no index.",
+            metavar="DIR|download",
+            help="Instead of the job's wheels: a directory of wheels that the hosts install "
+            "the job's environment: from, with no index, or download: this machine "
+            "downloads them for the hosts' platform and Python.",
         ),
     ] = None,
     notify: Annotated[

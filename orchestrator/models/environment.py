@@ -3,9 +3,10 @@ environment holds on top of the host's `python:`, read and checked at load (pure
 
 `environment:` is a requirements file in the workdir (`requirements.txt`), a
 `pyproject.toml` (its dependencies, pinned by a `uv.lock` beside it) or an inline list
-(`[numpy==2.3.1, tqdm]`); `wheels:` a directory of wheels inside the
-workdir, which travels to the hosts with the code (by hash, once) and from which the
-hosts install with no index.
+(`[numpy==2.3.1, tqdm]`); `wheels:` a directory of wheels (in the workdir or outside
+it), or `download` (the controller downloads them for the hosts' platform and Python),
+which travel to the hosts with the code (by hash, once) and from which the hosts
+install with no index.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.models.errors import SpecError
+
+# `wheels: download`: the controller downloads the wheels (sync/wheels.py).
+DOWNLOAD = "download"
+# Where wheels that are not in the workdir (downloaded, or a directory outside it) go
+# in the job's code on every host: pushed with the code, under this directory.
+CARRIED_WHEELS = ".orch-wheels"
 
 # One requirement as pip reads it (PEP 508, the common forms): a name, extras, version
 # specifiers, a marker after `;`, or `name @ URL`. Options (`-r`, `-e`, `--index-url`)
@@ -36,12 +43,26 @@ class Environment:
     Attributes:
         requirements: one requirement per item, comments and blank lines gone.
         source: where they were read, for messages (`requirements.txt` or `job.yaml`).
-        wheels: the wheel directory's path inside the workdir (posix), or None.
+        wheels: where the hosts find the wheels in the job's code (posix): a
+            directory of the workdir, or CARRIED_WHEELS; None installs from an index.
+        wheels_dir: a directory outside the workdir whose wheels are carried (to
+            CARRIED_WHEELS), as the controller names it; None where there is none.
+        download: the controller downloads the wheels for the hosts' platform and
+            Python (to CARRIED_WHEELS).
     """
 
     requirements: tuple[str, ...]
     source: str
     wheels: str | None = None
+    wheels_dir: str | None = None
+    download: bool = False
+
+    @property
+    def wheels_said(self) -> str | None:
+        """Where the wheels come from, as the user said it (for messages)."""
+        if self.download:
+            return DOWNLOAD
+        return self.wheels_dir or self.wheels
 
     def names(self) -> tuple[str, ...]:
         """The requirements' package names, as written."""
@@ -155,3 +176,55 @@ def environment_digest(env: Environment, wheel_hashes: dict[str, str]) -> str:
     machine is another environment, and the same ones are the same everywhere."""
     what = [list(env.requirements), sorted(wheel_hashes.items())]
     return hashlib.sha256(json.dumps(what, separators=(",", ":")).encode()).hexdigest()
+
+
+# The oldest glibc each legacy manylinux name stands for (PEP 600's aliases), and the
+# machines it was defined for.
+_LEGACY_MANYLINUX = (
+    (17, "manylinux2014", ("x86_64", "i686", "aarch64", "armv7l", "ppc64", "ppc64le", "s390x")),
+    (12, "manylinux2010", ("x86_64", "i686")),
+    (5, "manylinux1", ("x86_64", "i686")),
+)
+
+
+@dataclass(frozen=True)
+class WheelTarget:
+    """What a host's python installs: the tags pip on that host would accept, as
+    `pip download --python-version --implementation --abi --platform` takes them.
+
+    Attributes:
+        implementation: the interpreter's tag (`cp`, `pp`).
+        python_version: major.minor (`3.11`).
+        abi: its ABI tag (`cp311`, `cp313t`); abi3 and none are accepted with it.
+        platform: sysconfig's platform as a tag (`linux_x86_64`).
+        glibc: the C library's version (`2.36`), None where it is not glibc.
+    """
+
+    implementation: str
+    python_version: str
+    abi: str
+    platform: str
+    glibc: str | None = None
+
+    def platforms(self) -> tuple[str, ...]:
+        """Every platform tag a wheel for this host may carry, most specific first, as
+        packaging.tags orders them: the bare platform, then manylinux_2_N from the
+        host's glibc down to the oldest one defined for its machine (PEP 600), the
+        legacy names among them."""
+        found: list[str] = [self.platform]
+        arch = self.platform.removeprefix("linux_")
+        if self.platform.startswith("linux_") and self.glibc:
+            major, _, minor = self.glibc.partition(".")
+            if major == "2" and minor.isdigit():
+                oldest = 5 if arch in ("x86_64", "i686") else 17
+                for n in range(int(minor), oldest - 1, -1):
+                    found.append(f"manylinux_2_{n}_{arch}")
+                    for glibc, name, machines in _LEGACY_MANYLINUX:
+                        if n == glibc and arch in machines:
+                            found.append(f"{name}_{arch}")
+        return tuple(found)
+
+    def describe(self) -> str:
+        """`python 3.11 (cp311) on linux_x86_64, glibc 2.36`, for messages."""
+        libc = f", glibc {self.glibc}" if self.glibc else ""
+        return f"python {self.python_version} ({self.abi}) on {self.platform}{libc}"

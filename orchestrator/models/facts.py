@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.models.clocks import HostClock
+from orchestrator.models.environment import WheelTarget
 
 
 @dataclass(frozen=True)
@@ -41,3 +42,5 @@ class HostFacts:
     # `orch check` of a job with `environment:` and no `wheels:`: the package index it
     # would install from, and "ok" or why this host does not reach it.
     index: tuple[str, str] | None = None
+    # Submit of a job with `wheels: download`: what wheels the host's python installs.
+    wheel_target: WheelTarget | None = None

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from orchestrator.models import placeholders
 from orchestrator.models.environment import (
+    CARRIED_WHEELS,
+    DOWNLOAD,
     Environment,
     parse_requirement,
     read_pyproject,
@@ -344,14 +346,35 @@ def _load_environment(where: Where, base: Path, workdir: Path) -> Environment | 
         env = Environment(read(path, str(path)), name)
     if wheels is None:
         return env
+    try:
+        return with_wheels(env, wheels, base, workdir)
+    except ValueError as exc:
+        raise where.error("wheels", str(exc), WHEELS_HINT) from None
+
+
+WHEELS_HINT = (
+    "give a directory of wheels (in the workdir or not: they travel with the code), "
+    "or wheels: download for the controller to download them (docs/ENVIRONMENTS.md)"
+)
+
+
+def with_wheels(env: Environment, wheels: str, base: Path, workdir: Path) -> Environment:
+    """`env` installed from `wheels`: `download` (the controller downloads them), or a
+    directory (relative to `base`): one in the workdir travels as part of the code, one
+    outside it is carried beside the code (CARRIED_WHEELS). `./download` names a
+    directory of that name.
+
+    Raises:
+        ValueError: not a directory, saying which.
+    """
+    if wheels == DOWNLOAD:
+        return Environment(env.requirements, env.source, CARRIED_WHEELS, download=True)
     directory = (base / wheels).resolve()
-    if not directory.is_dir() or not directory.is_relative_to(workdir):
-        raise where.error(
-            "wheels",
-            f"wheels: {wheels} is not a directory inside the workdir {workdir}",
-            "put the wheels in a directory of the workdir: they travel with the code",
-        )
-    return Environment(env.requirements, env.source, directory.relative_to(workdir).as_posix())
+    if not directory.is_dir():
+        raise ValueError(f"{wheels} is not a directory ({directory})")
+    if directory.is_relative_to(workdir):
+        return Environment(env.requirements, env.source, directory.relative_to(workdir).as_posix())
+    return Environment(env.requirements, env.source, CARRIED_WHEELS, wheels_dir=str(directory))
 
 
 def _check_script(where: Where, workdir: Path, script: str) -> str:
@@ -491,7 +514,7 @@ class Overrides:
     no_wait: bool = False  # where the GPUs or slots are held, fail at once (exit 3)
     cold: bool = False  # start cold even where a warm interpreter waits (--cold)
     stall_after: int | None = None  # --stall-after: the job's stall_after: instead
-    wheels: Path | None = None  # --wheels: the job's wheels: instead (inside the workdir)
+    wheels: str | None = None  # --wheels: the job's wheels: instead (a directory, or download)
     notify: str | None = None  # --notify: the job's notify: instead
     priority: str | None = None  # --priority: the job's priority: instead
 
@@ -528,19 +551,15 @@ def with_overrides(job: JobSpec, over: Overrides) -> JobSpec:
         raise InputError(f"--priority: unknown priority {over.priority!r}", PRIORITY_HINT)
     environment = job.environment
     if over.wheels is not None:
-        directory = over.wheels.resolve()
         if environment is None:
             raise InputError(
                 f"--wheels {over.wheels}: {job.path} has no environment:",
                 "add environment: requirements.txt (or a list) to the job file",
             )
-        if not directory.is_dir() or not directory.is_relative_to(job.workdir):
-            raise InputError(
-                f"--wheels {over.wheels}: not a directory inside the workdir {job.workdir}",
-                "put the wheels in a directory of the workdir: they travel with the code",
-            )
-        wheels = directory.relative_to(job.workdir).as_posix()
-        environment = Environment(environment.requirements, environment.source, wheels)
+        try:
+            environment = with_wheels(environment, over.wheels, Path.cwd(), job.workdir)
+        except ValueError as exc:
+            raise InputError(f"--wheels {exc}", WHEELS_HINT) from None
     for value in (*over.args, *over.env.values()):
         for name in placeholders.unknown(value):
             raise InputError(

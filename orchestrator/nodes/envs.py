@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable, Sequence
 
 from orchestrator.agent.kernel import layout, messages
@@ -73,11 +74,34 @@ def ready(host: Host, transport: Transport, digest: str) -> str | None:
     return agent.parse(host, EnvReady, reply).python
 
 
+# What pip and uv say when a host reaches no index (after which pip also says it found
+# no version of the requirement: the index, not the requirement, is what is wrong).
+_UNREACHABLE = re.compile(
+    r"NewConnectionError|Failed to establish a new connection|Network is unreachable|"
+    r"Temporary failure in name resolution|Name or service not known|ConnectTimeoutError|"
+    r"Connection refused|error sending request|dns error|connection timed out",
+    re.IGNORECASE,
+)
+
+
 def failure(env: Environment, failed: dict[str, EnvReady]) -> InfraError:
-    """One error for every host whose build failed: the packages not found and the
-    hosts, else the installer's last lines per host."""
+    """One error for every host whose build failed: the hosts that reach no index,
+    else the packages not found and the hosts, else the installer's last lines per
+    host."""
     missing = sorted({name for r in failed.values() for name in r.missing})
     hosts = ", ".join(failed)
+    offline = [n for n, r in failed.items() if any(_UNREACHABLE.search(t) for t in r.tail)]
+    if offline and env.wheels is None:
+        line = next(t for t in failed[offline[0]].tail if _UNREACHABLE.search(t))
+        said = _UNREACHABLE.findall(line)[-1]  # the innermost reason comes last
+        return InfraError(
+            f"environment: {', '.join(offline)} cannot reach the package index to install "
+            f"{', '.join(missing) or 'the requirements'} ({env.source}; the installer "
+            f"said: {said})",
+            "let this machine download the wheels for the hosts (wheels: download in the "
+            "job file, or --wheels download), or give a directory of them (wheels: DIR); "
+            "nothing was started (docs/ENVIRONMENTS.md)",
+        )
     if missing:
         return InfraError(
             f"environment: cannot install {', '.join(missing)} on {hosts}: no version or "

@@ -119,6 +119,12 @@ class HostGroup:
         wait(pending)
         return bool(pending)
 
+    def abandon(self) -> None:
+        """The calls a Ctrl-C left under way start nothing that needs stopping (an
+        environment's build): `settle` does not wait for them. Their threads end when
+        the group's connections close."""
+        self._in_flight = []
+
     def fresh(self, host: Host) -> Transport:
         """A new connection to `host`, tried once, quickly; it replaces the host's
         connection in `transports` (the old one is closed) and is returned.

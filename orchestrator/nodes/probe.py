@@ -11,6 +11,7 @@ from orchestrator.agent.kernel import messages
 from orchestrator.agent.kernel.host_wire import GpuFacts, PortHolder, ProbeFacts
 from orchestrator.agent.kernel.requests import ProbeOptions
 from orchestrator.models.clocks import HostClock
+from orchestrator.models.environment import WheelTarget
 from orchestrator.models.errors import HostError, RemoteCommandError
 from orchestrator.models.facts import HostFacts
 from orchestrator.models.inventory import Host
@@ -48,6 +49,7 @@ def probe(
     gpus: bool = False,
     modules: Sequence[str] = (),
     marks: Marks | None = None,
+    target: bool = False,
 ) -> ProbeResult:
     """Learn a host's facts without importing torch (that costs seconds).
 
@@ -57,11 +59,12 @@ def probe(
         gpus: also count GPUs (nvidia-smi, which can take a second on a big box).
         modules: top-level modules to look for with the host's python.
         marks: find out which hosts share the workdir's filesystem (`Marks`).
+        target: also say what wheels its python installs (`HostFacts.wheel_target`).
 
     Raises:
         HostError: python is missing on the host, or torch is not installed for it.
     """
-    found = probe_host(host, transport, master, port, gpus, modules, marks)
+    found = probe_host(host, transport, master, port, gpus, modules, marks, target=target)
     if not found.facts.torch_version:
         raise torch_missing(host)
     return found
@@ -76,9 +79,11 @@ def probe_host(
     modules: Sequence[str] = (),
     marks: Marks | None = None,
     index: str | None = None,
+    target: bool = False,
 ) -> ProbeResult:
     """The probe without a verdict: facts even where torch is missing (`orch check`);
-    with `index`, whether the host reaches that package index.
+    with `index`, whether the host reaches that package index; with `target`, what
+    wheels its python installs.
 
     Raises:
         HostError: python is missing, or the probe's output cannot be read (no JSON
@@ -93,6 +98,7 @@ def probe_host(
         gpus=gpus,
         modules=list(modules),
         index=index,
+        target=target,
     )
     if marks is not None and host.name in marks.of:
         options.mark, options.look = marks.of[host.name], list(marks.of.values())
@@ -187,6 +193,17 @@ def facts_from_probe(
         index=(index, reply.index_reach) if index and reply.index_reach else None,
         fs_mark=reply.fs_mark,
         fs_seen=tuple(reply.fs_seen) if reply.fs_seen is not None else None,
+        wheel_target=(
+            WheelTarget(
+                reply.target.implementation,
+                reply.target.python_version,
+                reply.target.abi,
+                reply.target.platform,
+                reply.target.glibc,
+            )
+            if reply.target is not None
+            else None
+        ),
     )
 
 

@@ -15,12 +15,13 @@ from pathlib import Path
 from orchestrator.agent.kernel import layout
 from orchestrator.agent.kernel.slurm import SPEC
 from orchestrator.agent.kernel.slurm_chain import CHAIN
-from orchestrator.models.errors import InputError, Interrupted, OrchError
+from orchestrator.models.errors import InfraError, InputError, Interrupted, OrchError
 from orchestrator.models.inventory import Host, Inventory
 from orchestrator.models.job import JobSpec
 from orchestrator.models.states import JobState
 from orchestrator.nodes import envs, ops
 from orchestrator.nodes.group import HostGroup
+from orchestrator.nodes.probe import probe_host
 from orchestrator.nodes.shell import sh_path
 from orchestrator.records.db import JobDB, JobRecord
 from orchestrator.reporting.reporter import ProgressReporter, Reporter, phase
@@ -36,6 +37,7 @@ from orchestrator.sync.ignore import collect_files
 from orchestrator.sync.manifest import Tree, scan_workdir
 from orchestrator.sync.push import push
 from orchestrator.sync.store import environment_digest_of, setup_key
+from orchestrator.sync.wheels import carried, downloaded
 from orchestrator.transport import ConnectOptions
 
 log = logging.getLogger(__name__)
@@ -149,7 +151,7 @@ def submit(
         Interrupted: Ctrl-C; the job was cancelled and its allocation is gone.
     """
     store = store or JobDB()
-    tree = scan_workdir(sj.job.workdir, sj.job.exclude)
+    tree = carried(sj.job, scan_workdir(sj.job.workdir, sj.job.exclude))
     environment_digest_of(sj.job, tree)  # `wheels:` that carry none: refused before any host
     with HostGroup([login], ConnectOptions(notice=reporter.notice)) as group:
         phase(reporter, f"connecting to the login node {login.name}")
@@ -159,6 +161,9 @@ def submit(
         partition = check_partition(sj, login_node.survey())
         if sj.gpus:
             check_gpus(sj, partition, partition_nodes(login_node, partition))
+        # `wheels: download`: for the login node's python, which builds the environment
+        # in the shared home for every node; before anything is recorded or queued.
+        tree = _with_downloads(sj, login_node, tree, reporter)
         store.add(record_of(sj, partition, login))
         reporter.job_started(sj.job_id)
         try:
@@ -233,6 +238,27 @@ def _slurm_spec(sj: SlurmJob, partition: str, login: Host) -> dict[str, object]:
         "nodes": sj.nodes,
         "nproc": sj.nproc,
     }
+
+
+def _with_downloads(sj: SlurmJob, login: LoginNode, tree: Tree, reporter: Reporter) -> Tree:
+    """`tree` with the wheels of a job with `wheels: download`, downloaded for what the
+    login node's python installs (its probe says); any other job's tree as it is.
+
+    Raises:
+        InfraError: the probe or the download failed (the packages, the login node).
+    """
+    env = sj.job.environment
+    if env is None or not env.download:
+        return tree
+    target = probe_host(login.host, login.transport, gpus=False, target=True).facts.wheel_target
+    if target is None:
+        raise InfraError(
+            f"environment: the login node {login.host.name} did not say what wheels its "
+            "python installs (wheels: download)",
+            "check that its python's sysconfig works; or give the job a directory of "
+            "wheels (wheels: DIR)",
+        )
+    return downloaded(sj.job, tree, {f"the login node {login.host.name}": target}, reporter.notice)
 
 
 def _ensure_environment(sj: SlurmJob, login: LoginNode, tree: Tree, reporter: Reporter) -> SlurmJob:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,8 +19,10 @@ from orchestrator.agent.kernel.placement import restart_delay
 from orchestrator.agent.kernel.replies import EnvReady
 from orchestrator.agent.kernel.requests import NodeTemplate
 from orchestrator.models.clocks import HostClock
+from orchestrator.models.environment import WheelTarget
 from orchestrator.models.errors import (
     HostError,
+    InfraError,
     InputError,
     Interrupted,
     JobFailed,
@@ -55,6 +57,7 @@ from orchestrator.sync.manifest import Tree, scan_workdir
 from orchestrator.sync.push import PushResult, push
 from orchestrator.sync.relay import Relay
 from orchestrator.sync.store import environment_digest_of, setup_inputs_digest, setup_key
+from orchestrator.sync.wheels import carried, downloaded
 from orchestrator.transport import ConnectOptions, Transport
 
 log = logging.getLogger(__name__)
@@ -107,7 +110,7 @@ def submit(
         Interrupted: Ctrl-C; the job was stopped on every node.
     """
     store = store or JobDB()
-    tree = scan_workdir(sub.job.workdir, sub.job.exclude)
+    tree = carried(sub.job, scan_workdir(sub.job.workdir, sub.job.exclude))
     environment_digest_of(sub.job, tree)  # `wheels:` that carry none: refused before any host
     if detach or sub.job.notify is None:  # a detached job's keeper tells its events
         return _attempts(sub, tree, reporter, detach, store, None)
@@ -151,6 +154,12 @@ def _attempts(
                 time.sleep(delay)
             except KeyboardInterrupt:
                 raise Interrupted("interrupted before the job started again") from None
+
+
+def _killed(store: JobDB, job_id: str) -> bool:
+    """Whether `orch kill` ended the job (its record says so)."""
+    recorded = _recorded(store, job_id)
+    return recorded is not None and recorded.state is JobState.KILLED
 
 
 def _recorded(store: JobDB, job_id: str) -> JobRecord | None:
@@ -200,8 +209,10 @@ def _attempt(
         group.connect()
         log.info("connected to %d hosts", len(hosts))
         phase(reporter, f"checking {_count(hosts, 'host')}")
-        plan, clocks = plan_with_facts(sub, group, hosts, attempt)
+        plan, clocks, targets = plan_with_facts(sub, group, hosts, attempt)
         log.info("probed %d hosts; master %s:%s", len(hosts), plan.master_addr, plan.master_port)
+        # `wheels: download`: here, before anything is recorded or started anywhere.
+        tree = downloaded(sub.job, tree, targets, reporter.notice)
         # Recorded before anything starts, so that `orch kill` can always find the job.
         if attempt == 0:
             store.add(record_of(plan))
@@ -227,12 +238,22 @@ def _attempt(
             phase(reporter, f"pushing {tree.total_bytes / 1e6:.1f} MB of code")
             plan = push_code(plan, group, tree, reporter)
             nodes = {n.host.name: n for n in plan.nodes}
+            if _killed(store, plan.job_id):  # `orch kill` while it was pushed or built
+                raise JobFailed(f"job {plan.job_id} was killed before it started", "")
             phase(reporter, f"starting {_count(plan.nodes, 'node')}")
             queued = start_nodes(plan, group, reporter, store, start, sub.no_wait, detach)
             if not queued:
                 log.info("started torchrun on %d hosts", len(nodes))
-        except OrchError:
+        except OrchError as exc:
             teardown(plan.job_id, plan.master_port, plan.nodes, group, reporter)
+            if _killed(store, plan.job_id):
+                # Its end, whatever a node's start said of it (a node that `orch kill`
+                # reached first refuses to start).
+                raise JobFailed(
+                    f"job {plan.job_id} was killed (orch kill) before it started; nothing "
+                    "was started on any host",
+                    "submit it again to run it (an environment built meanwhile is kept)",
+                ) from exc
             store.update_job(plan.job_id, JobState.FAILED)
             raise
         except KeyboardInterrupt:
@@ -359,11 +380,12 @@ def record_of(plan: LaunchPlan) -> JobRecord:
 
 def plan_with_facts(
     sub: Submission, group: HostGroup, hosts: Sequence[Host], attempt: int
-) -> tuple[LaunchPlan, dict[str, HostClock]]:
+) -> tuple[LaunchPlan, dict[str, HostClock], dict[str, WheelTarget]]:
     """Probe the hosts and run check's blocking checks; refuse on any error found.
 
     Returns:
-        The plan, and each host's clock as the probe measured it (where it could).
+        The plan, each host's clock as the probe measured it (where it could), and,
+        for a job with `wheels: download`, what each host's python installs.
 
     Raises:
         HostError / MultiHostError: python or torch missing on a host.
@@ -383,7 +405,18 @@ def plan_with_facts(
         attempt,
     )
     clocks = {name: f.clock for name, f in checked.facts.items() if f.clock is not None}
-    return plan, clocks
+    targets = {n: f.wheel_target for n, f in checked.facts.items() if f.wheel_target is not None}
+    env = sub.job.environment
+    if env is not None and env.download:
+        silent = [h.name for h in hosts if h.name not in targets]
+        if silent:
+            raise InfraError(
+                f"environment: {', '.join(silent)} did not say what wheels its python "
+                "installs (wheels: download)",
+                "check that its python's sysconfig works (orch check -i INVENTORY); or "
+                "give the job a directory of wheels (wheels: DIR)",
+            )
+    return plan, clocks, targets
 
 
 def _start(node: NodeLaunch, transport: Transport) -> LeaseStart:
@@ -509,7 +542,7 @@ def _ensure_environment(
     if replies:
         log.info("environment: the push found it built on %s", ", ".join(replies))
     if firsts:
-        replies.update(group.each(one, only=firsts))
+        replies.update(_builds(group, one, firsts, reporter))
     failed = {name: r for name, r in replies.items() if r.error is not None or not r.python}
     if failed:
         groups = plan.snapshots()  # a group's others would have used the same build
@@ -518,7 +551,7 @@ def _ensure_environment(
         )
     others = [name for name in nodes if name not in replies]
     if others:
-        replies.update(group.each(one, only=others))
+        replies.update(_builds(group, one, others, reporter))
         failed = {name: r for name, r in replies.items() if r.error is not None or not r.python}
         if failed:
             raise envs.failure(env, failed)
@@ -541,6 +574,28 @@ def _ensure_environment(
         return replace(node, python=python, template=template)
 
     return replace(plan, nodes=tuple(in_env(n) for n in plan.nodes))
+
+
+def _builds(
+    group: HostGroup,
+    one: Callable[[Host, Transport], EnvReady],
+    names: Sequence[str],
+    reporter: Reporter,
+) -> dict[str, EnvReady]:
+    """`one` on the hosts `names` at once. A Ctrl-C leaves without waiting for the
+    builds under way: each goes on on its host (a command without a terminal is not
+    stopped by its connection's end) and is published whole when it ends, or, killed
+    halfway, leaves only its temporary directory, which no job uses and the next build
+    removes (agent/host/envs.py)."""
+    try:
+        return group.each(one, only=names)
+    except KeyboardInterrupt:
+        group.abandon()
+        reporter.notice(
+            f"environment: the build under way on {', '.join(names)} goes on there; a "
+            "later job uses it once it is whole"
+        )
+        raise
 
 
 def _run_setup(

@@ -48,7 +48,7 @@ def warm_up(
         phase(reporter, f"connecting to {len(sub.hosts)} hosts")
         group.connect()
         phase(reporter, f"checking {len(sub.hosts)} hosts")
-        plan, _ = submitting.plan_with_facts(sub, group, sub.hosts, 0)
+        plan, _, _ = submitting.plan_with_facts(sub, group, sub.hosts, 0)
         nodes = {n.host.name: n for n in plan.nodes}
 
         def one(host: Host, transport: Transport) -> WarmStart:

@@ -19,7 +19,7 @@ import os
 import stat
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -64,12 +64,21 @@ class Entry:
 
 @dataclass(frozen=True)
 class Tree:
-    """A scanned workdir: its entries, their canonical encoding and its digest."""
+    """A scanned workdir: its entries, their canonical encoding and its digest.
+
+    `sources`: the files of entries that are not under `root` (wheels carried beside
+    the code: `graft`), by entry path; every other entry is read at root/path.
+    """
 
     root: Path
     entries: tuple[Entry, ...]
     body: bytes = field(repr=False)
     digest: str
+    sources: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def source(self, path: str) -> str:
+        """Where the controller reads the entry `path`: under the root, or its source."""
+        return self.sources.get(path, path)
 
     @cached_property
     def objects(self) -> dict[str, Entry]:
@@ -262,3 +271,28 @@ def scan_workdir(root: Path, exclude: Iterable[str] = ()) -> Tree:
         InputError: a file cannot be read.
     """
     return scan(root, collect_files(root, exclude))
+
+
+def graft(tree: Tree, prefix: str, files: Tree) -> Tree:
+    """`tree` with the files of `files` (scanned from another directory) added under
+    `prefix`: they travel with the code as any file of it does (by hash, once), and
+    are read from where they are.
+
+    Raises:
+        InputError: the workdir has a path of its own under `prefix`.
+    """
+    taken = [e.path for e in tree.entries if e.path == prefix or e.path.startswith(prefix + "/")]
+    if taken:
+        raise InputError(
+            f"{taken[0]} is in the workdir, where orch puts the wheels it carries "
+            f"(workdir {tree.root})",
+            f"rename or exclude {prefix} in the workdir",
+        )
+    added = [replace(e, path=f"{prefix}/{e.path}") for e in files.entries if e.key is not None]
+    sources = {**tree.sources}
+    for entry in files.entries:
+        if entry.key is not None:
+            sources[f"{prefix}/{entry.path}"] = str(files.root / files.source(entry.path))
+    entries = [*tree.entries, *added]
+    body, digest = encode(entries)
+    return Tree(tree.root, tuple(sorted(entries, key=lambda e: e.path)), body, digest, sources)

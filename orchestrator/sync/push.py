@@ -204,7 +204,8 @@ class HostPlan:
 
 def _pieces(tree: Tree, keys: Iterable[str]) -> list[wire.Piece]:
     objects = tree.objects
-    return [p for k in keys for p in wire.pieces(k, objects[k].path, objects[k].size)]
+    # A grafted file's source is an absolute path, which root / path leaves whole.
+    return [p for k in keys for p in wire.pieces(k, tree.source(objects[k].path), objects[k].size)]
 
 
 @dataclass

@@ -88,10 +88,10 @@ def environment_digest_of(job: JobSpec, tree: Tree) -> str | None:
             for e in tree.entries
             if e.path.startswith(prefix) and e.path.endswith(".whl") and e.key is not None
         }
-        if not wheels:
+        if not wheels and not env.download:  # (none to download is not an error)
             raise job.error(
                 "wheels",
-                f"no .whl file in {env.wheels} travels with the code",
+                f"no .whl file in {env.wheels_said} travels with the code",
                 "put the wheels there, and check that .gitignore, .orchignore and "
                 "exclude: leave them in",
             )

@@ -76,14 +76,35 @@ def test_pip_options_are_refused(write: WriteFile, code: Path) -> None:
     assert "pip option" in str(expect_input_error(lambda: load_job(path)))
 
 
-def test_wheels_outside_the_workdir_are_refused(
+def test_wheels_outside_the_workdir_are_carried_and_download_is_a_value_of_its_own(
     write: WriteFile, code: Path, tmp_path: Path
 ) -> None:
+    from orchestrator.models.environment import CARRIED_WHEELS
+
     (tmp_path / "elsewhere").mkdir()
     path = write(
         "job.yaml", "workdir: code\nscript: train.py\nenvironment: [a]\nwheels: elsewhere\n"
     )
-    assert "inside the workdir" in str(expect_input_error(lambda: load_job(path)))
+    env = load_job(path).environment
+    assert env == Environment(
+        ("a",), str(path), CARRIED_WHEELS, wheels_dir=str(tmp_path / "elsewhere")
+    )
+    path = write(
+        "job.yaml", "workdir: code\nscript: train.py\nenvironment: [a]\nwheels: download\n"
+    )
+    env = load_job(path).environment
+    assert env is not None and env.download and env.wheels == CARRIED_WHEELS
+    assert env.wheels_dir is None and env.wheels_said == "download"
+    # ./download is the directory of that name.
+    (code / "download").mkdir()
+    path = write(
+        "job.yaml",
+        "workdir: code\nscript: train.py\nenvironment: [a]\nwheels: code/download\n",
+    )
+    assert load_job(path).environment == Environment(("a",), str(path), "download")
+    path = write("job.yaml", "workdir: code\nscript: train.py\nenvironment: [a]\nwheels: nope\n")
+    error = str(expect_input_error(lambda: load_job(path)))
+    assert "job.yaml:4" in error and "nope is not a directory" in error
 
 
 def test_digest_follows_requirements_and_wheels() -> None:
@@ -176,21 +197,30 @@ def test_dry_run_with_an_unparsable_requirement_exits_2_naming_the_line(
     assert "hint: " in run.stderr and "Traceback" not in run.stderr
 
 
-def test_wheels_option_replaces_the_jobs_and_must_be_in_the_workdir(
-    write: WriteFile, code: Path, tmp_path: Path
+def test_wheels_option_replaces_the_jobs_a_directory_anywhere_or_download(
+    write: WriteFile, code: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from orchestrator.models.environment import CARRIED_WHEELS
     from orchestrator.models.errors import InputError
     from orchestrator.models.job import Overrides, with_overrides
 
     (code / "offline").mkdir()
     job = load_job(write("job.yaml", "workdir: code\nscript: train.py\nenvironment: [tqdm]\n"))
-    over = with_overrides(job, Overrides(wheels=code / "offline"))
+    over = with_overrides(job, Overrides(wheels=str(code / "offline")))
     assert over.environment == Environment(("tqdm",), job.path, "offline")
-    with pytest.raises(InputError, match="not a directory inside the workdir"):
-        with_overrides(job, Overrides(wheels=tmp_path))
+    outside = with_overrides(job, Overrides(wheels=str(tmp_path)))
+    assert outside.environment == Environment(
+        ("tqdm",), job.path, CARRIED_WHEELS, wheels_dir=str(tmp_path)
+    )
+    monkeypatch.chdir(code)  # relative to where orch runs, as a shell's path is
+    assert with_overrides(job, Overrides(wheels="offline")).environment == over.environment
+    downloaded = with_overrides(job, Overrides(wheels="download")).environment
+    assert downloaded is not None and downloaded.download
+    with pytest.raises(InputError, match="missing is not a directory"):
+        with_overrides(job, Overrides(wheels="missing"))
     bare = load_job(write("bare.yaml", "workdir: code\nscript: train.py\n"))
     with pytest.raises(InputError, match="has no environment"):
-        with_overrides(bare, Overrides(wheels=code / "offline"))
+        with_overrides(bare, Overrides(wheels=str(code / "offline")))
 
 
 def test_setup_inputs_key_follows_only_the_named_files() -> None:
@@ -302,13 +332,17 @@ def test_every_way_a_node_starts_runs_the_environments_python() -> None:
     assert plain.argv[0] == os.path.expanduser("~/py/bin/python")
 
 
-def test_orch_env_on_a_slurm_cluster_is_refused_by_name_with_exit_2(
+def test_orch_env_on_a_slurm_cluster_asks_its_login_node_and_names_it_when_unreachable(
     orch: Orch, write: WriteFile
 ) -> None:
-    inventory = write("hpc.yaml", "slurm:\n  login: login1.hpc.example.edu\n  partition: gpu\n")
+    with socket.socket() as gone:  # a port nothing listens on, for the login node's sshd
+        gone.bind(("127.0.0.2", 0))
+        port = gone.getsockname()[1]
+    inventory = write("hpc.yaml", f"defaults: {{port: {port}}}\nslurm: {{login: 127.0.0.2}}\n")
     run = orch("env", "-i", inventory)
-    assert run.returncode == 2, run
-    assert "orch env is not for the slurm backend" in run.stderr and "Traceback" not in run.stderr
+    assert run.returncode == 3, run
+    assert "127.0.0.2" in run.stderr and "hint: " in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and "not for the slurm backend" not in run.stderr
 
 
 def test_the_probe_says_whether_a_package_index_answers_and_why_not() -> None:
@@ -348,13 +382,17 @@ def test_check_asks_for_the_index_an_environment_would_be_built_from(write: Writ
     )
     assert index_to_reach(host, wheels) is None
     assert index_to_reach(host, load_job(write("d.yaml", "workdir: w\nscript: x.py\n"))) is None
+    downloaded = load_job(
+        write("e.yaml", "workdir: w\nscript: x.py\nenvironment: [tqdm]\nwheels: download\n")
+    )
+    assert index_to_reach(host, downloaded) is None  # the hosts install with no index
 
     cut = host_problems(host, HostFacts(index=(mirror, "Connection refused")), {})
     assert [p.message for p in cut] == [
         "cannot reach the package index https://mirror.example/… (Connection refused): "
         "the job's environment cannot be built there (host node1)"
     ]
-    assert "secret" not in cut[0].lines()[0] and "wheels: DIR" in cut[0].lines()[-1]
+    assert "secret" not in cut[0].lines()[0] and "wheels: download" in cut[0].lines()[-1]
     assert host_problems(host, HostFacts(index=(mirror, "ok")), {}) == []
 
 

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from ..kernel.host_wire import GpuFacts, GpuRow, PortFacts, PortHolder, ProbeFacts
+from ..kernel.host_wire import GpuFacts, GpuRow, PortFacts, PortHolder, ProbeFacts, WheelTags
 from ..kernel.layout import FS_MARKS, TOKEN_RE
 from ..kernel.messages import parse_message
 from ..kernel.requests import ProbeOptions
@@ -61,6 +61,8 @@ def main(args: list[str]) -> int:
     facts.addresses = own
     if opts.index:
         facts.index_reach = index_reach(opts.index)
+    if opts.target:
+        facts.target = wheel_tags()
     if opts.master:
         route = route_facts(opts.master, own)
         facts.iface, facts.local_addr = route["iface"], route["local_addr"]
@@ -82,6 +84,37 @@ def main(args: list[str]) -> int:
     facts.time = time.time()  # last: the controller compares it with its own clock
     print(facts.to_json())
     return 0
+
+
+def wheel_tags() -> WheelTags:
+    """What wheels this python installs, as packaging.tags would tell (it is not in the
+    standard library): the controller downloads them for it (`wheels: download`)."""
+    import sysconfig
+
+    impl = sys.implementation.name
+    short = {"cpython": "cp", "pypy": "pp"}.get(impl, impl)
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    # SOABI: cpython-311-x86_64-linux-gnu (cp311), cpython-313t-... (cp313t, free
+    # threaded), pypy39-pp73-... (pypy39_pp73).
+    soabi = str(sysconfig.get_config_var("SOABI") or "")
+    parts = soabi.split("-")
+    if impl == "cpython" and len(parts) > 1:
+        abi = "cp" + parts[1]
+    elif len(parts) > 1:
+        abi = "_".join(parts[:2])
+    else:
+        abi = short + version.replace(".", "")
+    platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    glibc = None
+    try:
+        found = os.confstr("CS_GNU_LIBC_VERSION") or ""  # "glibc 2.36"
+        if found.startswith("glibc "):
+            glibc = found.split()[1]
+    except (ValueError, OSError, AttributeError):
+        pass
+    return WheelTags(
+        implementation=short, python_version=version, abi=abi, platform=platform, glibc=glibc
+    )
 
 
 def probe_options(args: list[str]) -> ProbeOptions:

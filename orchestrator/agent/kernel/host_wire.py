@@ -54,6 +54,18 @@ class PortFacts(Message):
     holders: Sequence[PortHolder] = ()
 
 
+class WheelTags(Message):
+    """What this host's python installs, as `pip download` for it is told (`probe`
+    with `target`): implementation (`cp`), python_version (`3.11`), abi (`cp311`),
+    platform (`linux_x86_64`), glibc (`2.36`; None: another C library)."""
+
+    implementation: str
+    python_version: str
+    abi: str
+    platform: str
+    glibc: str | None = None
+
+
 class ProbeFacts(Reply):
     """`probe`: the host's facts; each is there only when it was asked for or found."""
 
@@ -77,6 +89,7 @@ class ProbeFacts(Reply):
     fs_mark: str | None = None
     modules: dict[str, bool] | None = None  # each module asked for: found
     index_reach: str | None = None  # the index asked about: "ok", or why not
+    target: WheelTags | None = None  # asked for: what wheels this python installs
     gpus: GpuFacts | None = None
     time: float | None = None  # the host's clock, read last
 

@@ -250,6 +250,7 @@ class ProbeOptions(Request):
     mark: str | None = None
     look: Sequence[str] = ()
     index: str | None = None  # a package index's URL: whether this host reaches it
+    target: bool = False  # say what wheels this python installs (`wheels: download`)
 
 
 class SlurmNode(Request):

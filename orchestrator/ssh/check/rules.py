@@ -128,8 +128,9 @@ def host_problems(host: Host, facts: HostFacts, env: Mapping[str, str]) -> list[
                 "environment",
                 f"cannot reach the package index {redact(url)} ({why}): the job's "
                 "environment cannot be built there",
-                "give the job its wheels (wheels: DIR in the job file, or --wheels DIR): "
-                "orch carries them to the hosts, which then install with no index",
+                "let this machine download the wheels for the hosts (wheels: download in "
+                "the job file, or --wheels download), or give a directory of them (wheels: "
+                "DIR): orch carries them to the hosts, which then install with no index",
             )
         )
     for module in facts.modules_missing:

@@ -38,6 +38,7 @@ from orchestrator.ssh.check.rules import (
 from orchestrator.ssh.plan import fs_groups, select_hosts, static_master_addr
 from orchestrator.sync.manifest import scan_workdir
 from orchestrator.sync.store import environment_digest_of
+from orchestrator.sync.wheels import carried
 from orchestrator.transport import ConnectOptions, Transport
 
 log = logging.getLogger(__name__)
@@ -123,8 +124,10 @@ def run_check(
         modules = _modules_to_find(job)
         marks = _marks(hosts)
         env_digest = None
-        if job is not None and job.environment is not None:
-            env_digest = environment_digest_of(job, scan_workdir(job.workdir, job.exclude))
+        # (`wheels: download`: its name holds wheels that only a submit downloads.)
+        if job is not None and job.environment is not None and not job.environment.download:
+            tree = carried(job, scan_workdir(job.workdir, job.exclude))
+            env_digest = environment_digest_of(job, tree)
 
         def inspect(host: Host, transport: Transport) -> HostStatus:
             port = wanted if host.name == master.name else None
@@ -191,7 +194,9 @@ def _environment_line(job: JobSpec | None, statuses: Sequence[HostStatus]) -> st
         return None
     env = job.environment
     held = ", ".join(env.requirements) or "nothing more"
-    source = f", from {env.wheels} with no index" if env.wheels else ""
+    source = f", from {env.wheels_said} with no index" if env.wheels else ""
+    if env.download:
+        source = ", from wheels this machine downloads for the hosts at submit, no index there"
     built = [s.host.name for s in statuses if s.env_built]
     todo = [s.host.name for s in statuses if s.env_built is False]
     where = []
@@ -216,6 +221,8 @@ def preflight(job: JobSpec, hosts: Sequence[Host], group: HostGroup) -> Prefligh
     marks = _marks(hosts)
     # A job's environment may bring torch itself over a bare host python.
     verdict = probe if job.environment is None else probe_host
+    # `wheels: download`: the controller downloads them for what each host installs.
+    download = job.environment is not None and job.environment.download
     probes = group.each(
         lambda h, t: verdict(
             h,
@@ -225,6 +232,7 @@ def preflight(job: JobSpec, hosts: Sequence[Host], group: HostGroup) -> Prefligh
             gpus=bool(h.gpus),  # nvidia-smi can take a second: only where GPUs are declared
             modules=modules,
             marks=marks,
+            target=download,
         )
     )
     facts = {name: p.facts for name, p in probes.items()}
