@@ -207,19 +207,20 @@ def _make(request: EnvRequest, tmp: str) -> EnvReady | None:
             "--find-links",
             os.path.abspath(os.path.join("code", request.wheels)),
         ]
+    # No bytecode is compiled at install (uv's default; pip's --no-compile): an
+    # environment is this user's and writable, so each module is compiled once, when a
+    # job first imports it (torchrun's launcher or the warm interpreter, before any
+    # rank), and only the modules jobs import are: torch's build costs half the CPU.
     uv = find_uv()
     if uv:
-        # Compiled as pip compiles: an environment without bytecode would compile
-        # torch's modules again at every import where bytecode cannot be written.
-        argv = [uv, "pip", "install", "--python", py, "--compile-bytecode", *source]
-        argv += ["-r", wanted]
+        argv = [uv, "pip", "install", "--python", py, *source, "-r", wanted]
     else:
         if _run([py, "-m", "pip", "--version"])[0] != 0:
             code, out = _run([py, "-m", "ensurepip", "--default-pip"])
             if code != 0:
                 return EnvReady(error="no pip for this python (ensurepip failed)", tail=_tail(out))
         argv = [py, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
-        argv += ["--no-warn-script-location", *source, "-r", wanted]
+        argv += ["--no-warn-script-location", "--no-compile", *source, "-r", wanted]
     code, out = _run(argv)
     if code != 0:
         return EnvReady(error="installing failed", missing=_missing(out), tail=_tail(out))
