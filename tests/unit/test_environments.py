@@ -426,3 +426,21 @@ def test_uv_is_found_on_path_else_where_its_installer_puts_it(
     (on_path / "uv").chmod(0o755)
     monkeypatch.setenv("PATH", str(on_path))
     assert envs.find_uv() == str(on_path / "uv")
+
+
+def test_an_environments_directory_another_user_owns_or_can_write_is_never_used(
+    tmp_path: Path,
+) -> None:
+    envs_dir = tmp_path / "envs"
+    envs_dir.mkdir(mode=0o700)
+    request = _request(envs_dir, ["orchtiny==1.0"])
+    envs_dir.chmod(0o777)  # anyone could put an environment there
+    refused = envs.ensure(request)
+    assert refused.error and "not this user's alone" in refused.error and refused.python is None
+    envs_dir.chmod(0o700)
+    if os.getuid() == 0:  # another user's directory: only root can make one here
+        os.chown(envs_dir, 4011, 4011)
+        other = envs.ensure(request)
+        assert other.error and "not this user's alone" in other.error and other.python is None
+        os.chown(envs_dir, 0, 0)
+    assert list(envs_dir.iterdir()) == []  # nothing made or changed there
