@@ -77,3 +77,44 @@ def test_uv_builds_where_the_host_has_it_and_pip_where_it_has_not(
     assert len(built) == 1, ran.stderr
     assert re.search(r"node1 \(uv, [\d.]+ s\)", built[0]), built[0]
     assert re.search(r"node2 \(pip, [\d.]+ s\)", built[0]), built[0]
+
+
+SEES = (
+    "import json, site, sys, yaml, orchtiny\n"
+    "print('SEES', json.dumps({'path': sys.path, 'yaml': yaml.__file__}), flush=True)\n"
+)
+
+
+def test_an_environment_sees_the_host_pythons_packages_and_not_its_base_interpreters(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    """The hosts' python is this repository's venv, which does not see its base
+    interpreter's site-packages: nor does an environment over it."""
+    import json
+    import site
+    import sys
+
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the hosts' python is no venv here")
+    base_sites = set(site.getsitepackages([sys.base_prefix]))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "sees.py").write_text(SEES)
+    tiny_wheel(tmp_path, work / "wheels", "orchtiny", "7.1")
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[2])
+    job = write_workdir_job(
+        tmp_path,
+        work,
+        "sees.py",
+        launcher="python",
+        hosts=["node2"],
+        environment=["orchtiny==7.1"],
+        wheels=str(work / "wheels"),
+    )
+    ran = orch("submit", job, "-i", inventory, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    seen = json.loads(ran.stdout.split("SEES ", 1)[1].splitlines()[0])
+    venv_sites = set(site.getsitepackages())
+    assert venv_sites & set(seen["path"]), seen  # the host python's packages (yaml)
+    assert seen["yaml"].startswith(tuple(venv_sites)), seen
+    assert not base_sites & set(seen["path"]), seen  # not its base interpreter's

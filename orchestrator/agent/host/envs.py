@@ -1,8 +1,8 @@
 """`env ensure|list|gc`: the jobs' virtual environments on this host
 (docs/ENVIRONMENTS.md).
 
-An environment is a venv over the host's python (its packages seen, as
-`--system-site-packages` does, and those of a venv that python belongs to), named by
+An environment is a venv over the host's python that sees exactly the packages that
+python sees (each of its site directories, after the environment's own), named by
 its key: the controller's digest of the requirements and wheels, this interpreter and
 this machine. Each lives in `WORKDIR/envs/<key>` (the user's own, owner-only):
 
@@ -35,9 +35,7 @@ from ..kernel.requests import EnvRequest
 RECORD = "orch-env.json"
 BUILD_PREFIX = ".build-"
 TAIL_LINES = 12
-_PATHS = (
-    "import sysconfig,json;p=sysconfig.get_paths();print(json.dumps([p['purelib'],p['platlib']]))"
-)
+_SITES = "import site,json;print(json.dumps(site.getsitepackages()))"
 
 
 def main(args: list[str]) -> int:
@@ -179,24 +177,24 @@ def _run(argv: list[str]) -> tuple[int, str]:
 
 def _make(request: EnvRequest, tmp: str) -> EnvReady | None:
     """The venv in `tmp`, its packages installed; an error reply, or None."""
-    code, out = _run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", tmp])
+    code, out = _run([sys.executable, "-m", "venv", "--without-pip", tmp])
     if code != 0:
         return EnvReady(error="python -m venv failed", tail=_tail(out))
     py = os.path.join(tmp, "bin", "python")
-    # Where the host's python is itself a venv, --system-site-packages reaches only its
-    # base: a .pth line per directory of the host python's own lets it see those too,
-    # as a site directory (its own .pth files run: editable installs, say), after the
-    # environment's own packages.
-    code, base = _run([sys.executable, "-c", _PATHS])
-    code2, own = _run([py, "-c", _PATHS])
-    if code == 0 and code2 == 0:
-        mine = json.loads(own.strip().splitlines()[-1])
-        extra = [
-            p for p in dict.fromkeys(json.loads(base.strip().splitlines()[-1])) if p not in mine
-        ]
-        if extra:
-            with open(os.path.join(mine[0], "_orch_host_python.pth"), "w") as f:
-                f.write("".join(f"import site; site.addsitedir({p!r})\n" for p in extra))
+    # The environment sees what the host python sees, no more: each of its site
+    # directories becomes one of the environment's (a .pth line each, so that their own
+    # .pth files run: editable installs, say), after the environment's own packages.
+    # Not --system-site-packages: where the host python is a venv, that reaches its
+    # base interpreter's packages, which the host python itself does not see.
+    code, theirs = _run([sys.executable, "-c", _SITES])
+    code2, own = _run([py, "-c", _SITES])
+    if code != 0 or code2 != 0:
+        return EnvReady(error="cannot read the host python's site directories", tail=_tail(theirs))
+    mine = json.loads(own.strip().splitlines()[-1])
+    extra = [p for p in dict.fromkeys(json.loads(theirs.strip().splitlines()[-1])) if p not in mine]
+    if extra:
+        with open(os.path.join(mine[0], "_orch_host_python.pth"), "w") as f:
+            f.write("".join(f"import site; site.addsitedir({p!r})\n" for p in extra))
     wanted = os.path.join(tmp, "orch-requirements.txt")
     with open(wanted, "w") as f:
         f.write("".join(r + "\n" for r in request.requirements))
