@@ -9,7 +9,6 @@ user can write would run as this user. Reply: {"kept": path} or {"error": why}.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -26,6 +25,10 @@ def main(args: list[str]) -> int:
         path = os.path.join(folder, tool_name(name, sha))
     except ValueError as exc:
         return answer({"error": str(exc)})
+    # Here, not at the top: `stack` imports this module for `mine` on every host, and
+    # hashlib loads OpenSSL (3 to 5 ms of each host's CPU there, for nothing).
+    import hashlib
+
     data = sys.stdin.buffer.read()
     if hashlib.sha256(data).hexdigest() != sha:
         return answer({"error": f"{name}: the bytes that came do not match their hash"})
