@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -42,8 +41,10 @@ if TYPE_CHECKING:
 
 FAULT_SETTLE_S = 0.1  # a faulthandler dump is written at once: still this long, it is whole
 NOT_PERMITTED = "tracing not permitted"
-_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
-_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
+# Patterns, compiled on first use (re's cache): only faulthandler's text needs them,
+# and compiling costs every host's stack command its CPU.
+_FRAME = r'^\s+File "(.*)", line (\d+) in (.*)$'
+_THREAD = r"^(Current thread|Thread) (0x[0-9a-fA-F]+)"
 
 
 def main(args: list[str]) -> int:
@@ -174,17 +175,15 @@ def ended(rank: int, pid: int) -> RankStack:
 def with_pyspy(rank: int, pid: int, tool: str, native: bool, timeout: float) -> RankStack:
     argv = [tool, "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]
     try:
-        done = subprocess.run(
-            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired:
+        returncode, stdout, stderr = capture(argv, timeout)
+    except TimedOut:
         return RankStack(rank=rank, pid=pid, error=f"py-spy took over {timeout:.0f} s")
     except OSError as exc:
         return RankStack(rank=rank, pid=pid, error=f"py-spy could not run: {exc}")
-    said = done.stderr.decode(errors="replace").strip()
-    if done.returncode == 0:
+    said = stderr.decode(errors="replace").strip()
+    if returncode == 0:
         try:
-            threads = [pyspy_thread(t) for t in json.loads(done.stdout)]
+            threads = [pyspy_thread(t) for t in json.loads(stdout)]
             return RankStack(rank=rank, pid=pid, via="py-spy", native=native, threads=threads)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             said = f"unreadable py-spy output: {exc}"
@@ -195,7 +194,76 @@ def with_pyspy(rank: int, pid: int, tool: str, native: bool, timeout: float) -> 
             error=f"{NOT_PERMITTED}: {last_line(said)}",
             hint=not_permitted_hint(),
         )
-    return RankStack(rank=rank, pid=pid, error=f"py-spy: {last_line(said) or done.returncode}")
+    return RankStack(rank=rank, pid=pid, error=f"py-spy: {last_line(said) or returncode}")
+
+
+class TimedOut(Exception):
+    """A command ran past its time, and was killed."""
+
+
+def capture(argv: list[str], timeout: float) -> tuple[int, bytes, bytes]:
+    """Run `argv` to its end, stdin /dev/null: (exit status, stdout, stderr), the status
+    negative for a signal, as subprocess.run(capture_output=True, timeout=) gives them.
+
+    Not subprocess itself: importing it (with selectors, locale and its own threads'
+    machinery) cost every host's stack command 2 to 4 ms of CPU, about 4 times that in
+    the wall time of 8 hosts of 2 ranks sharing 2 cores (bench/stack.py).
+
+    Raises:
+        TimedOut: it still ran after `timeout` seconds (it was killed).
+        OSError: it could not be started.
+    """
+    import select
+    import signal
+
+    # Python ignores SIGPIPE and SIGXFSZ; the tool gets them back, as subprocess does.
+    restored = (signal.SIGPIPE, signal.SIGXFSZ)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        pid = os.posix_spawn(
+            argv[0],
+            argv,
+            os.environ,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, out_w, 1),
+                (os.POSIX_SPAWN_DUP2, err_w, 2),
+            ],
+            setsigdef=restored,
+        )
+    except BaseException:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    got: dict[int, list[bytes]] = {out_r: [], err_r: []}
+    deadline = time.monotonic() + timeout
+    poller = select.poll()
+    for fd in got:
+        poller.register(fd, select.POLLIN)
+    open_fds = len(got)
+    try:
+        while open_fds and time.monotonic() < deadline:
+            for fd, _ in poller.poll(max(deadline - time.monotonic(), 0) * 1000):
+                data = os.read(fd, 1 << 16)
+                if data:
+                    got[fd].append(data)
+                else:
+                    poller.unregister(fd)
+                    open_fds -= 1
+    finally:
+        if open_fds:  # past its time (or a read failed): not left running
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        os.close(out_r)
+        os.close(err_r)
+    if open_fds:
+        raise TimedOut(argv[0])
+    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    return code, b"".join(got[out_r]), b"".join(got[err_r])
 
 
 def not_permitted_hint() -> str:
@@ -281,12 +349,12 @@ def faulthandler_threads(text: str) -> list[dict[str, Any]]:
     line N in name`) in the reply's shape."""
     threads: list[dict[str, Any]] = []
     for line in text.splitlines():
-        head = _THREAD.match(line)
+        head = re.match(_THREAD, line)
         if head:
             threads.append({"id": int(head.group(2), 16), "name": None, "frames": []})
             threads[-1]["active"] = head.group(1) == "Current thread"
             continue
-        frame = _FRAME.match(line)
+        frame = re.match(_FRAME, line)
         if frame and threads:
             where = {"function": frame.group(3), "file": frame.group(1)}
             threads[-1]["frames"].append({**where, "line": int(frame.group(2))})
