@@ -105,7 +105,7 @@ def ask_all(
     def one(node: NodeRecord) -> None:
         host = node.host
         try:
-            transport = open_transport(host, options)
+            transport = open_transport(host, options, dial_ahead=True)
             transports[host.name] = transport
             transport.connect()
             ranks = [r for r in wanted.ranks if r in node.ranks] or None
