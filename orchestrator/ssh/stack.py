@@ -31,7 +31,7 @@ from orchestrator.reporting.reporter import Reporter
 from orchestrator.reporting.stacks import StackOptions as Wanted
 from orchestrator.reporting.taken import chosen, ended_error, keep
 from orchestrator.ssh.pyspy import ask
-from orchestrator.transport import ConnectOptions, Transport, open_transport
+from orchestrator.transport import ConnectOptions, Transport, dial_ahead, open_transport
 
 GRACE_S = 2.0  # past the last healthy host's answer, a host still silent is lost
 READ_TIMEOUT_S = 10.0
@@ -101,11 +101,14 @@ def ask_all(
     failures: dict[str, OrchError] = {}
     busy: set[str] = set()  # receiving py-spy: not lost
     transports: dict[str, Transport] = {}
+    # Every host's connection is dialled before the first thread imports paramiko:
+    # the hosts accept while it does (transport/dial.py).
+    dialled = dial_ahead([n.host for n in nodes], options)
 
     def one(node: NodeRecord) -> None:
         host = node.host
         try:
-            transport = open_transport(host, options, dial_ahead=True)
+            transport = open_transport(host, options, dialled.pop(host.name, None))
             transports[host.name] = transport
             transport.connect()
             ranks = [r for r in wanted.ranks if r in node.ranks] or None

@@ -6,9 +6,10 @@ ahead, each host's sshd accepts, forks and sends its banner during that import, 
 the SSH handshake starts from a connection that is already there.
 
 1. Only where the connection surely goes straight to the inventory's address and
-   port (22 unless it says): no ssh_config file here names a HostName, Port,
-   ProxyJump, ProxyCommand, Match or Include (`direct`); anything else is left to
-   fabric alone, as before.
+   port (22 unless it says): neither ssh_config file that fabric reads names a
+   HostName, Port, ProxyJump, ProxyCommand or Match (`direct`; paramiko follows no
+   Include); anything else is left to fabric alone, as before. Local hosts need no
+   SSH, and are not dialled.
 2. The transport takes the connection only where fabric resolved the same address
    and port with no gateway (`Dialled.take`); otherwise it is closed unused.
 3. A dial that fails costs nothing but the try: the transport connects as it always
@@ -20,7 +21,10 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Iterable
 from pathlib import Path
+
+from orchestrator.models.inventory import Host
 
 # ssh_config keywords that can send a connection elsewhere than address:port.
 REDIRECTS = ("hostname", "port", "proxyjump", "proxycommand", "match")
@@ -88,9 +92,10 @@ class Dialled:
             sock.close()
 
 
-def ahead(address: str, port: int | None, timeout: float) -> Dialled | None:
-    """Start dialling `address`:`port` (22 where None) where that is surely where an
-    SSH connection to it goes (module docstring, 1); else None."""
+def ahead(hosts: Iterable[Host], timeout: float) -> dict[str, Dialled]:
+    """Start dialling each of `hosts` that surely connects straight to its address and
+    port (module docstring, 1), by name; none where an ssh_config could redirect them,
+    nor for local hosts (no SSH)."""
     if not direct():
-        return None
-    return Dialled(address, port or 22, timeout)
+        return {}
+    return {h.name: Dialled(h.address, h.port or 22, timeout) for h in hosts if not h.is_local}
