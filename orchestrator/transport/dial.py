@@ -96,6 +96,10 @@ def ahead(hosts: Iterable[Host], timeout: float) -> dict[str, Dialled]:
     """Start dialling each of `hosts` that surely connects straight to its address and
     port (module docstring, 1), by name; none where an ssh_config could redirect them,
     nor for local hosts (no SSH)."""
+    dialled: dict[str, Dialled] = {}
     if not direct():
-        return {}
-    return {h.name: Dialled(h.address, h.port or 22, timeout) for h in hosts if not h.is_local}
+        return dialled
+    for host in hosts:
+        if not host.is_local and host.name not in dialled:  # two nodes on one host: once
+            dialled[host.name] = Dialled(host.address, host.port or 22, timeout)
+    return dialled

@@ -92,8 +92,8 @@ class Listener:
     """A TCP listener on loopback that counts its connections and answers each with a
     line that is no SSH banner (a handshake over it fails at once)."""
 
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, address: str = "127.0.0.1") -> None:
+        self.sock = socket.create_server((address, 0))
         self.port = self.sock.getsockname()[1]
         self.accepted = 0
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -174,5 +174,24 @@ def test_the_handshake_goes_over_the_connection_dialled_ahead_and_no_other() -> 
             transport.connect()
         transport.close()
         assert listener.accepted == 1, "the dialled connection, and no second one"
+    finally:
+        listener.close()
+
+
+def test_each_host_is_dialled_once_and_a_local_one_not_at_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    listener = Listener("127.0.0.2")  # loopback, yet no local host's address
+    monkeypatch.setattr(dial, "direct", lambda: True)
+    try:
+        remote = Host(name="n1", address="127.0.0.2", port=listener.port)
+        local = Host(name="here", address="localhost")
+        dialled = dial.ahead([remote, remote, local], 5)
+        assert list(dialled) == ["n1"]
+        sock = dialled["n1"].take("127.0.0.2", listener.port)
+        assert sock is not None
+        sock.close()
+        monkeypatch.setattr(dial, "direct", lambda: False)
+        assert dial.ahead([remote], 5) == {}, "where a config could redirect it: none"
     finally:
         listener.close()
