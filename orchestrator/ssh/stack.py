@@ -2,7 +2,9 @@
 once (one agent command, `stack`, per host: agent/node/stack.py), grouped and kept in
 the job's records.
 
-1. Every host is asked at the same time, each over its own connection; a host that
+1. Every host is asked at the same time, each over its own connection, dialled before
+   paramiko is imported where it surely goes straight to the host (transport/dial.py),
+   so that the hosts' sshd accept while this process loads it; a host that
    has not answered `GRACE_S` after the last healthy one did is given up on (it is
    named, the others are shown): a lost host costs the slowest healthy host's time
    plus GRACE_S, never a connect or command timeout. A host being sent py-spy is not
