@@ -135,6 +135,11 @@ def test_a_dialled_connection_is_taken_only_for_the_address_and_port_it_went_to(
         again = dial.Dialled("127.0.0.1", listener.port, 5)
         sock = again.take("127.0.0.1", listener.port)
         assert sock is not None and sock.getpeername()[1] == listener.port
+        assert sock.gettimeout() == 5, "blocking again, with the connect timeout"
+        sock.close()
+        by_name = dial.Dialled("localhost", listener.port, 5)  # resolved aside
+        sock = by_name.take("localhost", listener.port)
+        assert sock is not None and sock.getpeername()[1] == listener.port
         sock.close()
     finally:
         listener.close()
