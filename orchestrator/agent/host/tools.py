@@ -9,10 +9,10 @@ user can write would run as this user. Reply: {"kept": path} or {"error": why}.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
+from ..kernel import cjson
 from ..kernel.layout import tool_name
 
 
@@ -56,5 +56,5 @@ def mine(folder: str) -> None:
 
 
 def answer(reply: dict[str, str]) -> int:
-    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.write(cjson.dumps(reply) + "\n")
     return 0 if "kept" in reply else 1

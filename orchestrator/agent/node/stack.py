@@ -20,14 +20,13 @@ each read at once beside the others, for `orch stack` and the stall watchdog.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import sys
 import threading
 import time
 
 from ..host import proc, tools
+from ..kernel import cjson
 from ..kernel.fileio import read_json, write_bytes
 from ..kernel.layout import CODE, FLIGHT_PREFIX, LOGS, PYSPY, STACKS, tool_name
 from ..kernel.messages import parse_message
@@ -41,21 +40,21 @@ if TYPE_CHECKING:
 
 FAULT_SETTLE_S = 0.1  # a faulthandler dump is written at once: still this long, it is whole
 NOT_PERMITTED = "tracing not permitted"
-# Patterns, compiled on first use (re's cache): only faulthandler's text needs them,
-# and compiling costs every host's stack command its CPU.
+# faulthandler's lines; compiled on first use (re's cache): only its text needs them.
 _FRAME = r'^\s+File "(.*)", line (\d+) in (.*)$'
 _THREAD = r"^(Current thread|Thread) (0x[0-9a-fA-F]+)"
+_NAME_CHARS = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_.-")
 
 
 def main(args: list[str]) -> int:
     job_dir = os.path.expanduser(args[0])
     try:
-        request = parse_message(StackRequest, json.loads(sys.stdin.read() or "{}"))
+        request = parse_message(StackRequest, cjson.loads(sys.stdin.read() or "{}"))
     except ValueError as exc:  # bad JSON, or a MessageError: a controller of another version
         sys.stderr.write(f"orch agent stack: {exc}\n")
         return 2
     reply = take(job_dir, request)
-    sys.stdout.write(json.dumps(reply.as_dict()) + "\n")
+    sys.stdout.write(cjson.dumps(reply.as_dict()) + "\n")
     return 0
 
 
@@ -183,7 +182,7 @@ def with_pyspy(rank: int, pid: int, tool: str, native: bool, timeout: float) -> 
     said = stderr.decode(errors="replace").strip()
     if returncode == 0:
         try:
-            threads = [pyspy_thread(t) for t in json.loads(stdout)]
+            threads = [pyspy_thread(t) for t in cjson.loads(stdout)]
             return RankStack(rank=rank, pid=pid, via="py-spy", native=native, threads=threads)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             said = f"unreadable py-spy output: {exc}"
@@ -347,6 +346,8 @@ def grown(f: Any, before: int, deadline: float) -> str:
 def faulthandler_threads(text: str) -> list[dict[str, Any]]:
     """faulthandler's dump (`Thread 0x.. (most recent call first):` then `  File "f",
     line N in name`) in the reply's shape."""
+    import re  # here: only faulthandler's text needs it (`re` costs each host command 4 ms)
+
     threads: list[dict[str, Any]] = []
     for line in text.splitlines():
         head = re.match(_THREAD, line)
@@ -378,11 +379,11 @@ def flight_dumps() -> dict[str, str] | None:
 
 def save(taken: str, reply: StackReply) -> str | None:
     """Keep the node's dump beside its logs: stacks/TAKEN.json."""
-    name = re.sub(r"[^0-9A-Za-z_.-]", "_", taken)[:80] or "stack"
+    name = "".join(c if c in _NAME_CHARS else "_" for c in taken)[:80] or "stack"
     try:
         os.makedirs(STACKS, mode=0o700, exist_ok=True)
         path = os.path.join(STACKS, f"{name}.json")
-        write_bytes(path, json.dumps(reply.as_dict()).encode(), 0o600)
+        write_bytes(path, cjson.dumps(reply.as_dict()).encode(), 0o600)
     except OSError:
         return None
     return os.path.abspath(path)
