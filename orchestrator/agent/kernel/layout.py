@@ -36,6 +36,8 @@ HEARTBEAT_S = 60.0  # a supervisor touches its PIDS file this often while torchr
 MEMBER_FILE = "member.json"  # a keeper's member lives in this node directory (touched too)
 STACKS = "stacks"  # every stack dump taken of the node's ranks (orch stack), one JSON each
 FLIGHT_PREFIX = "nccl-trace-rank-"  # + the rank: PyTorch's NCCL flight-recorder dumps, here
+# Where the job's env may name that prefix itself: PyTorch's current name, then the older.
+FLIGHT_FILES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 PYSPY = "py-spy"  # the tool that reads a rank's stack, kept per hash in `tools_dir`
 
 

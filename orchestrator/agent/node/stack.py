@@ -22,21 +22,22 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 
 from ..host import proc, tools
 from ..kernel import cjson
 from ..kernel.fileio import read_json, write_bytes
-from ..kernel.layout import CODE, FLIGHT_PREFIX, LOGS, PYSPY, STACKS, tool_name
+from ..kernel.layout import CODE, FLIGHT_FILES, FLIGHT_PREFIX, LOGS, PYSPY, STACKS, tool_name
 from ..kernel.messages import parse_message
 from ..kernel.replies import RankStack, StackReply
 from ..kernel.requests import StackRequest
-from . import spawn, state, traceable
+from . import state, traceable
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
 if TYPE_CHECKING:
     from typing import Any
+
+    Captured = tuple[int, bytes, bytes]  # exit status, stdout, stderr of a command run
 
 FAULT_SETTLE_S = 0.1  # a faulthandler dump is written at once: still this long, it is whole
 NOT_PERMITTED = "tracing not permitted"
@@ -72,16 +73,7 @@ def take(job_dir: str, request: StackRequest) -> StackReply:
         return StackReply(machine=machine, idle_s=idle_s, skipped=True)
     wanted = set(request.ranks) if request.ranks is not None else None
     found = {r: p for r, p in rank_pids().items() if wanted is None or r in wanted}
-    results: dict[int, RankStack] = {}
-
-    def read_one(rank: int, pid: int) -> None:
-        results[rank] = read_rank(rank, pid, tool, request.native, request.timeout)
-
-    threads = [threading.Thread(target=read_one, args=item) for item in found.items()]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = read_ranks(found, tool, request.native, request.timeout)
     ranks = [results[r] for r in sorted(results)]
     code = os.path.realpath(CODE) if os.path.isdir(CODE) else None
     reply = StackReply(
@@ -129,14 +121,76 @@ def runs(pid: int, when: int | None) -> bool:
     return proc.alive(pid) and proc.start_time(pid) == when and proc.uid_of(pid) == os.getuid()
 
 
-def read_rank(rank: int, pid: int, tool: str | None, native: bool, timeout: float) -> RankStack:
-    """One rank's stack, the way its start arranged; never raises."""
-    when = proc.start_time(pid)
-    record = read_json(traceable.trace_file(LOGS, str(rank))) or {}
+def read_ranks(
+    found: dict[int, int], tool: str | None, native: bool, timeout: float
+) -> dict[int, RankStack]:
+    """Every rank's stack (`read_rank`), each read at once beside the others: py-spy
+    started for every rank it reads and their outputs collected together, then, in
+    threads of their own, the ranks that need more (faulthandler waits for its file).
+    No thread where py-spy reads them all: importing threading cost each host's
+    stack command 4 ms of CPU."""
+    records = {rank: trace_record(rank) for rank in found}
+    started = {rank: proc.start_time(pid) for rank, pid in found.items()}  # before any read
+    argvs = {
+        rank: pyspy_argv(pid, tool, native)
+        for rank, pid in found.items()
+        if tool is not None and records[rank].get("way") != traceable.FAULTHANDLER
+    }
+    dumped = {
+        rank: pyspy_result(rank, found[rank], native, timeout, outcome)
+        for rank, outcome in capture_all(argvs, timeout).items()
+    }
+    results = {
+        rank: dumped[rank] for rank in found if rank in dumped and dumped[rank].error is None
+    }
+    rest = [rank for rank in found if rank not in results]
+    if len(rest) == 1:
+        rank = rest[0]
+        results[rank] = read_rank(
+            rank, found[rank], tool, native, timeout, dumped.get(rank), started[rank]
+        )
+    elif rest:
+        import threading
+
+        def read_one(rank: int) -> None:
+            results[rank] = read_rank(
+                rank, found[rank], tool, native, timeout, dumped.get(rank), started[rank]
+            )
+
+        threads = [threading.Thread(target=read_one, args=(rank,)) for rank in rest]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return results
+
+
+def trace_record(rank: int) -> dict[str, Any]:
+    """What the rank's start arranged for its reading (traceable.py)."""
+    return read_json(traceable.trace_file(LOGS, str(rank))) or {}
+
+
+def read_rank(
+    rank: int,
+    pid: int,
+    tool: str | None,
+    native: bool,
+    timeout: float,
+    dumped: RankStack | None = None,
+    when: int | None = None,
+) -> RankStack:
+    """One rank's stack, the way its start arranged; never raises.
+
+    Args:
+        dumped: what py-spy already read of it (read_ranks), where it did.
+        when: its start time, read before that (else now).
+    """
+    when = when if dumped is not None else proc.start_time(pid)
+    record = trace_record(rank)
     signum = record.get("signal") if isinstance(record.get("signal"), int) else None
     why = None
     if record.get("way") != traceable.FAULTHANDLER and tool is not None:
-        got = with_pyspy(rank, pid, tool, native, timeout)
+        got = dumped if dumped is not None else with_pyspy(rank, pid, tool, native, timeout)
         if got.error is None or not runs(pid, when):
             return ended(rank, pid) if got.error is not None else got
         why = got
@@ -172,13 +226,23 @@ def ended(rank: int, pid: int) -> RankStack:
 
 
 def with_pyspy(rank: int, pid: int, tool: str, native: bool, timeout: float) -> RankStack:
-    argv = [tool, "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]
-    try:
-        returncode, stdout, stderr = capture(argv, timeout)
-    except TimedOut:
+    argv = pyspy_argv(pid, tool, native)
+    return pyspy_result(rank, pid, native, timeout, capture_all({rank: argv}, timeout)[rank])
+
+
+def pyspy_argv(pid: int, tool: str | None, native: bool) -> list[str]:
+    return [str(tool), "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]
+
+
+def pyspy_result(
+    rank: int, pid: int, native: bool, timeout: float, outcome: Captured | OSError
+) -> RankStack:
+    """The rank's stack from what its py-spy did (`capture_all`)."""
+    if isinstance(outcome, TimedOut):
         return RankStack(rank=rank, pid=pid, error=f"py-spy took over {timeout:.0f} s")
-    except OSError as exc:
-        return RankStack(rank=rank, pid=pid, error=f"py-spy could not run: {exc}")
+    if isinstance(outcome, OSError):
+        return RankStack(rank=rank, pid=pid, error=f"py-spy could not run: {outcome}")
+    returncode, stdout, stderr = outcome
     said = stderr.decode(errors="replace").strip()
     if returncode == 0:
         try:
@@ -196,7 +260,7 @@ def with_pyspy(rank: int, pid: int, tool: str, native: bool, timeout: float) -> 
     return RankStack(rank=rank, pid=pid, error=f"py-spy: {last_line(said) or returncode}")
 
 
-class TimedOut(Exception):
+class TimedOut(OSError):
     """A command ran past its time, and was killed."""
 
 
@@ -204,47 +268,69 @@ def capture(argv: list[str], timeout: float) -> tuple[int, bytes, bytes]:
     """Run `argv` to its end, stdin /dev/null: (exit status, stdout, stderr), the status
     negative for a signal, as subprocess.run(capture_output=True, timeout=) gives them.
 
-    Not subprocess itself: importing it (with selectors, locale and its own threads'
-    machinery) cost every host's stack command 2 to 4 ms of CPU, about 4 times that in
-    the wall time of 8 hosts of 2 ranks sharing 2 cores (bench/stack.py).
-
     Raises:
         TimedOut: it still ran after `timeout` seconds (it was killed).
         OSError: it could not be started.
     """
+    outcome = capture_all({0: argv}, timeout)[0]
+    if isinstance(outcome, OSError):
+        raise outcome
+    code, out, err = outcome
+    return code, out, err
+
+
+def capture_all(argvs: dict[int, list[str]], timeout: float) -> dict[int, Captured | OSError]:
+    """Run every command at once, each as `capture` runs one: by key, (exit status,
+    stdout, stderr), or the OSError it could not start with, or TimedOut.
+
+    Not subprocess: importing it (with selectors, locale and its own threads'
+    machinery) cost every host's stack command 2 to 4 ms of CPU, about 4 times that in
+    the wall time of 8 hosts of 2 ranks sharing 2 cores (bench/stack.py); nor a
+    thread per command (threading: 4 ms more).
+    """
+    # `_signal`, not `signal`: that one makes enums of them, importing enum (3 ms).
+    import _signal  # type: ignore[import-not-found]
     import select
-    import signal
 
     # Python ignores SIGPIPE and SIGXFSZ; the tool gets them back, as subprocess does.
-    restored = (signal.SIGPIPE, signal.SIGXFSZ)
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    try:
-        pid = os.posix_spawn(
-            argv[0],
-            argv,
-            os.environ,
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_DUP2, out_w, 1),
-                (os.POSIX_SPAWN_DUP2, err_w, 2),
-            ],
-            setsigdef=restored,
-        )
-    except BaseException:
-        os.close(out_r)
-        os.close(err_r)
-        raise
-    finally:
-        os.close(out_w)
-        os.close(err_w)
-    got: dict[int, list[bytes]] = {out_r: [], err_r: []}
-    deadline = time.monotonic() + timeout
+    restored = (_signal.SIGPIPE, _signal.SIGXFSZ)
+    outcomes: dict[int, Captured | OSError] = {}
+    pids: dict[int, int] = {}
+    got: dict[int, list[bytes]] = {}  # fd -> what came
+    owner: dict[int, int] = {}  # fd -> key
+    streams: dict[int, tuple[int, int]] = {}  # key -> (stdout fd, stderr fd)
     poller = select.poll()
-    for fd in got:
-        poller.register(fd, select.POLLIN)
-    open_fds = len(got)
+    open_fds: set[int] = set()
     try:
+        for key, argv in argvs.items():
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            try:
+                pids[key] = os.posix_spawn(
+                    argv[0],
+                    argv,
+                    os.environ,
+                    file_actions=[
+                        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                        (os.POSIX_SPAWN_DUP2, out_w, 1),
+                        (os.POSIX_SPAWN_DUP2, err_w, 2),
+                    ],
+                    setsigdef=restored,
+                )
+            except OSError as exc:
+                os.close(out_r)
+                os.close(err_r)
+                outcomes[key] = exc
+                continue
+            finally:
+                os.close(out_w)
+                os.close(err_w)
+            streams[key] = (out_r, err_r)
+            for fd in (out_r, err_r):
+                got[fd], owner[fd] = [], key
+                poller.register(fd, select.POLLIN)
+                open_fds.add(fd)
+        deadline = time.monotonic() + timeout
         while open_fds and time.monotonic() < deadline:
             for fd, _ in poller.poll(max(deadline - time.monotonic(), 0) * 1000):
                 data = os.read(fd, 1 << 16)
@@ -252,17 +338,22 @@ def capture(argv: list[str], timeout: float) -> tuple[int, bytes, bytes]:
                     got[fd].append(data)
                 else:
                     poller.unregister(fd)
-                    open_fds -= 1
+                    open_fds.discard(fd)
     finally:
-        if open_fds:  # past its time (or a read failed): not left running
-            os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-        os.close(out_r)
-        os.close(err_r)
-    if open_fds:
-        raise TimedOut(argv[0])
-    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    return code, b"".join(got[out_r]), b"".join(got[err_r])
+        late = {owner[fd] for fd in open_fds}  # past their time (or a read failed)
+        for key, pid in pids.items():
+            if key in late:  # not left running
+                os.kill(pid, _signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            if key in late:
+                outcomes[key] = TimedOut(argvs[key][0])
+            else:
+                code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                out_r, err_r = streams[key]
+                outcomes[key] = (code, b"".join(got[out_r]), b"".join(got[err_r]))
+        for fd in got:
+            os.close(fd)
+    return outcomes
 
 
 def not_permitted_hint() -> str:
@@ -364,10 +455,10 @@ def faulthandler_threads(text: str) -> list[dict[str, Any]]:
 
 def flight_dumps() -> dict[str, str] | None:
     """NCCL flight-recorder dumps of this node's ranks ({rank: path}): the prefix the
-    job's env names, else the one spawn.flight_recorder gave it, plus the rank."""
+    job's env names, else the one spawn.flight_recorder gave it (FLIGHT_PREFIX), plus the rank."""
     spec = read_json("node.json") or {}
     env = spec.get("env") or {}
-    prefix = next((env[n] for n in spawn.FLIGHT_FILES if env.get(n)), None)
+    prefix = next((env[n] for n in FLIGHT_FILES if env.get(n)), None)
     prefix = os.path.abspath(os.path.expanduser(prefix or FLIGHT_PREFIX))
     found = {}
     folder, stem = os.path.split(prefix)
