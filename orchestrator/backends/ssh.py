@@ -11,15 +11,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.backends.base import CheckOptions, ExecOptions, GcOptions, PullBars
 from orchestrator.records.db import JobDB, JobRecord
-from orchestrator.reporting.hosts import (
-    Environment,
-    HostsView,
-    PerHost,
-    WarmInterpreter,
-    environments,
-)
 from orchestrator.reporting.outcomes import GcOutcome
-from orchestrator.ssh import keep, reconcile
 from orchestrator.transport import ConnectOptions
 
 if TYPE_CHECKING:
@@ -30,6 +22,7 @@ if TYPE_CHECKING:
     from orchestrator.nodes.into import Forwarding, ForwardOptions, ShellOptions
     from orchestrator.reporting.check import CheckResult
     from orchestrator.reporting.filters import LogFilter
+    from orchestrator.reporting.hosts import Environment, HostsView, PerHost, WarmInterpreter
     from orchestrator.reporting.outcomes import KillOutcome, WarmStart
     from orchestrator.reporting.pull import PullReport
     from orchestrator.reporting.reporter import Reporter
@@ -100,9 +93,13 @@ class SshBackend:
     def status(
         self, record: JobRecord, store: JobDB, reporter: Reporter, thorough: bool = False
     ) -> JobRecord:
+        from orchestrator.ssh import reconcile
+
         return reconcile.status(store, record, reporter, thorough)
 
     def note(self, record: JobRecord) -> str:
+        from orchestrator.ssh import keep
+
         return keep.note(record)
 
     def places(self, records: Sequence[JobRecord], store: JobDB) -> dict[str, str]:
@@ -199,6 +196,7 @@ class SshBackend:
         from orchestrator.agent.kernel.lease_wire import printable
         from orchestrator.nodes.group import connect_reachable
         from orchestrator.nodes.warm import warm_rows
+        from orchestrator.reporting.hosts import HostsView
         from orchestrator.ssh.queue import host_views, queue_rows, unit_rows
         from orchestrator.ssh.warmup import interpreter
 
@@ -219,6 +217,7 @@ class SshBackend:
     def warm_start(
         self, job: JobSpec, inventory: Inventory, reporter: Reporter
     ) -> PerHost[WarmStart]:
+        from orchestrator.reporting.hosts import PerHost
         from orchestrator.ssh.warmup import warm_up  # with ssh/check/: for the probe
 
         return PerHost.of(*warm_up(job, inventory, reporter))
@@ -227,6 +226,7 @@ class SshBackend:
         self, inventory: Inventory, reporter: Reporter
     ) -> PerHost[tuple[WarmInterpreter, ...]]:
         from orchestrator.nodes import warm
+        from orchestrator.reporting.hosts import PerHost
         from orchestrator.ssh.warmup import interpreter
 
         found, failures = warm.listing(list(inventory.hosts), reporter.notice)
@@ -235,6 +235,7 @@ class SshBackend:
 
     def warm_stop(self, inventory: Inventory, reporter: Reporter) -> PerHost[tuple[int, ...]]:
         from orchestrator.nodes import warm
+        from orchestrator.reporting.hosts import PerHost
 
         stopped, failures = warm.stop(list(inventory.hosts), reporter.notice)
         return PerHost.of({name: tuple(pids) for name, pids in stopped.items()}, failures)
@@ -274,6 +275,8 @@ class SshBackend:
         }
 
     def envs(self, inventory: Inventory, reporter: Reporter) -> PerHost[tuple[Environment, ...]]:
+        from orchestrator.reporting.hosts import environments
+
         return environments(list(inventory.hosts), reporter.notice)
 
     def exec(self, inventory: Inventory, options: ExecOptions, reporter: Reporter) -> list[HostRun]:

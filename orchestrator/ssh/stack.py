@@ -2,7 +2,9 @@
 once (one agent command, `stack`, per host: agent/node/stack.py), grouped and kept in
 the job's records.
 
-1. Every host is asked at the same time, each over its own connection; a host that
+1. Every host is asked at the same time, each over its own connection, dialled before
+   paramiko is imported where it surely goes straight to the host (transport/dial.py),
+   so that the hosts' sshd accept while this process loads it; a host that
    has not answered `GRACE_S` after the last healthy one did is given up on (it is
    named, the others are shown): a lost host costs the slowest healthy host's time
    plus GRACE_S, never a connect or command timeout. A host being sent py-spy is not
@@ -31,7 +33,7 @@ from orchestrator.reporting.reporter import Reporter
 from orchestrator.reporting.stacks import StackOptions as Wanted
 from orchestrator.reporting.taken import chosen, ended_error, keep
 from orchestrator.ssh.pyspy import ask
-from orchestrator.transport import ConnectOptions, Transport, open_transport
+from orchestrator.transport import ConnectOptions, Transport, dial_ahead, open_transport
 
 GRACE_S = 2.0  # past the last healthy host's answer, a host still silent is lost
 READ_TIMEOUT_S = 10.0
@@ -101,11 +103,14 @@ def ask_all(
     failures: dict[str, OrchError] = {}
     busy: set[str] = set()  # receiving py-spy: not lost
     transports: dict[str, Transport] = {}
+    # Every host's connection is dialled before the first thread imports paramiko:
+    # the hosts accept while it does (transport/dial.py).
+    dialled = dial_ahead([n.host for n in nodes], options)
 
     def one(node: NodeRecord) -> None:
         host = node.host
         try:
-            transport = open_transport(host, options)
+            transport = open_transport(host, options, dialled.pop(host.name, None))
             transports[host.name] = transport
             transport.connect()
             ranks = [r for r in wanted.ranks if r in node.ranks] or None

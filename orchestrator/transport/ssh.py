@@ -34,6 +34,7 @@ from orchestrator.transport.base import (
     stdin_parts,
 )
 from orchestrator.transport.certificates import CERT_SUFFIX
+from orchestrator.transport.dial import Dialled
 from orchestrator.transport.hostkeys import KeyPolicy, Notice, Offered, Untrusted
 
 log = logging.getLogger(__name__)
@@ -147,10 +148,11 @@ class SshProcess:
 class SshTransport:
     """Runs commands on a remote host over a single SSH connection."""
 
-    def __init__(self, host: Host, options: ConnectOptions) -> None:
+    def __init__(self, host: Host, options: ConnectOptions, dialled: Dialled | None = None) -> None:
         self.name = host.name
         self.host = host
         self.options = options
+        self._dialled = dialled
         key_files = [str(Path(host.identity_file).expanduser())] if host.identity_file else []
         self._conn = Connection(
             host.address,
@@ -182,7 +184,10 @@ class SshTransport:
                 _new_transport, key_types=partial(policy.key_types, name)
             )
         by_password = "password" in self._conn.connect_kwargs
+        dialled, self._dialled = self._dialled, None
         try:
+            if dialled is not None:
+                self._take_dialled(dialled)
             self._conn.open()
         except paramiko.BadAuthenticationType as exc:
             if not by_password:
@@ -231,6 +236,8 @@ class SshTransport:
                 f"cannot connect to {self._where()}: {exc}",
                 "check the address, the network route and sshd on the host",
             ) from None
+        finally:
+            self._conn.connect_kwargs.pop("sock", None)  # used once: a reconnect dials
         transport = self._conn.client.get_transport()
         if transport is not None:
             log.debug("[host=%s] connected, cipher %s", self.name, self.cipher)
@@ -243,6 +250,20 @@ class SshTransport:
             # keepalive is enough for it. Data wakes it at once; closing it does not
             # wait for it (the socket is closed under it, and it sees that and ends).
             transport.sock.settimeout(idle_wake_s(self.options.keepalive_s))
+
+    def _take_dialled(self, dialled: Dialled) -> None:
+        """Connect over the connection dialled ahead where it goes where fabric resolved
+        this host to, straight (dial.py); else it is closed and fabric dials.
+
+        Raises:
+            TimeoutError: the dial timed out (mapped as any connect timeout).
+        """
+        if self._conn.gateway is not None:
+            dialled.close()
+            return
+        sock = dialled.take(self._conn.host, self._conn.port)
+        if sock is not None:
+            self._conn.connect_kwargs["sock"] = sock
 
     def _key_refused(self, hop: Any = None) -> AuthRefused:
         ident = f" -i {self.host.identity_file}" if self.host.identity_file else ""
@@ -401,6 +422,8 @@ class SshTransport:
             ) from None
 
     def close(self) -> None:
+        if self._dialled is not None:  # never connected
+            self._dialled.close()
         try:
             self._conn.close()
         except Exception:  # closing must never hide the error that led here

@@ -294,6 +294,34 @@ def test_a_process_without_the_handler_is_never_sent_the_signal() -> None:
         sleeper.wait()
 
 
+def test_a_tool_is_run_to_its_end_with_both_its_outputs_and_its_status() -> None:
+    """What subprocess.run gave the agent: both streams whole (more than a pipe holds,
+    written at once), the exit status, a signal's as negative, stdin empty."""
+    script = (
+        "import os, sys; sys.stdout.write(sys.stdin.read() + 'o' * 200000); "
+        "sys.stderr.write('e' * 200000); sys.stdout.flush(); sys.stderr.flush(); "
+        "sys.exit(int(sys.argv[1])) if sys.argv[1] != 'kill' else os.kill(os.getpid(), 9)"
+    )
+    code, out, err = agent_stack.capture([sys.executable, "-c", script, "3"], 20)
+    assert (code, out, err) == (3, b"o" * 200000, b"e" * 200000)
+    code, _, _ = agent_stack.capture([sys.executable, "-c", script, "kill"], 20)
+    assert code == -signal.SIGKILL
+
+
+def test_a_tool_past_its_time_is_killed_and_one_that_cannot_start_says_why(
+    tmp_path: Path,
+) -> None:
+    started = time.monotonic()
+    marker = tmp_path / "pid"
+    script = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    with pytest.raises(agent_stack.TimedOut):
+        agent_stack.capture([sys.executable, "-c", script], 1.0)
+    assert time.monotonic() - started < 10
+    assert not proc.alive(int(marker.read_text())), "killed, and reaped"
+    with pytest.raises(FileNotFoundError):
+        agent_stack.capture([str(tmp_path / "no-such-tool"), "dump"], 5)
+
+
 def test_faulthandlers_text_is_read_into_threads() -> None:
     text = (
         "Thread 0x00007f0000000001 (most recent call first):\n"

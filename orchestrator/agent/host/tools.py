@@ -9,11 +9,10 @@ user can write would run as this user. Reply: {"kept": path} or {"error": why}.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 
+from ..kernel import cjson
 from ..kernel.layout import tool_name
 
 
@@ -26,6 +25,10 @@ def main(args: list[str]) -> int:
         path = os.path.join(folder, tool_name(name, sha))
     except ValueError as exc:
         return answer({"error": str(exc)})
+    # Here, not at the top: `stack` imports this module for `mine` on every host, and
+    # hashlib loads OpenSSL (3 to 5 ms of each host's CPU there, for nothing).
+    import hashlib
+
     data = sys.stdin.buffer.read()
     if hashlib.sha256(data).hexdigest() != sha:
         return answer({"error": f"{name}: the bytes that came do not match their hash"})
@@ -53,5 +56,5 @@ def mine(folder: str) -> None:
 
 
 def answer(reply: dict[str, str]) -> int:
-    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.write(cjson.dumps(reply) + "\n")
     return 0 if "kept" in reply else 1

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
+
+from . import cjson
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
 if TYPE_CHECKING:
@@ -27,13 +28,13 @@ def write_bytes(path: str, data: bytes, mode: int | None = None) -> None:
 
 
 def write_json(path: str, data: object) -> None:
-    write_bytes(path, json.dumps(data).encode())
+    write_bytes(path, cjson.dumps(data).encode())
 
 
 def read_json(path: str) -> dict[str, Any] | None:
     try:
         with open(path) as f:
-            data = json.load(f)
+            data = cjson.loads(f.read())
         return data if isinstance(data, dict) else None
     except (OSError, ValueError):
         return None

@@ -11,7 +11,9 @@ objects/<sha256>[.x] (read-only; `.x` executable), manifests/<digest> and setup/
 
 from __future__ import annotations
 
-import re
+TYPE_CHECKING = False  # for the checker: importing typing costs every host command
+if TYPE_CHECKING:
+    import re
 
 NODE_SPEC = "node.json"  # argv and env of the node's torchrun
 PIDS = "pid.json"  # torchrun's pid and group, the supervisor's pid
@@ -34,6 +36,8 @@ HEARTBEAT_S = 60.0  # a supervisor touches its PIDS file this often while torchr
 MEMBER_FILE = "member.json"  # a keeper's member lives in this node directory (touched too)
 STACKS = "stacks"  # every stack dump taken of the node's ranks (orch stack), one JSON each
 FLIGHT_PREFIX = "nccl-trace-rank-"  # + the rank: PyTorch's NCCL flight-recorder dumps, here
+# Where the job's env may name that prefix itself: PyTorch's current name, then the older.
+FLIGHT_FILES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 PYSPY = "py-spy"  # the tool that reads a rank's stack, kept per hash in `tools_dir`
 
 
@@ -93,9 +97,27 @@ def setup_marker(store: str, key: str) -> str:
 
 # Content keys: how the store names an object.
 KIND_FILE, KIND_EXEC, KIND_LINK, KIND_DIR = "f", "x", "l", "d"
-KEY_RE = re.compile(r"[0-9a-f]{64}(\.x)?")
-DIGEST_RE = re.compile(r"[0-9a-f]{64}")
-TOKEN_RE = re.compile(r"[0-9A-Za-z_-]{1,64}")
+
+
+class Pattern:
+    """A regular expression compiled on its first match: importing `re` (and `enum`
+    with it) cost every host command, most of which match no key, 4 ms of CPU."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._compiled: re.Pattern[str] | None = None
+
+    def fullmatch(self, text: str) -> re.Match[str] | None:
+        if self._compiled is None:
+            import re
+
+            self._compiled = re.compile(self.pattern)
+        return self._compiled.fullmatch(text)
+
+
+KEY_RE = Pattern(r"[0-9a-f]{64}(\.x)?")
+DIGEST_RE = Pattern(r"[0-9a-f]{64}")
+TOKEN_RE = Pattern(r"[0-9A-Za-z_-]{1,64}")
 
 
 def entry_key(kind: str, value: str) -> str | None:

@@ -11,7 +11,7 @@ that names the host.
 
 from __future__ import annotations
 
-import json
+from . import cjson
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ else:
 def last_json(stdout: str) -> dict[str, Any] | None:
     """The JSON object a command printed last, or None."""
     try:
-        data = json.loads(stdout.strip().splitlines()[-1])
+        data = cjson.loads(stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return None
     return data if isinstance(data, dict) else None
@@ -88,7 +88,7 @@ class Message:
         return {name: _plain(given[name]) for name in self.fields() if name in given}
 
     def to_json(self) -> str:
-        return json.dumps(self.as_dict())
+        return cjson.dumps(self.as_dict())
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and vars(self) == vars(other)
@@ -198,7 +198,7 @@ def _compile(annotation: str) -> Any:
     if head == "Optional":
         return _compile(f"{inner} | None")
     if head == "Literal":
-        allowed = [json.loads(a.replace("'", '"')) for a in _split(inner, ",")]
+        allowed = [cjson.loads(a.replace("'", '"')) for a in _split(inner, ",")]
 
         def literal(value: Any) -> Any:
             if value in allowed and isinstance(value, str):

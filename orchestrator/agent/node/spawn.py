@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from ..kernel.layout import FLIGHT_PREFIX, TORCHRUN_LOG
+from ..kernel.layout import FLIGHT_FILES, FLIGHT_PREFIX, TORCHRUN_LOG
 from . import torchrun
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
@@ -136,7 +136,6 @@ def plan(
 # reads TORCH_NCCL_TRACE_BUFFER_SIZE and TORCH_NCCL_DEBUG_INFO_TEMP_FILE, but warns in
 # every rank's log that they are deprecated (seen on an H200, tests/gpu/).
 FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
-FLIGHT_FILES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 # Either spelling in the job's env is the job saying how it wants the recorder.
 FLIGHT_NAMES = (*FLIGHT_RECORDER, *FLIGHT_FILES, "TORCH_NCCL_TRACE_BUFFER_SIZE")
 

@@ -20,41 +20,42 @@ each read at once beside the others, for `orch stack` and the stall watchdog.
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import subprocess
 import sys
-import threading
 import time
 
 from ..host import proc, tools
+from ..kernel import cjson
 from ..kernel.fileio import read_json, write_bytes
-from ..kernel.layout import CODE, FLIGHT_PREFIX, LOGS, PYSPY, STACKS, tool_name
+from ..kernel.layout import CODE, FLIGHT_FILES, FLIGHT_PREFIX, LOGS, PYSPY, STACKS, tool_name
 from ..kernel.messages import parse_message
 from ..kernel.replies import RankStack, StackReply
 from ..kernel.requests import StackRequest
-from . import spawn, state, traceable
+from . import state, traceable
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
 if TYPE_CHECKING:
     from typing import Any
 
+    Captured = tuple[int, bytes, bytes]  # exit status, stdout, stderr of a command run
+
 FAULT_SETTLE_S = 0.1  # a faulthandler dump is written at once: still this long, it is whole
 NOT_PERMITTED = "tracing not permitted"
-_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
-_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
+# faulthandler's lines; compiled on first use (re's cache): only its text needs them.
+_FRAME = r'^\s+File "(.*)", line (\d+) in (.*)$'
+_THREAD = r"^(Current thread|Thread) (0x[0-9a-fA-F]+)"
+_NAME_CHARS = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_.-")
 
 
 def main(args: list[str]) -> int:
     job_dir = os.path.expanduser(args[0])
     try:
-        request = parse_message(StackRequest, json.loads(sys.stdin.read() or "{}"))
+        request = parse_message(StackRequest, cjson.loads(sys.stdin.read() or "{}"))
     except ValueError as exc:  # bad JSON, or a MessageError: a controller of another version
         sys.stderr.write(f"orch agent stack: {exc}\n")
         return 2
     reply = take(job_dir, request)
-    sys.stdout.write(json.dumps(reply.as_dict()) + "\n")
+    sys.stdout.write(cjson.dumps(reply.as_dict()) + "\n")
     return 0
 
 
@@ -72,16 +73,7 @@ def take(job_dir: str, request: StackRequest) -> StackReply:
         return StackReply(machine=machine, idle_s=idle_s, skipped=True)
     wanted = set(request.ranks) if request.ranks is not None else None
     found = {r: p for r, p in rank_pids().items() if wanted is None or r in wanted}
-    results: dict[int, RankStack] = {}
-
-    def read_one(rank: int, pid: int) -> None:
-        results[rank] = read_rank(rank, pid, tool, request.native, request.timeout)
-
-    threads = [threading.Thread(target=read_one, args=item) for item in found.items()]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = read_ranks(found, tool, request.native, request.timeout)
     ranks = [results[r] for r in sorted(results)]
     code = os.path.realpath(CODE) if os.path.isdir(CODE) else None
     reply = StackReply(
@@ -129,14 +121,76 @@ def runs(pid: int, when: int | None) -> bool:
     return proc.alive(pid) and proc.start_time(pid) == when and proc.uid_of(pid) == os.getuid()
 
 
-def read_rank(rank: int, pid: int, tool: str | None, native: bool, timeout: float) -> RankStack:
-    """One rank's stack, the way its start arranged; never raises."""
-    when = proc.start_time(pid)
-    record = read_json(traceable.trace_file(LOGS, str(rank))) or {}
+def read_ranks(
+    found: dict[int, int], tool: str | None, native: bool, timeout: float
+) -> dict[int, RankStack]:
+    """Every rank's stack (`read_rank`), each read at once beside the others: py-spy
+    started for every rank it reads and their outputs collected together, then, in
+    threads of their own, the ranks that need more (faulthandler waits for its file).
+    No thread where py-spy reads them all: importing threading cost each host's
+    stack command 4 ms of CPU."""
+    records = {rank: trace_record(rank) for rank in found}
+    started = {rank: proc.start_time(pid) for rank, pid in found.items()}  # before any read
+    argvs = {
+        rank: pyspy_argv(pid, tool, native)
+        for rank, pid in found.items()
+        if tool is not None and records[rank].get("way") != traceable.FAULTHANDLER
+    }
+    dumped = {
+        rank: pyspy_result(rank, found[rank], native, timeout, outcome)
+        for rank, outcome in capture_all(argvs, timeout).items()
+    }
+    results = {
+        rank: dumped[rank] for rank in found if rank in dumped and dumped[rank].error is None
+    }
+    rest = [rank for rank in found if rank not in results]
+    if len(rest) == 1:
+        rank = rest[0]
+        results[rank] = read_rank(
+            rank, found[rank], tool, native, timeout, dumped.get(rank), started[rank]
+        )
+    elif rest:
+        import threading
+
+        def read_one(rank: int) -> None:
+            results[rank] = read_rank(
+                rank, found[rank], tool, native, timeout, dumped.get(rank), started[rank]
+            )
+
+        threads = [threading.Thread(target=read_one, args=(rank,)) for rank in rest]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return results
+
+
+def trace_record(rank: int) -> dict[str, Any]:
+    """What the rank's start arranged for its reading (traceable.py)."""
+    return read_json(traceable.trace_file(LOGS, str(rank))) or {}
+
+
+def read_rank(
+    rank: int,
+    pid: int,
+    tool: str | None,
+    native: bool,
+    timeout: float,
+    dumped: RankStack | None = None,
+    when: int | None = None,
+) -> RankStack:
+    """One rank's stack, the way its start arranged; never raises.
+
+    Args:
+        dumped: what py-spy already read of it (read_ranks), where it did.
+        when: its start time, read before that (else now).
+    """
+    when = when if dumped is not None else proc.start_time(pid)
+    record = trace_record(rank)
     signum = record.get("signal") if isinstance(record.get("signal"), int) else None
     why = None
     if record.get("way") != traceable.FAULTHANDLER and tool is not None:
-        got = with_pyspy(rank, pid, tool, native, timeout)
+        got = dumped if dumped is not None else with_pyspy(rank, pid, tool, native, timeout)
         if got.error is None or not runs(pid, when):
             return ended(rank, pid) if got.error is not None else got
         why = got
@@ -172,19 +226,27 @@ def ended(rank: int, pid: int) -> RankStack:
 
 
 def with_pyspy(rank: int, pid: int, tool: str, native: bool, timeout: float) -> RankStack:
-    argv = [tool, "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]
-    try:
-        done = subprocess.run(
-            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired:
+    argv = pyspy_argv(pid, tool, native)
+    return pyspy_result(rank, pid, native, timeout, capture_all({rank: argv}, timeout)[rank])
+
+
+def pyspy_argv(pid: int, tool: str | None, native: bool) -> list[str]:
+    return [str(tool), "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]
+
+
+def pyspy_result(
+    rank: int, pid: int, native: bool, timeout: float, outcome: Captured | OSError
+) -> RankStack:
+    """The rank's stack from what its py-spy did (`capture_all`)."""
+    if isinstance(outcome, TimedOut):
         return RankStack(rank=rank, pid=pid, error=f"py-spy took over {timeout:.0f} s")
-    except OSError as exc:
-        return RankStack(rank=rank, pid=pid, error=f"py-spy could not run: {exc}")
-    said = done.stderr.decode(errors="replace").strip()
-    if done.returncode == 0:
+    if isinstance(outcome, OSError):
+        return RankStack(rank=rank, pid=pid, error=f"py-spy could not run: {outcome}")
+    returncode, stdout, stderr = outcome
+    said = stderr.decode(errors="replace").strip()
+    if returncode == 0:
         try:
-            threads = [pyspy_thread(t) for t in json.loads(done.stdout)]
+            threads = [pyspy_thread(t) for t in cjson.loads(stdout)]
             return RankStack(rank=rank, pid=pid, via="py-spy", native=native, threads=threads)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             said = f"unreadable py-spy output: {exc}"
@@ -195,7 +257,103 @@ def with_pyspy(rank: int, pid: int, tool: str, native: bool, timeout: float) -> 
             error=f"{NOT_PERMITTED}: {last_line(said)}",
             hint=not_permitted_hint(),
         )
-    return RankStack(rank=rank, pid=pid, error=f"py-spy: {last_line(said) or done.returncode}")
+    return RankStack(rank=rank, pid=pid, error=f"py-spy: {last_line(said) or returncode}")
+
+
+class TimedOut(OSError):
+    """A command ran past its time, and was killed."""
+
+
+def capture(argv: list[str], timeout: float) -> tuple[int, bytes, bytes]:
+    """Run `argv` to its end, stdin /dev/null: (exit status, stdout, stderr), the status
+    negative for a signal, as subprocess.run(capture_output=True, timeout=) gives them.
+
+    Raises:
+        TimedOut: it still ran after `timeout` seconds (it was killed).
+        OSError: it could not be started.
+    """
+    outcome = capture_all({0: argv}, timeout)[0]
+    if isinstance(outcome, OSError):
+        raise outcome
+    code, out, err = outcome
+    return code, out, err
+
+
+def capture_all(argvs: dict[int, list[str]], timeout: float) -> dict[int, Captured | OSError]:
+    """Run every command at once, each as `capture` runs one: by key, (exit status,
+    stdout, stderr), or the OSError it could not start with, or TimedOut.
+
+    Not subprocess: importing it (with selectors, locale and its own threads'
+    machinery) cost every host's stack command 2 to 4 ms of CPU, about 4 times that in
+    the wall time of 8 hosts of 2 ranks sharing 2 cores (bench/stack.py); nor a
+    thread per command (threading: 4 ms more).
+    """
+    # `_signal`, not `signal`: that one makes enums of them, importing enum (3 ms).
+    import _signal  # type: ignore[import-not-found]
+    import select
+
+    # Python ignores SIGPIPE and SIGXFSZ; the tool gets them back, as subprocess does.
+    restored = (_signal.SIGPIPE, _signal.SIGXFSZ)
+    outcomes: dict[int, Captured | OSError] = {}
+    pids: dict[int, int] = {}
+    got: dict[int, list[bytes]] = {}  # fd -> what came
+    owner: dict[int, int] = {}  # fd -> key
+    streams: dict[int, tuple[int, int]] = {}  # key -> (stdout fd, stderr fd)
+    poller = select.poll()
+    open_fds: set[int] = set()
+    try:
+        for key, argv in argvs.items():
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            try:
+                pids[key] = os.posix_spawn(
+                    argv[0],
+                    argv,
+                    os.environ,
+                    file_actions=[
+                        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                        (os.POSIX_SPAWN_DUP2, out_w, 1),
+                        (os.POSIX_SPAWN_DUP2, err_w, 2),
+                    ],
+                    setsigdef=restored,
+                )
+            except OSError as exc:
+                os.close(out_r)
+                os.close(err_r)
+                outcomes[key] = exc
+                continue
+            finally:
+                os.close(out_w)
+                os.close(err_w)
+            streams[key] = (out_r, err_r)
+            for fd in (out_r, err_r):
+                got[fd], owner[fd] = [], key
+                poller.register(fd, select.POLLIN)
+                open_fds.add(fd)
+        deadline = time.monotonic() + timeout
+        while open_fds and time.monotonic() < deadline:
+            for fd, _ in poller.poll(max(deadline - time.monotonic(), 0) * 1000):
+                data = os.read(fd, 1 << 16)
+                if data:
+                    got[fd].append(data)
+                else:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+    finally:
+        late = {owner[fd] for fd in open_fds}  # past their time (or a read failed)
+        for key, pid in pids.items():
+            if key in late:  # not left running
+                os.kill(pid, _signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            if key in late:
+                outcomes[key] = TimedOut(argvs[key][0])
+            else:
+                code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                out_r, err_r = streams[key]
+                outcomes[key] = (code, b"".join(got[out_r]), b"".join(got[err_r]))
+        for fd in got:
+            os.close(fd)
+    return outcomes
 
 
 def not_permitted_hint() -> str:
@@ -279,14 +437,16 @@ def grown(f: Any, before: int, deadline: float) -> str:
 def faulthandler_threads(text: str) -> list[dict[str, Any]]:
     """faulthandler's dump (`Thread 0x.. (most recent call first):` then `  File "f",
     line N in name`) in the reply's shape."""
+    import re  # here: only faulthandler's text needs it (`re` costs each host command 4 ms)
+
     threads: list[dict[str, Any]] = []
     for line in text.splitlines():
-        head = _THREAD.match(line)
+        head = re.match(_THREAD, line)
         if head:
             threads.append({"id": int(head.group(2), 16), "name": None, "frames": []})
             threads[-1]["active"] = head.group(1) == "Current thread"
             continue
-        frame = _FRAME.match(line)
+        frame = re.match(_FRAME, line)
         if frame and threads:
             where = {"function": frame.group(3), "file": frame.group(1)}
             threads[-1]["frames"].append({**where, "line": int(frame.group(2))})
@@ -295,10 +455,10 @@ def faulthandler_threads(text: str) -> list[dict[str, Any]]:
 
 def flight_dumps() -> dict[str, str] | None:
     """NCCL flight-recorder dumps of this node's ranks ({rank: path}): the prefix the
-    job's env names, else the one spawn.flight_recorder gave it, plus the rank."""
+    job's env names, else the one spawn.flight_recorder gave it (FLIGHT_PREFIX), plus the rank."""
     spec = read_json("node.json") or {}
     env = spec.get("env") or {}
-    prefix = next((env[n] for n in spawn.FLIGHT_FILES if env.get(n)), None)
+    prefix = next((env[n] for n in FLIGHT_FILES if env.get(n)), None)
     prefix = os.path.abspath(os.path.expanduser(prefix or FLIGHT_PREFIX))
     found = {}
     folder, stem = os.path.split(prefix)
@@ -310,11 +470,11 @@ def flight_dumps() -> dict[str, str] | None:
 
 def save(taken: str, reply: StackReply) -> str | None:
     """Keep the node's dump beside its logs: stacks/TAKEN.json."""
-    name = re.sub(r"[^0-9A-Za-z_.-]", "_", taken)[:80] or "stack"
+    name = "".join(c if c in _NAME_CHARS else "_" for c in taken)[:80] or "stack"
     try:
         os.makedirs(STACKS, mode=0o700, exist_ok=True)
         path = os.path.join(STACKS, f"{name}.json")
-        write_bytes(path, json.dumps(reply.as_dict()).encode(), 0o600)
+        write_bytes(path, cjson.dumps(reply.as_dict()).encode(), 0o600)
     except OSError:
         return None
     return os.path.abspath(path)

@@ -28,8 +28,9 @@ What was arranged is written to `logs/rank-N.trace` (JSON: `way`, `signal`,
 
 from __future__ import annotations
 
-import json
 import os
+
+from ..kernel import cjson
 
 TYPE_CHECKING = False  # for the checker: importing typing costs every host command
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ def arrange(log_dir: str, rank: str) -> dict[str, object]:
     try:
         fd = os.open(trace_file(log_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump(record, f)
+            f.write(cjson.dumps(record))
     except OSError:
         pass
     return record
