@@ -172,19 +172,25 @@ def warm_processes(cluster: Cluster, host: int) -> list[tuple[int, str]]:
 ZOMBIE_GRACE_S = 5.0  # for a parent to reap a child that ended as the command returned
 
 
+def ending(cmd: str) -> bool:
+    """A zombie, or a process whose command line is gone: it is exiting."""
+    return cmd.endswith("<defunct>") or (cmd.startswith("[") and cmd.endswith("]"))
+
+
 def assert_no_job_left(cluster: Cluster, hosts: range | list[int]) -> None:
     """No job process on any of these hosts (read from each host's own process table).
 
-    Only zombies get a moment: a process that ended just as the command returned (an
-    agent command's, whose sshd reaps it once the connection closes) runs nothing, and
-    its parent reaps it; one still there after ZOMBIE_GRACE_S is a leak like any other.
+    Only processes that are ending get a moment: a zombie (one that ended just as the
+    command returned, an agent command's, whose sshd reaps it once the connection
+    closes) and one whose command line is gone (`[python]`: it is exiting, its memory
+    already released, as a warm interpreter that is told to stop or an agent command
+    that just answered). Each runs nothing more; one still there after ZOMBIE_GRACE_S
+    is a leak like any other.
     """
     for i in hosts:
         left = job_processes(cluster, i)
         deadline = time.monotonic() + ZOMBIE_GRACE_S
-        while (
-            left and all(c.endswith("<defunct>") for _, c in left) and time.monotonic() < deadline
-        ):
+        while left and all(ending(c) for _, c in left) and time.monotonic() < deadline:
             time.sleep(0.1)
             left = job_processes(cluster, i)
         assert left == [], f"processes left on node{i}"
