@@ -123,7 +123,7 @@ def step():
         wait_peers()
 print("argv", sys.argv[1:], "main", __name__, "path0", os.path.basename(sys.path[0]), flush=True)
 threading.Thread(target=time.sleep, args=(120,), name="loader", daemon=True).start()
-step()
+print("stepping", flush=True); step()
 """
 
 
@@ -154,7 +154,9 @@ class Node:
         self.procs.append(child)
         log = self.dir / "logs" / f"rank-{rank}.log"
         deadline = time.monotonic() + 20
-        while not (log.exists() and b"\n" in log.read_bytes()):
+        # Its thread started and its main thread on the line that steps (one line, so
+        # the frames keep their numbers): a machine under load may take its time there.
+        while not (log.exists() and b"stepping\n" in log.read_bytes()):
             assert time.monotonic() < deadline, f"rank {rank} never printed"
             time.sleep(0.02)
         return child.pid
@@ -245,10 +247,16 @@ def test_the_faulthandler_way_reads_a_cold_rank_started_through_boot(
     pid = node.start(1, {"ORCH_STACKS": "faulthandler"})
     out = (node.dir / "logs" / "rank-1.log").read_text()
     assert "argv ['--lr', '0.1'] main __main__ path0 code" in out, "as `python train.py`"
-    reply = node.take(carried)  # py-spy is there, but the rank's start chose faulthandler
-    (rank,) = reply.ranks
+    want = [("load_batch", 3), ("step", 8), ("<module>", 13)]
+    deadline = time.monotonic() + 10  # from "stepping" to the sleep: a few bytecodes
+    while True:
+        reply = node.take(carried)  # py-spy is there, but the rank's start chose faulthandler
+        (rank,) = reply.ranks
+        if frames_of(rank) == want or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert rank.via == "faulthandler" and rank.pid == pid, rank
-    assert frames_of(rank) == [("load_batch", 3), ("step", 8), ("<module>", 13)]
+    assert frames_of(rank) == want
     assert len(rank.threads) == 2, "every thread"
     again = node.take()  # and again: only what the second signal wrote is read
     assert frames_of(again.ranks[0]) == frames_of(rank)
