@@ -218,13 +218,13 @@ def hold_build(job_id: str, timeout: float = 120) -> tuple[int, int]:
     raise AssertionError(f"no build of job {job_id} seen in {timeout:.0f} s")
 
 
-def test_a_build_interrupted_by_ctrl_c_and_killed_halfway_is_never_used_and_the_next_submit_builds_it(
-    cluster: Cluster, orch: OrchRunner, tmp_path: Path
-) -> None:
+def slow_build_job(cluster: Cluster, tmp_path: Path, version: str) -> tuple[Path, Path]:
+    """A job on node3 whose environment's one wheel (1 MB) takes its installer a moment,
+    and its inventory: a build that a test can catch at work (`hold_build`)."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "tiny.py").write_text(TINY)
-    tiny_wheel(tmp_path, work / "wheels", "orchtiny", "10.0", payload_bytes=1 << 20)
+    tiny_wheel(tmp_path, work / "wheels", "orchtiny", version, payload_bytes=1 << 20)
     inventory = cluster.write_inventory(tmp_path / "inv.yaml")
     job = write_workdir_job(
         tmp_path,
@@ -232,10 +232,17 @@ def test_a_build_interrupted_by_ctrl_c_and_killed_halfway_is_never_used_and_the_
         "tiny.py",
         launcher="python",
         hosts=["node3"],
-        environment=["orchtiny==10.0"],
+        environment=[f"orchtiny=={version}"],
         wheels=str(work / "wheels"),
         warm=False,
     )
+    return job, inventory
+
+
+def test_a_build_interrupted_by_ctrl_c_and_killed_halfway_is_never_used_and_the_next_submit_builds_it(
+    cluster: Cluster, orch: OrchRunner, tmp_path: Path
+) -> None:
+    job, inventory = slow_build_job(cluster, tmp_path, "10.0")
     home = cluster.home(3)
     before = published(home)
     submit = orch.popen("submit", job, "-i", inventory)
@@ -319,21 +326,7 @@ def test_a_full_disk_mid_build_names_the_host_exits_3_and_leaves_no_environment(
 def test_orch_kill_during_a_build_ends_the_submit_as_killed_and_the_build_serves_the_next_job(
     cluster: Cluster, orch: OrchRunner, tmp_path: Path
 ) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "tiny.py").write_text(TINY)
-    tiny_wheel(tmp_path, work / "wheels", "orchtiny", "12.0", payload_bytes=1 << 20)
-    inventory = cluster.write_inventory(tmp_path / "inv.yaml")
-    job = write_workdir_job(
-        tmp_path,
-        work,
-        "tiny.py",
-        launcher="python",
-        hosts=["node3"],
-        environment=["orchtiny==12.0"],
-        wheels=str(work / "wheels"),
-        warm=False,
-    )
+    job, inventory = slow_build_job(cluster, tmp_path, "12.0")
     home = cluster.home(3)
     before = published(home)
     submit = orch.popen("submit", job, "-i", inventory)
