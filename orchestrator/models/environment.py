@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -228,3 +229,22 @@ class WheelTarget:
         """`python 3.11 (cp311) on linux_x86_64, glibc 2.36`, for messages."""
         libc = f", glibc {self.glibc}" if self.glibc else ""
         return f"python {self.python_version} ({self.abi}) on {self.platform}{libc}"
+
+
+# The settings of where packages come from that a job's `env:` (or its host's) may
+# hold: the installer on the host gets them, as `orch check` asks that index.
+INSTALLER_SETTINGS = (
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_TRUSTED_HOST",
+    "PIP_FIND_LINKS",
+    "UV_INDEX_URL",
+    "UV_EXTRA_INDEX_URL",
+    "UV_DEFAULT_INDEX",
+    "UV_INDEX",
+)
+
+
+def installer_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The installer settings of the env a job's node gets on a host."""
+    return {k: v for k, v in env.items() if k in INSTALLER_SETTINGS}

@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from orchestrator.agent.kernel import layout, messages
 from orchestrator.agent.kernel.replies import EnvList, EnvReady
 from orchestrator.agent.kernel.requests import EnvRequest
-from orchestrator.models.environment import Environment
+from orchestrator.models.environment import Environment, installer_env
 from orchestrator.models.errors import InfraError, OrchError, RemoteCommandError
 from orchestrator.models.inventory import Host
 from orchestrator.nodes import agent
@@ -33,10 +33,16 @@ def keep_days() -> float:
 
 
 def ensure(
-    host: Host, transport: Transport, job_dir: str, env: Environment, digest: str
+    host: Host,
+    transport: Transport,
+    job_dir: str,
+    env: Environment,
+    digest: str,
+    job_env: Mapping[str, str] | None = None,
 ) -> EnvReady:
     """The job's environment on `host`, built there first where it is missing (the
-    job's code, with its wheels, is already in `job_dir`/code).
+    job's code, with its wheels, is already in `job_dir`/code). `job_env`: the env the
+    job's nodes get there, whose index settings (PIP_INDEX_URL...) its installer gets.
 
     Returns:
         The reply: its python, whether this call built it; or `error`.
@@ -49,6 +55,7 @@ def ensure(
         digest=digest,
         requirements=list(env.requirements),
         wheels=env.wheels,
+        installer_env=installer_env(job_env or {}) or None,
     )
     command = agent.job_command(host, job_dir, "env", "ensure", ".")
     result = transport.run(command, stdin=request.to_json().encode(), timeout=ENSURE_TIMEOUT_S)

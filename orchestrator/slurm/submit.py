@@ -272,7 +272,8 @@ def _ensure_environment(sj: SlurmJob, login: LoginNode, tree: Tree, reporter: Re
     assert env is not None
     digest = environment_digest_of(sj.job, tree)
     assert digest is not None
-    ready = envs.ensure(login.host, login.transport, sj.job_root, env, digest)
+    job_env = {**login.host.env, **sj.job.env}
+    ready = envs.ensure(login.host, login.transport, sj.job_root, env, digest, job_env)
     if ready.error is not None or not ready.python:
         raise envs.failure(env, {login.host.name: ready})
     if ready.built:

@@ -533,7 +533,8 @@ def _ensure_environment(
     nodes = {n.host.name: n for n in plan.nodes}
 
     def one(host: Host, transport: Transport) -> EnvReady:
-        return envs.ensure(host, transport, nodes[host.name].job_dir, env, digest)
+        job_env = {**host.env, **plan.job.env}
+        return envs.ensure(host, transport, nodes[host.name].job_dir, env, digest, job_env)
 
     # First the host of each group sharing a filesystem (it builds where needed), then
     # the others of the group, which find it there.

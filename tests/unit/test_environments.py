@@ -444,3 +444,43 @@ def test_an_environments_directory_another_user_owns_or_can_write_is_never_used(
         assert other.error and "not this user's alone" in other.error and other.python is None
         os.chown(envs_dir, 0, 0)
     assert list(envs_dir.iterdir()) == []  # nothing made or changed there
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="venvs as the hosts have them")
+def test_the_installer_gets_the_index_the_jobs_env_names_and_the_agents_own_env_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As `orch check` asks the index of the job's env (PIP_INDEX_URL), the build
+    installs from it: through the installer's environment, never an argv."""
+    from tests.index import serve_index
+
+    _tiny_wheel(tmp_path, "orchtiny", "3.0")
+    made = tmp_path / "code" / "wheels"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # pip, not a uv of this machine
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # nor this machine's pip.conf
+    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS"):
+        monkeypatch.delenv(name, raising=False)
+    digest = environment_digest(Environment(("orchtiny==3.0",), None), {})
+    with serve_index(made, tmp_path / "index") as index:
+        bare = EnvRequest(
+            envs=str(tmp_path / "envs"), digest=digest, requirements=["orchtiny==3.0"]
+        )
+        refused = envs.ensure(bare)  # the agent's own env names no index that has it
+        assert refused.error and refused.python is None, refused
+        told = EnvRequest(
+            envs=str(tmp_path / "envs"),
+            digest=digest,
+            requirements=["orchtiny==3.0"],
+            installer_env={"PIP_INDEX_URL": index.url},
+        )
+        built = envs.ensure(told)
+    assert built.built and built.python and built.error is None, built
+    assert any("orchtiny" in path for path in index.asked), index.asked
+    ran = subprocess.run(
+        [built.python, "-c", "import orchtiny; print(orchtiny.VERSION)"],
+        capture_output=True,
+        text=True,
+    )
+    assert ran.stdout.strip() == "3.0", ran.stderr

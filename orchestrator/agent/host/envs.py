@@ -166,11 +166,15 @@ def _build(request: EnvRequest, root: str, key: str, final: str) -> EnvReady:
     )
 
 
-def _run(argv: list[str]) -> tuple[int, str]:
+def _run(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
     import subprocess
 
     proc = subprocess.run(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=None if env is None else {**os.environ, **env},
     )
     return proc.returncode, proc.stdout.decode(errors="replace")
 
@@ -219,7 +223,7 @@ def _make(request: EnvRequest, tmp: str) -> EnvReady | None:
                 return EnvReady(error="no pip for this python (ensurepip failed)", tail=_tail(out))
         argv = [py, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
         argv += ["--no-warn-script-location", "--no-compile", *source, "-r", wanted]
-    code, out = _run(argv)
+    code, out = _run(argv, request.installer_env)  # the job's index, as orch check asks it
     if code != 0:
         return EnvReady(error="installing failed", missing=_missing(out), tail=_tail(out))
     return None

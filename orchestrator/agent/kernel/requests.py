@@ -111,12 +111,15 @@ class EnvRequest(Request):
     """`env ensure JOB_DIR` (stdin): the job's environment on this host
     (agent/host/envs.py): its requirements, the wheel directory inside the job's code
     (None: the host's index), the controller's digest of both (models/environment.py),
-    and where the host keeps environments."""
+    and where the host keeps environments; `installer_env`: the job's own settings of
+    where packages come from there (PIP_INDEX_URL...), given to the installer's
+    environment (never an argv: an index URL may hold a token)."""
 
     envs: str
     digest: str
     requirements: Sequence[str]
     wheels: str | None = None
+    installer_env: dict[str, str] | None = None
 
 
 class TopRequest(Request):
