@@ -91,6 +91,12 @@ _UNREACHABLE = re.compile(
 )
 
 
+def built_at(name: str, reply: EnvReady) -> str:
+    """`node1 (uv, 3.1 s)`: where an environment was built, with what, how long."""
+    how = f"{reply.installer}, " if reply.installer else ""
+    return f"{name} ({how}{reply.seconds:.1f} s)"
+
+
 def failure(env: Environment, failed: dict[str, EnvReady]) -> InfraError:
     """One error for every host whose build failed: the hosts that reach no index,
     else the packages not found and the hosts, else the installer's last lines per

@@ -277,9 +277,8 @@ def _ensure_environment(sj: SlurmJob, login: LoginNode, tree: Tree, reporter: Re
     if ready.error is not None or not ready.python:
         raise envs.failure(env, {login.host.name: ready})
     if ready.built:
-        how = f"{ready.installer}, " if ready.installer else ""
         reporter.notice(
-            f"environment: built on the login node {login.host.name} ({how}{ready.seconds:.1f} s)"
+            f"environment: built on the login node {envs.built_at(login.host.name, ready)}"
         )
     return dataclasses.replace(sj, python=ready.python)
 

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.agent.kernel import placement
 from orchestrator.agent.kernel.lease_wire import LeaseStart
-from orchestrator.agent.kernel.messages import parse_message
 from orchestrator.agent.kernel.placement import restart_delay
-from orchestrator.agent.kernel.replies import EnvReady
-from orchestrator.agent.kernel.requests import NodeTemplate
 from orchestrator.models.clocks import HostClock
 from orchestrator.models.environment import WheelTarget
 from orchestrator.models.errors import (
@@ -32,7 +29,7 @@ from orchestrator.models.errors import (
 from orchestrator.models.inventory import Host, Inventory, pick_hosts
 from orchestrator.models.job import JobSpec
 from orchestrator.models.states import JobState
-from orchestrator.nodes import envs, ops
+from orchestrator.nodes import ops
 from orchestrator.nodes.group import HostGroup
 from orchestrator.nodes.into import open_forwards
 from orchestrator.records.db import JobDB, JobRecord, NodeRecord, new_job_id
@@ -40,6 +37,7 @@ from orchestrator.records.logmirror import LogMirror
 from orchestrator.reporting.notify import JobNotify
 from orchestrator.reporting.reporter import ProgressReporter, Reporter, phase
 from orchestrator.ssh.check.run import preflight
+from orchestrator.ssh.environment import ensure_environment
 from orchestrator.ssh.keep import start_keeper
 from orchestrator.ssh.plan import (
     LaunchPlan,
@@ -507,96 +505,11 @@ def push_code(plan: LaunchPlan, group: HostGroup, tree: Tree, reporter: Reporter
             reporter.notice(f"code: {others} share the filesystem of {name}: one copy for all")
     if env_digest is not None:
         ready = {h: r.env_python for h, r in results.items() if r.env_python}
-        plan = _ensure_environment(plan, group, env_digest, reporter, ready)
+        plan = ensure_environment(plan, group, env_digest, reporter, ready)
         snapshots = plan.snapshots()
     if script:
         _run_setup(plan, group, snapshots, keys, results, tree.digest, reporter)
     return plan
-
-
-def _ensure_environment(
-    plan: LaunchPlan,
-    group: HostGroup,
-    digest: str,
-    reporter: Reporter,
-    ready: dict[str, str],
-) -> LaunchPlan:
-    """Make sure every node's host has the job's environment (built where missing; hosts
-    sharing a filesystem wait for one build) and give each node its python. `ready`:
-    the hosts whose push found it built (host -> its python), asked nothing more.
-
-    Raises:
-        InfraError: a build failed: the packages and hosts, nothing started.
-    """
-    env = plan.job.environment
-    assert env is not None
-    nodes = {n.host.name: n for n in plan.nodes}
-
-    def one(host: Host, transport: Transport) -> EnvReady:
-        job_env = {**host.env, **plan.job.env}
-        return envs.ensure(host, transport, nodes[host.name].job_dir, env, digest, job_env)
-
-    # First the host of each group sharing a filesystem (it builds where needed), then
-    # the others of the group, which find it there.
-    firsts = [name for name in plan.snapshots() if name in nodes and name not in ready]
-    replies = {name: EnvReady(python=python) for name, python in ready.items() if name in nodes}
-    if replies:
-        log.info("environment: the push found it built on %s", ", ".join(replies))
-    if firsts:
-        replies.update(_builds(group, one, firsts, reporter))
-    failed = {name: r for name, r in replies.items() if r.error is not None or not r.python}
-    if failed:
-        groups = plan.snapshots()  # a group's others would have used the same build
-        raise envs.failure(
-            env, {n.host.name: failed[name] for name in failed for n in groups[name]}
-        )
-    others = [name for name in nodes if name not in replies]
-    if others:
-        replies.update(_builds(group, one, others, reporter))
-        failed = {name: r for name, r in replies.items() if r.error is not None or not r.python}
-        if failed:
-            raise envs.failure(env, failed)
-    built = [
-        f"{name} ({f'{r.installer}, ' if r.installer else ''}{r.seconds:.1f} s)"
-        for name, r in replies.items()
-        if r.built
-    ]
-    if built:
-        reporter.notice(f"environment: built on {', '.join(built)}")
-    else:
-        log.info("environment ready on %s", ", ".join(replies))
-
-    def in_env(node: NodeLaunch) -> NodeLaunch:
-        python = replies[node.host.name].python
-        assert python is not None
-        # The template too: a detached job's keeper renders a later attempt's node
-        # on this host from it, which then runs in the environment as well.
-        template = parse_message(NodeTemplate, {**node.template.as_dict(), "python": python})
-        return replace(node, python=python, template=template)
-
-    return replace(plan, nodes=tuple(in_env(n) for n in plan.nodes))
-
-
-def _builds(
-    group: HostGroup,
-    one: Callable[[Host, Transport], EnvReady],
-    names: Sequence[str],
-    reporter: Reporter,
-) -> dict[str, EnvReady]:
-    """`one` on the hosts `names` at once. A Ctrl-C leaves without waiting for the
-    builds under way: each goes on on its host (a command without a terminal is not
-    stopped by its connection's end) and is published whole when it ends, or, killed
-    halfway, leaves only its temporary directory, which no job uses and the next build
-    removes (agent/host/envs.py)."""
-    try:
-        return group.each(one, only=names)
-    except KeyboardInterrupt:
-        group.abandon()
-        reporter.notice(
-            f"environment: the build under way on {', '.join(names)} goes on there; a "
-            "later job uses it once it is whole"
-        )
-        raise
 
 
 def _run_setup(

@@ -1,6 +1,7 @@
 """SshTransport: one SSH connection per host (fabric/paramiko), a channel per command.
 
-The only module of orch that imports fabric or paramiko. `~/.ssh/config` (User, Port,
+With terminal.py (`orch ssh`'s stdio), the only modules of orch that import fabric or
+paramiko. `~/.ssh/config` (User, Port,
 IdentityFile, ProxyJump) applies where the inventory is silent; fabric resolves it.
 
 Host keys are checked as OpenSSH checks them (hostkeys.py): every known_hosts file,
@@ -12,10 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import os
-import shutil
 import socket
-import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -390,7 +388,9 @@ class SshTransport:
     def interactive(self, command: str) -> int:
         channel = self._channel()
         try:
-            return _interactive(channel, command)
+            from orchestrator.transport.terminal import interactive
+
+            return interactive(channel, command)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise HostError(
                 self.name, f"lost the SSH connection to {self._target}: {exc}"
@@ -551,60 +551,3 @@ def _hops(conn: Any) -> Iterator[Any]:
     while isinstance(conn, Connection):
         yield conn
         conn = conn.gateway
-
-
-def _interactive(channel: paramiko.Channel, command: str) -> int:
-    """Run `command` on `channel` with this process's stdio: where stdin is a
-    terminal, on a terminal of the host's (its size followed), this one raw meanwhile
-    so that keys go through as typed; else plain pipes. Returns the exit status."""
-    import select
-    import signal
-    import termios
-    import tty
-
-    stdin = sys.stdin.fileno()
-    terminal = os.isatty(stdin)
-    saved = termios.tcgetattr(stdin) if terminal else None
-    if terminal:
-        size = shutil.get_terminal_size()
-        channel.get_pty(os.environ.get("TERM", "xterm"), size.columns, size.lines)
-    channel.exec_command(command)
-    previous = None
-    if terminal:
-
-        def resized(_signum: int, _frame: object) -> None:
-            size = shutil.get_terminal_size()
-            with contextlib.suppress(paramiko.SSHException, OSError):
-                channel.resize_pty(size.columns, size.lines)
-
-        previous = signal.signal(signal.SIGWINCH, resized)
-        tty.setraw(stdin, termios.TCSANOW)  # not TCSAFLUSH: keep what was typed ahead
-    try:
-        open_stdin = True
-        while True:
-            watched: list[Any] = [channel, stdin] if open_stdin else [channel]
-            ready = select.select(watched, [], [], 1.0)[0]
-            if channel in ready or channel.recv_ready() or channel.recv_stderr_ready():
-                if channel.recv_stderr_ready():
-                    os.write(2, channel.recv_stderr(1 << 15))
-                if channel.recv_ready():
-                    data = channel.recv(1 << 15)
-                    if data:
-                        os.write(1, data)
-            if stdin in ready:
-                typed = os.read(stdin, 1 << 12)
-                if typed:
-                    channel.sendall(typed)
-                else:  # EOF here: the command's stdin ends too
-                    channel.shutdown_write()
-                    open_stdin = False
-            if channel.exit_status_ready() and not channel.recv_ready():
-                while channel.recv_stderr_ready():
-                    os.write(2, channel.recv_stderr(1 << 15))
-                break
-    finally:
-        if saved is not None:
-            termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
-        if previous is not None:
-            signal.signal(signal.SIGWINCH, previous)
-    return int(channel.recv_exit_status())
