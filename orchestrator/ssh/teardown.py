@@ -7,6 +7,7 @@ reaches them in parallel and records what happened.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 
 from orchestrator.agent.kernel.replies import KillReport
@@ -25,6 +26,7 @@ from orchestrator.transport.base import Transport
 
 log = logging.getLogger(__name__)
 STOPPED_LATER = "lost; stopped later"  # a lost node's error, once it was stopped there
+CTRL_C_SEEN_S = 0.05  # the longest a Ctrl-C may wait to be seen, while a stop is waited for
 
 
 def teardown(
@@ -67,6 +69,13 @@ def stop_interrupted(
     """Ctrl-C on an attached submit: stop the job on every host. A second Ctrl-C skips
     the ranks' grace period (KILL at once); a third leaves without waiting.
 
+    1. The graceful stop runs in a thread of its own, and this one waits for it: a
+       Ctrl-C cuts short the wait, never the stop's calls to the hosts.
+    2. The forced stop (second Ctrl-C) runs here, then the graceful one is waited for
+       again: its agent `kill` on a host waits out the grace for ranks the forced one
+       has just killed, so it ends within a poll. Leaving before it has would leave
+       orch's own command running on that host.
+
     Args:
         settle: waits for the starts under way at Ctrl-C; True when there were any,
             and the job is stopped again (one may have begun since).
@@ -77,12 +86,13 @@ def stop_interrupted(
     """
     grace_s = ops.KILL_GRACE_S
     try:
+        graceful = _Beside(lambda: teardown(job_id, port, nodes, group, reporter, ops.KILL_GRACE_S))
         try:
             reporter.notice(
                 "interrupted: stopping the job on every host "
                 "(Ctrl-C again to skip the grace period)"
             )
-            teardown(job_id, port, nodes, group, reporter, grace_s)
+            graceful.wait()
         except KeyboardInterrupt:
             grace_s = 0.0
             reporter.notice(
@@ -90,6 +100,7 @@ def stop_interrupted(
                 "(Ctrl-C again to leave without waiting)"
             )
             teardown(job_id, port, nodes, group, reporter, grace_s)
+            graceful.wait()
         if settle():
             teardown(job_id, port, nodes, group, reporter, grace_s)
     except KeyboardInterrupt:
@@ -97,6 +108,26 @@ def stop_interrupted(
             f"job {job_id} interrupted; left before it was stopped on every host",
             f"stop it: orch kill {job_id}",
         ) from None
+
+
+class _Beside:
+    """`work` run in a daemon thread (one that a third Ctrl-C may leave behind)."""
+
+    def __init__(self, work: Callable[[], object]) -> None:
+        self._done = threading.Event()
+        threading.Thread(target=self._run, args=(work,), name="graceful-stop", daemon=True).start()
+
+    def _run(self, work: Callable[[], object]) -> None:
+        try:
+            work()
+        finally:
+            self._done.set()
+
+    def wait(self) -> None:
+        """Until `work` has returned or raised; a Ctrl-C cuts it short. In slices: a
+        SIGINT that lands just before a blocking wait begins is seen only when it ends."""
+        while not self._done.wait(CTRL_C_SEEN_S):
+            pass
 
 
 def kill(store: JobDB, record: JobRecord, reporter: Reporter) -> KillOutcome:

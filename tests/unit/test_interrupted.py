@@ -1,4 +1,4 @@
-"""Ctrl-C on an attached submit, pressed once, twice and three times (jobs/teardown.py).
+"""Ctrl-C on an attached submit, pressed once, twice and three times (ssh/teardown.py).
 
 The teardown itself runs against real hosts in tests/integration/test_failures.py;
 here it is replaced by a recorder whose calls can be interrupted, to press Ctrl-C at
@@ -7,6 +7,9 @@ each point the integration test cannot time.
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,10 +18,13 @@ from orchestrator.models.errors import Interrupted
 from orchestrator.nodes.ops import KILL_GRACE_S
 from orchestrator.ssh import teardown as module
 
+ENDED = -1.0  # in `Teardowns.events`: the graceful (first) call returned
+
 
 class Notices:
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self.told = threading.Event()  # a notice was given
 
     def job_started(self, job_id: str) -> None: ...
 
@@ -26,61 +32,105 @@ class Notices:
 
     def notice(self, message: str) -> None:
         self.lines.append(message)
+        self.told.set()
 
 
-def pressed(monkeypatch: pytest.MonkeyPatch, interrupted: set[int]) -> list[float]:
-    """The grace of each teardown call; the calls numbered in `interrupted` (from 0)
-    are cut short by a Ctrl-C."""
-    graces: list[float] = []
+class Teardowns:
+    """Stands in for `teardown`: records each call's grace in `graces`, and in `events`
+    the graces and the graceful call's end (ENDED), in the order they came.
 
-    def teardown(*args: Any) -> dict[str, Any]:
-        graces.append(args[-1])
-        if len(graces) - 1 in interrupted:
-            raise KeyboardInterrupt
+    The calls numbered in `interrupted` (from 0) are cut short by a Ctrl-C. The first
+    runs in a thread of its own, as the graceful stop does: its Ctrl-C is a SIGINT to
+    the main thread once the user was told to press it again, and it returns only once
+    a later call has begun, as the agent's graceful kill ends once the forced one has
+    killed what it waited for.
+    """
+
+    def __init__(self, interrupted: set[int]) -> None:
+        self.interrupted = interrupted
+        self.notices = Notices()
+        self.graces: list[float] = []
+        self.events: list[float] = []
+        self._later = threading.Event()
+
+    def __call__(self, *args: Any) -> dict[str, Any]:
+        number = len(self.graces)
+        self.graces.append(args[-1])
+        self.events.append(args[-1])
+        if number > 0:
+            self._later.set()
+        if number in self.interrupted:
+            if threading.current_thread() is threading.main_thread():
+                raise KeyboardInterrupt
+            assert self.notices.told.wait(timeout=10)
+            main = threading.main_thread().ident
+            assert main is not None
+            signal.pthread_kill(main, signal.SIGINT)
+            self._later.wait(timeout=10)
+            self.events.append(ENDED)
         return {}
 
-    monkeypatch.setattr(module, "teardown", teardown)
-    return graces
+
+@pytest.fixture(autouse=True)
+def ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt in the main thread, whatever the runner set."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
-def stop(settle: bool = False) -> Notices:
-    notices = Notices()
+def pressed(monkeypatch: pytest.MonkeyPatch, interrupted: set[int]) -> Teardowns:
+    teardowns = Teardowns(interrupted)
+    monkeypatch.setattr(module, "teardown", teardowns)
+    return teardowns
+
+
+def stop(teardowns: Teardowns, settle: bool = False) -> Notices:
+    notices = teardowns.notices
     module.stop_interrupted("job-1", 29500, [], None, notices, lambda: settle)  # type: ignore[arg-type]
     return notices
 
 
 def test_one_ctrl_c_gives_the_ranks_their_grace(monkeypatch: pytest.MonkeyPatch) -> None:
-    graces = pressed(monkeypatch, set())
-    notices = stop()
-    assert graces == [KILL_GRACE_S]
+    teardowns = pressed(monkeypatch, set())
+    notices = stop(teardowns)
+    assert teardowns.graces == [KILL_GRACE_S]
     assert notices.lines == [
         "interrupted: stopping the job on every host (Ctrl-C again to skip the grace period)"
     ]
 
 
 def test_a_second_ctrl_c_kills_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    graces = pressed(monkeypatch, {0})
-    notices = stop()
-    assert graces == [KILL_GRACE_S, 0.0]
+    teardowns = pressed(monkeypatch, {0})
+    notices = stop(teardowns)
+    assert teardowns.graces == [KILL_GRACE_S, 0.0]
     assert "killing the job's processes now" in notices.lines[-1]
+
+
+def test_a_second_ctrl_c_returns_only_once_the_graceful_stop_has_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    teardowns = pressed(monkeypatch, {0})
+    stop(teardowns)
+    assert teardowns.events == [KILL_GRACE_S, 0.0, ENDED]
 
 
 def test_starts_under_way_are_stopped_again_with_the_same_grace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    graces = pressed(monkeypatch, set())
-    stop(settle=True)
-    assert graces == [KILL_GRACE_S, KILL_GRACE_S]
-    graces = pressed(monkeypatch, {0})
-    stop(settle=True)
-    assert graces == [KILL_GRACE_S, 0.0, 0.0]
+    teardowns = pressed(monkeypatch, set())
+    stop(teardowns, settle=True)
+    assert teardowns.graces == [KILL_GRACE_S, KILL_GRACE_S]
+    teardowns = pressed(monkeypatch, {0})
+    stop(teardowns, settle=True)
+    assert teardowns.graces == [KILL_GRACE_S, 0.0, 0.0]
 
 
 def test_a_third_ctrl_c_leaves_and_names_orch_kill(monkeypatch: pytest.MonkeyPatch) -> None:
-    graces = pressed(monkeypatch, {0, 1})
+    teardowns = pressed(monkeypatch, {0, 1})
     with pytest.raises(Interrupted) as caught:
-        stop()
-    assert graces == [KILL_GRACE_S, 0.0]
+        stop(teardowns)
+    assert teardowns.graces == [KILL_GRACE_S, 0.0]
     assert "left before it was stopped on every host" in caught.value.message
     assert caught.value.hint == "stop it: orch kill job-1"
     assert caught.value.exit_code == 130
