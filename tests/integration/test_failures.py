@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import sqlite3
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from tests.cluster import Cluster, OrchRunner
 from tests.support import (
     Lines,
     assert_no_job_left,
+    ending,
     job_id_of,
     job_processes,
     release,
@@ -28,6 +30,7 @@ from tests.support import (
 )
 
 pytestmark = pytest.mark.cluster
+PAUSE_S = 1.0  # a host too busy to run orch's own kill command for a moment
 
 
 def wait_ready(proc: subprocess.Popen[str], ranks: int) -> tuple[str, list[str]]:
@@ -370,6 +373,65 @@ def test_a_second_ctrl_c_kills_at_once_without_the_grace_and_leaves_nothing(
     assert "Traceback" not in text
     assert "killing the job's processes now" in text, text
     assert elapsed < KILL_GRACE_S, f"{elapsed:.1f} s: the grace was not skipped"
+    assert_no_job_left(cluster, [1, 2])
+    assert status_json(orch, job_id)["state"] == "killed"
+
+
+def test_a_second_ctrl_c_exits_only_once_the_first_ctrl_cs_kill_has_ended_on_every_host(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    """The first Ctrl-C's stop runs on each host as an agent `kill` that waits out the
+    grace. The second Ctrl-C kills the ranks at once, which leaves that kill nothing to
+    wait for; the submit exits only once it has ended, even on a host too busy to run
+    it for a moment (here it is stopped for PAUSE_S)."""
+    job = write_job(
+        tmp_path,
+        "workload",
+        "workload.py",
+        nodes=2,
+        args=["--plain", "--on-term", "ignore", "--hang"],
+    )
+    proc = start_attached(orch, job, inventory)
+    job_id, _ = wait_ready(proc, 2)
+    assert proc.stderr is not None and proc.stdout is not None
+    err, out = Lines(proc.stderr), Lines(proc.stdout)
+
+    def graceful_kills(host: int) -> list[int]:
+        return [
+            pid
+            for pid, cmd in cluster.host_pids(host)
+            if " kill " in cmd and f" {KILL_GRACE_S} {job_id}" in cmd and not ending(cmd)
+        ]
+
+    def signal_kills(kills: list[tuple[int, int]], name: str) -> None:
+        for host, pid in kills:
+            cluster.exec_on(host, ["sh", "-c", f"kill -{name} {pid}"])
+
+    proc.send_signal(signal.SIGINT)
+    err.wait_for("Ctrl-C again", 30)
+    wait_for(
+        lambda: all(graceful_kills(i) for i in (1, 2)),
+        KILL_GRACE_S,
+        "the first Ctrl-C's kill to run on every host",
+        poll=0.05,
+    )
+    paused = [(i, pid) for i in (1, 2) for pid in graceful_kills(i)]
+    signal_kills(paused, "STOP")
+    resume = threading.Timer(PAUSE_S, signal_kills, args=(paused, "CONT"))
+    again = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    resume.start()
+    try:
+        proc.wait(timeout=60)
+        elapsed = time.monotonic() - again
+        # Looked at once, without the moment assert_no_job_left gives what is ending.
+        left = [graceful_kills(i) for i in (1, 2)]
+    finally:
+        resume.join()  # whatever happened, nothing is left stopped
+    text = err.text() + out.text()
+    assert proc.returncode == 130, text
+    assert left == [[], []], text
+    assert PAUSE_S <= elapsed < KILL_GRACE_S, f"{elapsed:.1f} s"
     assert_no_job_left(cluster, [1, 2])
     assert status_json(orch, job_id)["state"] == "killed"
 
