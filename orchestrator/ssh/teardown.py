@@ -115,19 +115,26 @@ class _Beside:
 
     def __init__(self, work: Callable[[], object]) -> None:
         self._done = threading.Event()
+        self._error: Exception | None = None
         threading.Thread(target=self._run, args=(work,), name="graceful-stop", daemon=True).start()
 
     def _run(self, work: Callable[[], object]) -> None:
         try:
             work()
+        except Exception as exc:  # raised again by `wait`, in the thread that asked
+            self._error = exc
         finally:
             self._done.set()
 
     def wait(self) -> None:
-        """Until `work` has returned or raised; a Ctrl-C cuts it short. In slices: a
-        SIGINT that lands just before a blocking wait begins is seen only when it ends."""
+        """Until `work` has returned or raised (raised again here); a Ctrl-C cuts it
+        short. In slices: a SIGINT that lands just before a blocking wait begins is
+        seen only when it ends."""
         while not self._done.wait(CTRL_C_SEEN_S):
             pass
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def kill(store: JobDB, record: JobRecord, reporter: Reporter) -> KillOutcome:

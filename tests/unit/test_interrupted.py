@@ -134,3 +134,21 @@ def test_a_third_ctrl_c_leaves_and_names_orch_kill(monkeypatch: pytest.MonkeyPat
     assert "left before it was stopped on every host" in caught.value.message
     assert caught.value.hint == "stop it: orch kill job-1"
     assert caught.value.exit_code == 130
+
+
+def test_a_graceful_stop_that_fails_raises_in_the_caller_not_in_its_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The graceful stop runs in a thread of its own: its error is the caller's to
+    show (an `error:` line), never a thread's traceback on stderr."""
+    from orchestrator.models.errors import HostError
+
+    def failing(*args: Any) -> dict[str, Any]:
+        raise HostError("node1", "connection lost")
+
+    hooked: list[Any] = []
+    monkeypatch.setattr(threading, "excepthook", hooked.append)
+    monkeypatch.setattr(module, "teardown", failing)
+    with pytest.raises(HostError, match="connection lost"):
+        module.stop_interrupted("job-1", 29500, [], None, Notices(), lambda: False)  # type: ignore[arg-type]
+    assert hooked == []
