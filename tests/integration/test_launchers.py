@@ -86,7 +86,7 @@ def test_a_legacy_script_gets_local_rank_as_an_argument(
 def test_a_failing_spawned_child_stops_the_job_on_every_host(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
-    job = spawn_job(tmp_path, "--fail-rank", "2", "--sleep", "120")
+    job = spawn_job(tmp_path, "--fail-rank", "2", "--sleep", "120", "--plain")
     result = orch("submit", job, "-i", two_and_one, timeout=120)
     assert result.returncode == 1, result.stderr
     assert "RuntimeError: boom from rank 2" in result.stdout
@@ -97,7 +97,7 @@ def test_a_failing_spawned_child_stops_the_job_on_every_host(
 def test_kill_of_a_detached_self_spawning_job_leaves_nothing(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
-    job = spawn_job(tmp_path, "--sleep", "120")
+    job = spawn_job(tmp_path, "--sleep", "120", "--plain")
     submitted = orch("submit", "-d", job, "-i", two_and_one, timeout=120)
     assert submitted.returncode == 0, submitted.stderr
     job_id = job_id_of(submitted.stdout)

@@ -203,7 +203,7 @@ def test_a_legacy_script_gets_local_rank_as_an_argument_under_slurm(
 def test_kill_of_a_detached_self_spawning_job_leaves_nothing_on_any_node(
     slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
 ) -> None:
-    job = spawn_job(tmp_path, "--sleep", "120", nproc_per_node=2)
+    job = spawn_job(tmp_path, "--sleep", "120", "--plain", nproc_per_node=2)
     submitted = orch("submit", "-d", job, "-i", hpc, timeout=120)
     assert submitted.returncode == 0, submitted.stderr
     job_id = job_id_of(submitted.stdout)

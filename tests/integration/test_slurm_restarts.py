@@ -41,9 +41,15 @@ def revive(slurm: SlurmCluster) -> Iterator[list[Host]]:
         slurm.revive_node(host)
 
 
-def restart_job(tmp_path: Path, restarts: int | None = 1, **keys: object) -> Path:
+def restart_job(
+    tmp_path: Path, restarts: int | None = 1, torch: bool = False, **keys: object
+) -> Path:
+    """steps.py on two nodes; torch-free (`--plain`) unless the test is about the
+    collective: how orch restarts, kills and reports is the same without it."""
     if restarts is not None:
         keys["restarts"] = restarts
+    if not torch:
+        keys["args"] = ["--plain"]
     return write_job(tmp_path, "restart", "steps.py", nodes=2, **keys)
 
 
@@ -71,7 +77,7 @@ def running_nodes(slurm: SlurmCluster, name: str) -> list[Host]:
 def test_a_failed_node_restarts_the_job_as_attempt_2_without_that_node(
     slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path, revive: list[Host]
 ) -> None:
-    submit = orch.popen("submit", restart_job(tmp_path), "-i", hpc)
+    submit = orch.popen("submit", restart_job(tmp_path, torch=True), "-i", hpc)
     assert submit.stdout is not None and submit.stderr is not None
     out, err = Lines(submit.stdout), Lines(submit.stderr)
     out.wait_for("step 2 attempt 0", 90)
@@ -139,7 +145,9 @@ def test_a_detached_job_restarts_on_the_cluster_with_no_controller_running(
 def test_orch_kill_cancels_every_attempt_and_none_follows(
     slurm: SlurmCluster, orch: OrchRunner, hpc: Path, tmp_path: Path
 ) -> None:
-    submitted = orch("submit", restart_job(tmp_path, restarts=2), "-i", hpc, "-d", timeout=60)
+    submitted = orch(
+        "submit", restart_job(tmp_path, restarts=2, torch=True), "-i", hpc, "-d", timeout=60
+    )
     assert submitted.returncode == 0, submitted.stderr
     job_id = job_id_of(submitted.stdout)
     running_nodes(slurm, "restart")
