@@ -345,12 +345,11 @@ def test_ctrl_c_stops_the_job_everywhere_and_exits_130(
     assert status_json(orch, job_id)["state"] == "killed"
 
 
-def test_a_second_ctrl_c_kills_at_once_without_the_grace_and_leaves_nothing(
-    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
-) -> None:
-    """Ranks that ignore TERM would get the whole grace before KILL; a second Ctrl-C
-    during the teardown skips it, and the submit still stops everything and records
-    the job killed."""
+def interrupted_once(
+    orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> tuple[subprocess.Popen[str], str, Lines, Lines]:
+    """An attached two-node job whose ranks ignore TERM, pressed Ctrl-C once: its
+    process, job id, stderr and stdout, once it says to press again."""
     job = write_job(
         tmp_path,
         "workload",
@@ -364,6 +363,16 @@ def test_a_second_ctrl_c_kills_at_once_without_the_grace_and_leaves_nothing(
     err, out = Lines(proc.stderr), Lines(proc.stdout)
     proc.send_signal(signal.SIGINT)
     err.wait_for("Ctrl-C again", 30)
+    return proc, job_id, err, out
+
+
+def test_a_second_ctrl_c_kills_at_once_without_the_grace_and_leaves_nothing(
+    cluster: Cluster, orch: OrchRunner, inventory: Path, tmp_path: Path
+) -> None:
+    """Ranks that ignore TERM would get the whole grace before KILL; a second Ctrl-C
+    during the teardown skips it, and the submit still stops everything and records
+    the job killed."""
+    proc, job_id, err, out = interrupted_once(orch, inventory, tmp_path)
     again = time.monotonic()
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=60)
@@ -384,17 +393,7 @@ def test_a_second_ctrl_c_exits_only_once_the_first_ctrl_cs_kill_has_ended_on_eve
     grace. The second Ctrl-C kills the ranks at once, which leaves that kill nothing to
     wait for; the submit exits only once it has ended, even on a host too busy to run
     it for a moment (here it is stopped for PAUSE_S)."""
-    job = write_job(
-        tmp_path,
-        "workload",
-        "workload.py",
-        nodes=2,
-        args=["--plain", "--on-term", "ignore", "--hang"],
-    )
-    proc = start_attached(orch, job, inventory)
-    job_id, _ = wait_ready(proc, 2)
-    assert proc.stderr is not None and proc.stdout is not None
-    err, out = Lines(proc.stderr), Lines(proc.stdout)
+    proc, job_id, err, out = interrupted_once(orch, inventory, tmp_path)
 
     def graceful_kills(host: int) -> list[int]:
         return [
@@ -407,8 +406,6 @@ def test_a_second_ctrl_c_exits_only_once_the_first_ctrl_cs_kill_has_ended_on_eve
         for host, pid in kills:
             cluster.exec_on(host, ["sh", "-c", f"kill -{name} {pid}"])
 
-    proc.send_signal(signal.SIGINT)
-    err.wait_for("Ctrl-C again", 30)
     wait_for(
         lambda: all(graceful_kills(i) for i in (1, 2)),
         KILL_GRACE_S,
