@@ -35,7 +35,7 @@ HOSTS = [1, 2]
 
 @pytest.fixture
 def two_and_one(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
-    """node1 with 2 slots, node2 with 1; no warm interpreter before or after."""
+    """node1 with 2 slots, node2 with 1; no warm interpreter before."""
     yield from two_and_one_without_warm(cluster, tmp_path)
 
 

@@ -38,7 +38,7 @@ PER_SUBMIT = ("MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "SSH_CLIENT", "SSH_CONNE
 
 @pytest.fixture
 def two_and_one(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
-    """node1 with 2 slots, node2 with 1; no warm interpreter before or after."""
+    """node1 with 2 slots, node2 with 1; no warm interpreter before."""
     yield from two_and_one_without_warm(cluster, tmp_path)
 
 
