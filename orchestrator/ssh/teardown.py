@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from orchestrator.agent.kernel.replies import KillReport
 from orchestrator.models.errors import HostError, Interrupted
@@ -86,7 +87,7 @@ def stop_interrupted(
     """
     grace_s = ops.KILL_GRACE_S
     try:
-        graceful = _Beside(lambda: teardown(job_id, port, nodes, group, reporter, ops.KILL_GRACE_S))
+        graceful = _Beside(partial(teardown, job_id, port, nodes, group, reporter, grace_s))
         try:
             reporter.notice(
                 "interrupted: stopping the job on every host "
