@@ -57,9 +57,7 @@ def interactive(channel: paramiko.Channel, command: str) -> int:
                 else:  # EOF here: the command's stdin ends too
                     channel.shutdown_write()
                     open_stdin = False
-            if channel.exit_status_ready() and not channel.recv_ready():
-                while channel.recv_stderr_ready():
-                    os.write(2, channel.recv_stderr(1 << 15))
+            if ended(channel):
                 break
     finally:
         if saved is not None:
@@ -67,3 +65,12 @@ def interactive(channel: paramiko.Channel, command: str) -> int:
         if previous is not None:
             signal.signal(signal.SIGWINCH, previous)
     return int(channel.recv_exit_status())
+
+
+def ended(channel: paramiko.Channel) -> bool:
+    """Whether everything the command wrote has been received: the host's end of the
+    channel (its EOF comes after the last of the output), nothing left unread. Its exit
+    status alone is not enough: sshd may send it while a terminal's last output is
+    still on its way (the line a typed command printed just before `exit`)."""
+    done = channel.eof_received or channel.closed
+    return done and not channel.recv_ready() and not channel.recv_stderr_ready()

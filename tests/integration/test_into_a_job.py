@@ -12,6 +12,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,22 @@ def test_a_local_port_in_use_an_unknown_node_and_a_bad_port_are_exit_2_with_a_hi
         orch("kill", job_id, timeout=60)
 
 
+def read_until(terminal: int, done: Callable[[bytes], bool], timeout: float = 60) -> bytes:
+    """What ``terminal`` shows until ``done(what it showed)``, it closes, or ``timeout``."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while not done(seen) and time.monotonic() < deadline:
+        if select.select([terminal], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(terminal, 4096)
+            except OSError:  # the terminal closed with the process
+                break
+            if not chunk:
+                break
+            seen += chunk
+    return seen
+
+
 def test_orch_ssh_and_exec_land_in_the_nodes_directory_with_the_jobs_environment(
     orch: OrchRunner, cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -178,25 +195,26 @@ def test_orch_ssh_and_exec_land_in_the_nodes_directory_with_the_jobs_environment
             start_new_session=True,
         )
         os.close(theirs)
-        os.write(mine, b"echo typed-$MY_SETTING; exit 5\n")
-        seen = b""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if select.select([mine], [], [], 1.0)[0]:
-                try:
-                    chunk = os.read(mine, 4096)
-                except OSError:  # the terminal closed with the process
-                    break
-                if not chunk:
-                    break
-                seen += chunk
-            elif shell.poll() is not None:
-                break
+        seen = read_until(mine, lambda seen: seen.rstrip().endswith(b"#"))  # the prompt
+        # Every line up to the exit arrives before orch ssh ends, though sshd sends the
+        # exit status first where the shell's last output still waits in its terminal:
+        # the host's sshd is paused while the shell prints and exits.
+        os.write(mine, b"sleep 1; echo typed-$MY_SETTING; seq 3000; exit 5\n")
+        seen += read_until(mine, lambda seen: b"exit 5" in seen)  # the host's echo
+        sessions = [pid for pid, c in cluster.host_pids(1) if c.startswith("sshd: root@pts")]
+        assert sessions, cluster.host_pids(1)
+        for pid in sessions:
+            cluster.exec_on(1, ["kill", "-STOP", str(pid)])
+        time.sleep(2.5)  # the shell prints into its terminal, and exits
+        for pid in sessions:
+            cluster.exec_on(1, ["kill", "-CONT", str(pid)])
+        seen += read_until(mine, lambda _: False)  # to the end: orch ssh has closed it
         os.close(mine)
         if shell.poll() is None:
             shell.kill()
         assert shell.wait(timeout=30) == 5, seen
         assert b"typed-set" in seen, seen
+        assert b"\r\n2999\r\n3000\r\n" in seen, seen[-200:]
     finally:
         orch("kill", job_id, timeout=60)
 
