@@ -5,12 +5,23 @@ borrows a shape and hands the cluster back as it found it."""
 from __future__ import annotations
 
 import contextlib
+import os
+import shlex
 import shutil
+import signal
+import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from tests.cluster.commands import ClusterError
-from tests.cluster.hosts import Host, HostsMixin, _prepare_home
+from tests.cluster.commands import ClusterError, _run
+from tests.cluster.hosts import (
+    ROOT_HOME,
+    Host,
+    HostsMixin,
+    _prepare_home,
+    paths_hidden_by_private_home,
+)
 from tests.cluster.network import MAX_HOSTS
 
 
@@ -23,10 +34,14 @@ class ShapesMixin(HostsMixin):
     def shared_home(self, hosts: Sequence[int | str]) -> Iterator[Path]:
         """Have ``hosts`` mount one fresh directory as their ``/root``, as with NFS homes.
 
-        Those hosts reboot (as ``restart``: same address and host key, their processes
-        die) into the shared home; on exit they reboot into their private homes and the
-        directory is removed. Other hosts are left alone, so one ``with`` per group
-        makes a mixed layout::
+        Those hosts mount it over their ``/root`` in place, without a reboot: new logins
+        and processes see the shared home. On exit every process born inside the block
+        is killed (as a reboot would), the shared home is unmounted, so the private one
+        shows again with what ran there before (its warm interpreters: a reboot cost
+        each host's next job a cold start), and the directory is removed. A host that
+        rebooted inside the block (``restart``, ``crash``) reboots into its private home
+        instead. Other hosts are left alone, so one ``with`` per group makes a mixed
+        layout::
 
             with cluster.shared_home([1, 2]) as home:  # node3 keeps its own
                 cluster.exec_on(1, ["touch", "/root/x"])
@@ -34,7 +49,8 @@ class ShapesMixin(HostsMixin):
 
         Meanwhile ``home(i)`` and ``Host.home`` name the shared directory for those
         hosts. Each still has its own mount namespace: binds made inside one stay its
-        own. A host partitioned at exit is left down, for ``ensure_healthy`` to boot.
+        own. A host partitioned at exit stays partitioned, for ``ensure_healthy`` to heal;
+        one that rebooted inside the block and is partitioned is left down.
 
         Args:
             hosts: indices or names of the hosts that share; none may share already.
@@ -56,16 +72,29 @@ class ShapesMixin(HostsMixin):
         self._shared_homes_made += 1
         home = self.workdir / "shared-homes" / str(self._shared_homes_made)
         _prepare_home(home)
+        entered: dict[int, _Entered] = {}
         try:
             for host in selected:
                 host.shared_home = home
-                self.restart(host.index)
+                if host.running and host.init_pid is not None:
+                    entered[host.index] = _Entered(host.init_pid, _born_in(host.init_pid))
+                    _mount_home(host, home)
+                else:
+                    self.restart(host.index)
             yield home
         finally:
             # A stop() inside the block already removed these hosts (and the directory).
             moved = [host for host in selected if host.shared_home == home and self._has(host)]
             try:
-                self._reboot_into_private_homes(moved)
+                rebooted = []
+                for host in moved:
+                    before = entered.get(host.index)
+                    if before is not None and host.running and host.init_pid == before.init_pid:
+                        _leave_home(host, home, before.pids)
+                        host.shared_home = None
+                    else:
+                        rebooted.append(host)
+                self._reboot_into_private_homes(rebooted)
             finally:
                 shutil.rmtree(home, ignore_errors=True)
 
@@ -153,3 +182,92 @@ class ShapesMixin(HostsMixin):
     def _has(self, host: Host) -> bool:
         """Whether ``host`` is this very cluster's (not one a ``stop`` has since removed)."""
         return any(host is mine for mine in self.hosts)
+
+
+@dataclass(frozen=True)
+class _Entered:
+    """A host as it entered a shared home: its PID 1, and every process then running."""
+
+    init_pid: int
+    pids: frozenset[tuple[int, int]]
+
+
+def _born_in(init_pid: int) -> frozenset[tuple[int, int]]:
+    """Every live process in the pid namespace of ``init_pid``, as (pid here, start time):
+    the start time tells a process from a later one that got the same pid."""
+    namespace = os.readlink(f"/proc/{init_pid}/ns/pid")
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{name}/ns/pid") != namespace:
+                continue
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended while we looked
+            continue
+        if fields[0] != "Z":  # a zombie is gone already, its parent reaps it
+            found.add((int(name), int(fields[19])))  # field 22 of stat: the start time
+    return frozenset(found)
+
+
+def _in_host_mounts(host: Host, script: str) -> None:
+    """Run ``script`` (sh) in the mount namespace of ``host``'s PID 1, and its pid
+    namespace: umount reads its own /proc/self/mountinfo, from the host's /proc."""
+    assert host.init_pid is not None
+    _run(["nsenter", "-t", str(host.init_pid), "-m", "-p", "--", "sh", "-c", script])
+
+
+def _hidden_binds(home: Path) -> list[tuple[Path, Path]]:
+    """What a home needs bound into it (the venv, the repository under ~): (from, onto)."""
+    return [
+        (path.resolve(), home / path.relative_to(ROOT_HOME))
+        for path in paths_hidden_by_private_home()
+    ]
+
+
+def _mount_home(host: Host, home: Path) -> None:
+    """Mount ``home`` over the running ``host``'s ``/root``, as its boot would have."""
+    q = shlex.quote
+    lines = ["set -e"]
+    lines += [f"mount --bind {q(str(src))} {q(str(dst))}" for src, dst in _hidden_binds(home)]
+    lines.append(f"mount --rbind {q(str(home))} {q(str(ROOT_HOME))}")
+    _in_host_mounts(host, "\n".join(lines))
+
+
+def _leave_home(host: Host, home: Path, before: frozenset[tuple[int, int]]) -> None:
+    """Kill every process of ``host`` that is not in ``before``, then unmount ``home``
+    from its ``/root``, so that the private home below shows again.
+
+    Raises:
+        ClusterError: a process outlived 10 s of SIGKILLs, or an unmount failed.
+    """
+    assert host.init_pid is not None
+    deadline = time.monotonic() + 10
+    while born := _born_in(host.init_pid) - before:
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{host.name}: processes outlived the shared home: {sorted(born)}")
+        for pid, started in born:
+            _kill_if_same(pid, started)
+        time.sleep(0.01)
+    q = shlex.quote
+    lines = [f"umount -l {q(str(ROOT_HOME))}"]  # the top of the stack: the shared home
+    lines += [f"umount -l {q(str(dst))}" for _, dst in _hidden_binds(home)]
+    _in_host_mounts(host, "\n".join(["set -e", *lines]))
+
+
+def _kill_if_same(pid: int, started: int) -> None:
+    """SIGKILL ``pid`` if it is still the process that started at ``started``."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if int(f.read().rsplit(")", 1)[1].split()[19]) == started:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except (OSError, ValueError):  # ended since: nothing to kill
+        pass
+    finally:
+        os.close(fd)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -216,8 +218,13 @@ def test_hosts_sharing_a_home_see_each_others_files_while_a_third_keeps_its_own(
 ) -> None:
     (cluster.home(1) / "own-marker").write_text("node1's own\n")
     private = {i: cluster.home(i) for i in (1, 2, 3)}
+    start_background(cluster, 1, "sleep 4646")  # from before: lives on (a warm interpreter)
+    wait_for(lambda: machine_pids_running("sleep 4646") != [], what="sleep 4646 to start")
+    before = machine_pids_running("sleep 4646")
 
     with cluster.shared_home([1, 2]) as home:
+        start_background(cluster, 1, "sleep 4747")  # born inside: gone with the block
+        wait_for(lambda: machine_pids_running("sleep 4747") != [], what="sleep 4747 to start")
         written = cluster.exec_on(1, ["sh", "-c", f"echo from-node1 > {ROOT_HOME}/shared-marker"])
         assert written.returncode == 0, written.stderr
         assert root_has(cluster, 2, "shared-marker") == "from-node1\n"
@@ -238,7 +245,12 @@ def test_hosts_sharing_a_home_see_each_others_files_while_a_third_keeps_its_own(
     assert root_has(cluster, 1, "shared-marker") is None
     assert root_has(cluster, 2, "shared-marker") is None
     assert root_has(cluster, 1, "own-marker") == "node1's own\n"
+    assert cluster.ssh(1, "cat ~/own-marker").stdout == "node1's own\n"  # a new login too
     (cluster.home(1) / "own-marker").unlink()
+    assert machine_pids_running("sleep 4747") == []
+    assert machine_pids_running("sleep 4646") == before  # the host did not reboot
+    for pid in before:
+        os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.cluster
