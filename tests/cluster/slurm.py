@@ -115,6 +115,9 @@ class SlurmCluster:
         self.hosts: list[Host] = []
         self.home: Path | None = None
         self.confdir: Path | None = None
+        # What ran on each host before this cluster shared their home (the worker's warm
+        # interpreters, from its earlier tests): it lives on, and is not a job's.
+        self._before: dict[int, set[tuple[int, str]]] = {}
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -142,6 +145,9 @@ class SlurmCluster:
             if missing > 0:
                 self._stack.enter_context(self.cluster.extra_hosts(missing))
             self.hosts = list(self.cluster.hosts[: self.compute_nodes + 1])
+            self._before = {
+                host.index: set(self.cluster.host_pids(host.index)) for host in self.hosts
+            }
             self.home = self._stack.enter_context(
                 self.cluster.shared_home([host.index for host in self.hosts])
             )
@@ -214,12 +220,15 @@ class SlurmCluster:
         return [job for job in self.squeue() if job["state"] not in done]
 
     def job_processes(self, host: Host | int | str) -> list[tuple[int, str]]:
-        """Processes on a compute host that are not the cluster's own (sshd, slurmd)."""
-        index = host.index if isinstance(host, Host) else host
+        """Processes on a compute host that are not the cluster's own (sshd, slurmd),
+        nor there before it started."""
+        index = self.cluster.host(host).index if not isinstance(host, Host) else host.index
+        before = self._before.get(index, set())
         return [
             (pid, cmdline)
             for pid, cmdline in self.cluster.host_pids(index)
             if Path(cmdline.split(" ", 1)[0].rstrip(":")).name not in INFRASTRUCTURE
+            and (pid, cmdline) not in before
         ]
 
     def wait_for(self, predicate: Any, what: str, timeout: float = 30) -> None:
