@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import stat
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,6 @@ from tests.support import (
     assert_no_job_left,
     job_id_of,
     start_attached,
-    two_and_one_without_warm,
     wait_for,
     write_job,
 )
@@ -34,9 +32,11 @@ HOSTS = [1, 2]
 
 
 @pytest.fixture
-def two_and_one(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
-    """node1 with 2 slots, node2 with 1; no warm interpreter before."""
-    yield from two_and_one_without_warm(cluster, tmp_path)
+def two_and_one(cluster: Cluster, tmp_path: Path) -> Path:
+    """node1 with 2 slots, node2 with 1. Warm interpreters other tests left stay: these
+    jobs start cold (`warm: false`) or from their own environment's (`orch warm`), and
+    ending them would cost the worker's next jobs a cold start."""
+    return cluster.write_inventory(tmp_path / "two_and_one.yaml", HOSTS, node1={"slots": 2})
 
 
 def hang_job(tmp_path: Path, **keys: object) -> Path:
