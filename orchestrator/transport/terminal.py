@@ -72,5 +72,5 @@ def ended(channel: paramiko.Channel) -> bool:
     channel (its EOF comes after the last of the output), nothing left unread. Its exit
     status alone is not enough: sshd may send it while a terminal's last output is
     still on its way (the line a typed command printed just before `exit`)."""
-    done = channel.eof_received or channel.closed
+    done = bool(channel.eof_received) or channel.closed
     return done and not channel.recv_ready() and not channel.recv_stderr_ready()
