@@ -305,6 +305,24 @@ def _unlocked_shadow(host: Host) -> Path | None:
     return None
 
 
+def home_mount_lines(home: Path) -> list[str]:
+    """Shell lines that mount ``home`` as ``/root`` (in a host's own mount namespace).
+
+    A home hides whatever lives under root's home (a pyenv, the repository): those are
+    bound into it first, so that the rbind shows them at their usual paths."""
+    q = shlex.quote
+    lines = [f"mount --bind {q(str(src))} {q(str(dst))}" for src, dst in hidden_binds(home)]
+    return [*lines, f"mount --rbind {q(str(home))} {q(str(ROOT_HOME))}"]
+
+
+def hidden_binds(home: Path) -> list[tuple[Path, Path]]:
+    """What ``home`` needs bound into it (the venv, the repository under ~): (from, onto)."""
+    return [
+        (path.resolve(), home / path.relative_to(ROOT_HOME))
+        for path in paths_hidden_by_private_home()
+    ]
+
+
 def _init_script(host: Host) -> str:
     """What runs as the host's PID 1 before it becomes sshd.
 
@@ -319,13 +337,7 @@ def _init_script(host: Host) -> str:
         "mount -t tmpfs -o mode=755 orch-run /run",
         "mkdir /run/sshd && mkdir -m 1777 /run/lock && ln -s /dev/shm /run/shm",
     ]
-    # The private home hides whatever lives under root's home (a pyenv, the repository):
-    # bind those into it first, so the rbind below shows them at their usual paths.
-    for path in paths_hidden_by_private_home():
-        lines.append(
-            f"mount --bind {q(str(path.resolve()))} {q(str(host.home / path.relative_to(ROOT_HOME)))}"
-        )
-    lines.append(f"mount --rbind {q(str(host.home))} {q(str(ROOT_HOME))}")
+    lines += home_mount_lines(host.home)
     shadow = _unlocked_shadow(host)
     if shadow is not None:
         lines.append(f"mount --bind {q(str(shadow))} /etc/shadow")

@@ -20,7 +20,8 @@ from tests.cluster.hosts import (
     Host,
     HostsMixin,
     _prepare_home,
-    paths_hidden_by_private_home,
+    hidden_binds,
+    home_mount_lines,
 )
 from tests.cluster.network import MAX_HOSTS
 
@@ -219,21 +220,9 @@ def _in_host_mounts(host: Host, script: str) -> None:
     _run(["nsenter", "-t", str(host.init_pid), "-m", "-p", "--", "sh", "-c", script])
 
 
-def _hidden_binds(home: Path) -> list[tuple[Path, Path]]:
-    """What a home needs bound into it (the venv, the repository under ~): (from, onto)."""
-    return [
-        (path.resolve(), home / path.relative_to(ROOT_HOME))
-        for path in paths_hidden_by_private_home()
-    ]
-
-
 def _mount_home(host: Host, home: Path) -> None:
     """Mount ``home`` over the running ``host``'s ``/root``, as its boot would have."""
-    q = shlex.quote
-    lines = ["set -e"]
-    lines += [f"mount --bind {q(str(src))} {q(str(dst))}" for src, dst in _hidden_binds(home)]
-    lines.append(f"mount --rbind {q(str(home))} {q(str(ROOT_HOME))}")
-    _in_host_mounts(host, "\n".join(lines))
+    _in_host_mounts(host, "\n".join(["set -e", *home_mount_lines(home)]))
 
 
 def _leave_home(host: Host, home: Path, before: frozenset[tuple[int, int]]) -> None:
@@ -253,7 +242,7 @@ def _leave_home(host: Host, home: Path, before: frozenset[tuple[int, int]]) -> N
         time.sleep(0.01)
     q = shlex.quote
     lines = [f"umount -l {q(str(ROOT_HOME))}"]  # the top of the stack: the shared home
-    lines += [f"umount -l {q(str(dst))}" for _, dst in _hidden_binds(home)]
+    lines += [f"umount -l {q(str(dst))}" for _, dst in hidden_binds(home)]
     _in_host_mounts(host, "\n".join(["set -e", *lines]))
 
 
