@@ -7,6 +7,7 @@ import socket
 import threading
 from pathlib import Path
 
+import paramiko
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,7 @@ from orchestrator.transport.ssh import (
     _PromptAckSocket,
     idle_wake_s,
 )
+from orchestrator.transport.terminal import ended
 
 
 @given(parts=st.lists(st.integers(0, 300).map(lambda n: bytes([n % 251]) * n), max_size=40))
@@ -200,3 +202,20 @@ def test_each_host_is_dialled_once_and_a_local_one_not_at_all(
         assert dial.ahead([remote], 5) == {}, "where a config could redirect it: none"
     finally:
         listener.close()
+
+
+def test_a_terminal_session_ends_at_the_hosts_eof_once_drained_not_at_its_exit_status() -> None:
+    """sshd may send the exit status while the shell's last output is still on its way:
+    `orch ssh` reads on until the host's EOF and then until nothing is left unread."""
+    channel = paramiko.Channel(7)  # no transport: its buffers and flags alone
+    channel.exit_status = 5
+    channel.status_event.set()
+    assert channel.exit_status_ready() and not ended(channel)  # output may still come
+    channel.in_buffer.feed(b"3000\r\n")
+    channel.eof_received = True
+    assert not ended(channel)  # the last line is not read yet
+    assert channel.recv(100) == b"3000\r\n"
+    assert ended(channel)
+    channel.in_stderr_buffer.feed(b"bye\n")
+    assert not ended(channel)
+    assert channel.recv_stderr(100) == b"bye\n" and ended(channel)
