@@ -18,7 +18,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -314,14 +314,9 @@ def stop_warm(cluster: Cluster, hosts: Sequence[int]) -> None:
         subprocess.run(["rm", "-rf", str(cluster.home(i) / ".orch" / "warm")], check=True)
 
 
-def two_and_one_without_warm(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
-    """node1 with 2 slots, node2 with 1; no warm interpreter before (a fixture's body).
-
-    The ones the test's jobs leave stay, as any job's do: ended at once, each would
-    have imported torch for nothing, and the worker's next test on these hosts may
-    fork from one."""
-    stop_warm(cluster, [1, 2])
-    yield cluster.write_inventory(tmp_path / "two_and_one.yaml", [1, 2], node1={"slots": 2})
+def two_and_one_inventory(cluster: Cluster, tmp_path: Path) -> Path:
+    """An inventory of node1 with 2 slots and node2 with 1 (`test_warm`, `test_stack`)."""
+    return cluster.write_inventory(tmp_path / "two_and_one.yaml", [1, 2], node1={"slots": 2})
 
 
 # ---------------------------------------------------------------- orch ui in a browser

@@ -67,6 +67,17 @@ def _child_pid(parent: int, timeout: float = 5) -> int:
     raise ClusterError(f"unshare ({parent}) forked no PID 1 within {timeout}s")
 
 
+def stat_fields(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` from its third field on (state, parent, ... start time at
+    index 19), or None once the process is gone. Split after the command's ")": a
+    command name may hold spaces and parentheses."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
+
+
 def _kill_children_first(pids: Sequence[int]) -> None:
     """SIGKILL ``pids``; those whose parent is among them go first.
 
@@ -75,11 +86,8 @@ def _kill_children_first(pids: Sequence[int]) -> None:
     """
 
     def parent_of(pid: int) -> int | None:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return None
-        return int(stat[stat.rindex(")") + 2 :].split()[1])
+        fields = stat_fields(pid)
+        return int(fields[1]) if fields else None
 
     def kill(group: Sequence[int]) -> None:
         for pid in group:

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.cluster.commands import ClusterError, _run
+from tests.cluster.commands import ClusterError, _run, stat_fields
 from tests.cluster.hosts import (
     ROOT_HOME,
     Host,
@@ -204,12 +204,11 @@ def _born_in(init_pid: int) -> frozenset[tuple[int, int]]:
         try:
             if os.readlink(f"/proc/{name}/ns/pid") != namespace:
                 continue
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
         except OSError:  # ended while we looked
             continue
-        if fields[0] != "Z":  # a zombie is gone already, its parent reaps it
-            found.add((int(name), int(fields[19])))  # field 22 of stat: the start time
+        fields = stat_fields(int(name))
+        if fields and fields[0] != "Z":  # a zombie is gone already, its parent reaps it
+            found.add((int(name), int(fields[19])))
     return frozenset(found)
 
 
@@ -253,10 +252,9 @@ def _kill_if_same(pid: int, started: int) -> None:
     except ProcessLookupError:
         return
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            if int(f.read().rsplit(")", 1)[1].split()[19]) == started:
+        fields = stat_fields(pid)
+        if fields and int(fields[19]) == started:
+            with contextlib.suppress(ProcessLookupError):  # ended since
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
-    except (OSError, ValueError):  # ended since: nothing to kill
-        pass
     finally:
         os.close(fd)

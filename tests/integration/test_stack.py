@@ -22,6 +22,7 @@ from tests.support import (
     assert_no_job_left,
     job_id_of,
     start_attached,
+    two_and_one_inventory,
     wait_for,
     write_job,
 )
@@ -36,7 +37,7 @@ def two_and_one(cluster: Cluster, tmp_path: Path) -> Path:
     """node1 with 2 slots, node2 with 1. Warm interpreters other tests left stay: these
     jobs start cold (`warm: false`) or from their own environment's (`orch warm`), and
     ending them would cost the worker's next jobs a cold start."""
-    return cluster.write_inventory(tmp_path / "two_and_one.yaml", HOSTS, node1={"slots": 2})
+    return two_and_one_inventory(cluster, tmp_path)
 
 
 def hang_job(tmp_path: Path, **keys: object) -> Path:

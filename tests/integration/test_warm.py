@@ -22,7 +22,8 @@ from tests.support import (
     job_id_of,
     job_processes,
     start_attached,
-    two_and_one_without_warm,
+    stop_warm,
+    two_and_one_inventory,
     wait_for,
     warm_processes,
     write_job,
@@ -37,9 +38,12 @@ PER_SUBMIT = ("MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "SSH_CLIENT", "SSH_CONNE
 
 
 @pytest.fixture
-def two_and_one(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
-    """node1 with 2 slots, node2 with 1; no warm interpreter before."""
-    yield from two_and_one_without_warm(cluster, tmp_path)
+def two_and_one(cluster: Cluster, tmp_path: Path) -> Path:
+    """node1 with 2 slots, node2 with 1; no warm interpreter before. The ones the
+    test's jobs leave stay, as any job's do: ended at once, each would have imported
+    torch for nothing, and the worker's next test on these hosts may fork from one."""
+    stop_warm(cluster, HOSTS)
+    return two_and_one_inventory(cluster, tmp_path)
 
 
 def warm_records(cluster: Cluster, i: int) -> list[dict[str, Any]]:
