@@ -93,14 +93,15 @@ def probe_job(tmp_path: Path, *args: str, **keys: Any) -> Path:
     return write_job(tmp_path, "warm", "probe.py", nodes=2, args=list(args), **keys)
 
 
-def submit_cold_then_ready(orch: OrchRunner, cluster: Cluster, job: Path, inventory: Path) -> str:
-    """The first submit: cold, leaving a warm interpreter on each host once it ended."""
-    first = orch("submit", job, "-i", inventory, timeout=180)
-    assert first.returncode == 0, first.stderr
-    job_id = job_id_of(first.stdout)
-    assert ran_warm(cluster, job_id) == [False, False]
-    wait_warm_ready(cluster)
-    return first.stdout
+def submit_cold(orch: OrchRunner, cluster: Cluster, job: Path, inventory: Path) -> str:
+    """A submit with `--cold` on hosts with no warm interpreter: torchrun's own start,
+    saying nothing, and leaving no warm interpreter."""
+    cold = orch("submit", job, "-i", inventory, "--cold", timeout=180)
+    assert cold.returncode == 0, cold.stderr
+    assert ran_warm(cluster, job_id_of(cold.stdout)) == [False, False]
+    assert "cold start" not in cold.stderr, cold.stderr
+    assert all(warm_records(cluster, i) == [] for i in HOSTS)
+    return cold.stdout
 
 
 def warm_ahead(orch: OrchRunner, cluster: Cluster, job: Path, inventory: Path) -> None:
@@ -124,19 +125,23 @@ def lines_of(stdout: str, kind: str) -> dict[int, dict[str, Any]]:
 def test_a_warm_rank_is_the_process_a_cold_rank_would_be_and_draws_its_own_numbers(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
-    """One probe, cold and then warm twice (node1 runs two ranks, node2 one): rank by
-    rank, the environment, argv, paths, launcher views, thread pools, signals,
-    descriptors, umask, limits, stdio, flags, start method, a loader with workers and
-    explicitly seeded draws are the same; unseeded draws differ per rank and per run
-    as they do cold."""
+    """One probe, cold (`--cold`) and then warm twice (node1 runs two ranks, node2 one):
+    the first warm submit forked from the warm interpreters it started (none ran), the
+    second from those it left. Rank by rank, the environment, argv, paths, launcher
+    views, thread pools, signals, descriptors, umask, limits, stdio, flags, start
+    method, a loader with workers and explicitly seeded draws are the same; unseeded
+    draws differ per rank and per run as they do cold."""
     job = probe_job(tmp_path, "--deep", "a b", "--", "{node_rank}")
-    outs = [submit_cold_then_ready(orch, cluster, job, two_and_one)]
+    outs = [submit_cold(orch, cluster, job, two_and_one)]
+    started = []
     for _ in range(2):
         again = orch("submit", job, "-i", two_and_one, timeout=180)
         assert again.returncode == 0, again.stderr
         assert ran_warm(cluster, job_id_of(again.stdout)) == [True, True]
-        assert "cold start" not in again.stderr
+        assert "cold start" not in again.stderr and "warm interpreter" not in again.stderr
         outs.append(again.stdout)
+        started.append([warm_processes(cluster, i) for i in HOSTS])
+    assert started[0] == started[1], "the second warm submit forked from the first's"
     runs = [reports(out, job_id_of(out)) for out in outs]
     cold, warm = runs[0], runs[1:]
 
@@ -367,16 +372,17 @@ def test_restarts_by_torchrun_and_another_env_start_cold_and_say_why(
     assert result.returncode == 0, result.stderr
     assert "cold start: max_restarts: torchrun restarts its own workers" in result.stderr
 
+    # Another env: a warm interpreter of its own, started for its first submit, which
+    # is forked from it (saying nothing: as any first submit); the first one is kept.
     other_env = probe_job(tmp_path, env={"WARM_TEST": "other"})
     result = orch("submit", other_env, "-i", two_and_one, timeout=180)
     assert result.returncode == 0, result.stderr
-    assert "cold start: no warm interpreter for this job's environment" in result.stderr
-    wait_warm_ready(cluster, count=2)  # one for each environment, both kept
-    again = orch("submit", other_env, "-i", two_and_one, timeout=180)
-    assert ran_warm(cluster, job_id_of(again.stdout)) == [True, True]
+    assert "cold start" not in result.stderr and "warm interpreter" not in result.stderr
+    assert ran_warm(cluster, job_id_of(result.stdout)) == [True, True]
+    assert all(len(warm_processes(cluster, i)) == 2 for i in HOSTS)
 
 
-def test_a_package_installed_since_the_warm_interpreter_started_gives_a_cold_start(
+def test_a_package_installed_since_the_warm_interpreter_started_gives_a_new_one(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
     # A folder of the job's own on its path (PYTHONPATH, as a user's site would be):
@@ -386,14 +392,20 @@ def test_a_package_installed_since_the_warm_interpreter_started_gives_a_cold_sta
     site.mkdir()
     job = probe_job(tmp_path, env={"PYTHONPATH": str(site)})
     warm_ahead(orch, cluster, job, two_and_one)
+    before = [warm_processes(cluster, i) for i in HOSTS]
     (site / "orch_warm_test_marker-1.0.dist-info").mkdir()
     changed = orch("submit", job, "-i", two_and_one, timeout=180)
     assert changed.returncode == 0, changed.stderr
-    assert ran_warm(cluster, job_id_of(changed.stdout)) == [False, False]
-    assert "cold start: the installed packages changed (orch_warm_test_marker" in changed.stderr
+    # The stale one ended; the node was forked from a new one, which saw the package.
+    assert ran_warm(cluster, job_id_of(changed.stdout)) == [True, True]
+    said = "a new warm interpreter: the installed packages changed (orch_warm_test_marker"
+    assert said in changed.stderr, changed.stderr
+    assert "cold start" not in changed.stderr, changed.stderr
+    after = [warm_processes(cluster, i) for i in HOSTS]
+    assert all(len(a) == 1 and a != b for a, b in zip(after, before, strict=True)), after
 
 
-def test_a_killed_warm_interpreter_gives_a_cold_start_that_says_so_and_succeeds(
+def test_a_killed_warm_interpreter_is_replaced_saying_so_and_the_job_succeeds(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
     job = probe_job(tmp_path)
@@ -404,9 +416,10 @@ def test_a_killed_warm_interpreter_gives_a_cold_start_that_says_so_and_succeeds(
 
     result = orch("submit", job, "-i", two_and_one, timeout=180)
     assert result.returncode == 0, result.stderr
-    assert ran_warm(cluster, job_id_of(result.stdout)) == [True, False]
-    assert "cold start: the warm interpreter (pid " in result.stderr, result.stderr
-    assert "is gone; a new one starts when the job ends (host node2)" in result.stderr
+    assert ran_warm(cluster, job_id_of(result.stdout)) == [True, True]
+    assert "a new warm interpreter: the last one (pid " in result.stderr, result.stderr
+    assert ") is gone (host node2)" in result.stderr, result.stderr
+    assert "cold start" not in result.stderr, result.stderr
     assert len(reports(result.stdout, job_id_of(result.stdout))) == 3
     assert_no_job_left(cluster, HOSTS)
 

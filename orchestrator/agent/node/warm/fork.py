@@ -1,10 +1,11 @@
 """The node supervisor's side of a warm start: ask this user's warm interpreter for
 the job's environment to fork the node's launcher (`request`).
 
-It waits for one still importing (the last job ended moments ago: up to
-`IMPORT_WAIT_S`); whatever is not provably the same as a fresh interpreter (another
-key, a changed file, no answer in `ANSWER_S`) starts cold, and the reason is said
-once.
+Where none runs for the job's key (a first submit, another env), or the one that ran
+is gone or stale, it starts one and waits for its import, as for one still importing
+(the last job ended moments ago: up to `IMPORT_WAIT_S`). A warm interpreter that
+refused its preload, does not answer in `ANSWER_S` or did not import in time gives
+a cold start, and the reason is said once.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from ...kernel.fileio import read_json
 from ...kernel.layout import KILLED
 from ...kernel.requests import StartRequest
-from .interpreters import end, forget, key_file, key_of, live, records
+from .interpreters import end, ensure, forget, key_file, key_of, live, records
 from .serve import ANSWER_S
 
 # A node whose warm process is still importing (the last job ended moments ago) waits
@@ -61,35 +62,43 @@ def choose(
     spec: StartRequest, env: dict[str, str], launch: dict[str, Any], check: bool = False
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The warm process this node may ask, else why it starts cold: a line for the
-    user, or None where there is nothing to say (warm never asked for, or this user
-    has no warm process on this host, as on a first submit). `check`: ask it
-    whether it is still the same (before a node waits in line, so that the first
-    reply can say why not)."""
+    user, or None where there is nothing to say (warm never asked for).
+
+    Where none runs for the node's key (a first submit, another env, the last one gone
+    or stale), one is started here and the node is forked from it once it imported:
+    a first submit's ranks are forked as a resubmit's are, torch imported once on the
+    host rather than in torchrun's agent and in each rank. `check`: ask a ready one
+    whether it is still the same, and start the one the node will wait for (before
+    the node waits in line, so that the first reply can say why, and the import runs
+    during the wait). The line then says why a new one was started, if not for a
+    first submit.
+    """
     options = spec.warm
+    if options is None:
+        return None, None
     gone: list[dict[str, Any]] = []
     found = records(gone)
-    if options is None or not (found or gone):
-        return None, None
-    if options.off:
-        return None, f"cold start: {options.off}"
-    if launch.get("cold"):
-        return None, f"cold start: {launch['cold']}"
+    if options.off or launch.get("cold"):
+        if not (found or gone):  # nothing warm on this host: nothing to say
+            return None, None
+        return None, f"cold start: {options.off or launch['cold']}"
     key = key_of(launch["python"], env, list(options.preload), int(launch["nproc"]))
     mine = next((r for r in found if r.get("key") == key), None)
     dead = next((r for r in gone if r.get("key") == key), None)
+    said = None
     if mine is None and dead is not None:
-        return None, (
-            f"cold start: the warm interpreter (pid {dead.get('pid')}) is gone; "
-            "a new one starts when the job ends"
-        )
+        said = f"a new warm interpreter: the last one (pid {dead.get('pid')}) is gone"
+    if mine is not None and check and mine.get("state") == "ready":
+        why = ask(mine, {"check": True})[2]
+        if why:  # stale or not answering: forgotten (and ended) by `ask`
+            mine, said = None, f"a new warm interpreter: {why}"
     if mine is None:
-        return None, (
-            "cold start: no warm interpreter for this job's environment, interpreter or "
-            "preload here yet (one starts when the job ends)"
-        )
+        mine = start(key, launch, env, spec)
+        if mine is None:
+            return None, None  # an agent run from a temporary copy keeps none
     if mine.get("state") == "starting":
         if check:  # said before the node waits in line: it waits for the import later
-            return mine, None
+            return mine, said
         mine, why = until_imported(mine)
         if mine is None:
             return None, why
@@ -97,11 +106,23 @@ def choose(
         return None, f"cold start: {mine.get('why')}"
     if mine.get("state") != "ready":
         return None, f"cold start: the warm interpreter is {mine.get('state')}"
-    if check:
-        why = ask(mine, {"check": True})[2]
-        if why:
-            return None, why
-    return mine, None
+    return mine, said
+
+
+def start(
+    key: str, launch: dict[str, Any], env: dict[str, str], spec: StartRequest
+) -> dict[str, Any] | None:
+    """Start the key's warm process (none ran: `ensure` starts it, or finds the one
+    another node of the job on this host just started); its record, still
+    importing. None where it cannot run here."""
+    options = spec.warm
+    assert options is not None
+    started = ensure(
+        launch["python"], env, list(options.preload), float(options.idle), int(launch["nproc"])
+    )
+    if "error" in started:
+        return None
+    return read_json(key_file(key, ".json")) or {**started, "state": "starting"}
 
 
 def until_imported(mine: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
@@ -146,7 +167,7 @@ def request(
         return None, why
     conn, reply, why = ask(mine, launch)
     if conn is None:
-        return None, why
+        return None, f"cold start: {why}; a new warm interpreter starts when the job ends"
     return Warm(int(reply["pid"]), reply.get("start_time"), conn), None
 
 
@@ -157,8 +178,8 @@ def ask(
 
     Returns:
         (the connection the launcher answers on, its first reply, None), or (None,
-        the reply, why the node starts cold); a warm process that does not answer
-        within ANSWER_S is ended, never waited for.
+        the reply, why it cannot serve: stale, or not answering); one that does not
+        answer within ANSWER_S is ended, never waited for, and a stale one forgotten.
     """
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(ANSWER_S)
@@ -175,16 +196,12 @@ def ask(
         conn.close()
         end(mine)
         what = "did not answer" if isinstance(exc, socket.timeout) else f"failed ({exc})"
-        return (
-            None,
-            {},
-            f"cold start: the warm interpreter {what}; it is replaced when the job ends",
-        )
+        return None, {}, f"the warm interpreter {what}"
     reply = json.loads(answer.split(b"\n", 1)[0] or b"{}")
     if "pid" not in reply or question.get("check"):
         conn.close()
         if reply.get("fresh"):
             return None, reply, None
         forget(mine)
-        return None, reply, f"cold start: {reply.get('stale') or 'the warm interpreter went away'}"
+        return None, reply, str(reply.get("stale") or "the warm interpreter went away")
     return conn, reply, None
