@@ -8,9 +8,9 @@ per host:
                (left there by the run before; code push included, nothing changed);
 - orch warm, one changed file: the same after editing one file the script imports;
 - orch cold:   `orch submit --cold job.yaml`;
-- at once:     `orch submit job.yaml` the moment a submit ended on hosts that had no
-               warm interpreter: the ones that submit left are still importing torch,
-               and the nodes wait for them;
+- first:       `orch submit job.yaml` on hosts with no warm interpreter (`orch warm
+               --stop` first), as a job's first submit: each node starts one and its
+               ranks are forked from it once it imported torch;
 - by hand:     one `ssh host 'cd dir && python -m torch.distributed.run ...'` per host,
                in parallel (OpenSSH), the code already on the hosts, with no warm
                interpreter on them (`orch warm --stop` first: they hold memory).
@@ -130,34 +130,6 @@ def memory(cluster: Cluster, controller: Controller, workdir: Path) -> dict[str,
     return found
 
 
-def at_once_only(hosts: int, repeat: int) -> None:
-    """`--at-once-only`: `orch warm --stop`, a submit (cold, leaving warm interpreters
-    that are still importing), then the same submit at once; each timed to its exit,
-    with the cold-start lines it printed. Prints; writes no section."""
-    with Cluster(hosts) as cluster:
-        controller = cluster.new_controller()
-        env = controller.env()
-        workdir = controller.home / "warm_line"
-        shutil.copytree(JOB_DIR, workdir)
-        job = controller.home / "job.yaml"
-        job.write_text(f"name: warm\nworkdir: {workdir}\nscript: {SCRIPT}\nnodes: {hosts}\n")
-        inventory = cluster.write_inventory(
-            controller.home / "inv.yaml", hosts=[h.name for h in cluster.hosts[:hosts]]
-        )
-        submit = [*orch_command(), "submit", str(job), "-i", str(inventory)]
-        stop = [*orch_command(), "warm", "--stop", "-i", str(inventory)]
-        for _ in range(repeat):
-            subprocess.run(stop, env=env, check=True, capture_output=True)
-            timed = []
-            for _run in ("first", "at once"):
-                started = time.monotonic()
-                done = subprocess.run(submit, env=env, capture_output=True, text=True, check=True)
-                timed.append(time.monotonic() - started)
-            cold = [line for line in done.stderr.splitlines() if "cold start" in line]
-            print(f"first {timed[0]:.1f} s, at once {timed[1]:.1f} s; {cold or 'warm'}", flush=True)
-            wait_warm(cluster, hosts)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -167,15 +139,7 @@ def main() -> None:
     parser.add_argument(
         "--transformers", action="store_true", help="the script builds a transformers model"
     )
-    parser.add_argument(
-        "--at-once-only",
-        action="store_true",
-        help="only the resubmit at once, each command timed to its exit, at the largest --hosts",
-    )
     args = parser.parse_args()
-    if args.at_once_only:
-        at_once_only(max(args.hosts), args.repeat)
-        return
     hf = args.transformers
     # transformers imports its model classes lazily: the model's module is what to preload.
     preload = "[torch, transformers.models.bert.modeling_bert]"
@@ -206,7 +170,7 @@ def main() -> None:
                 "changed": [],
                 "cold": [],
                 "hand": [],
-                "at_once": [],
+                "first": [],
                 "warm_cpu": [],
                 "cold_cpu": [],
             }
@@ -232,8 +196,7 @@ def main() -> None:
                 (workdir / "helper.py").write_text(f"VALUE = 1  # edit {n}.{r}\n")
                 runs["changed"].append(time_to_all_ranks([submit], n, env=env)[0])
                 subprocess.run(stop, env=env, check=True, capture_output=True)
-                time_to_all_ranks([submit], n, env=env)  # cold: leaves them importing
-                runs["at_once"].append(time_to_all_ranks([submit], n, env=env)[0])
+                runs["first"].append(time_to_all_ranks([submit], n, env=env)[0])
                 wait_warm(cluster, n)
             row = {k: median(v) for k, v in runs.items()}
             rows.append((n, row, runs))
@@ -243,17 +206,17 @@ def main() -> None:
 
     table = [
         "| hosts | orch warm (s) | warm, one file changed (s) | orch cold (s) "
-        "| resubmit at once (s) | by hand (s) "
-        "| warm / by hand | changed / warm | cold / by hand | at once / by hand "
+        "| first submit (s) | by hand (s) "
+        "| warm / by hand | changed / warm | cold / by hand | first / by hand "
         "| orch CPU warm, cold (s) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n, r, _ in rows:
         table.append(
             f"| {n} | {r['warm']:.2f} | {r['changed']:.2f} | {r['cold']:.2f} "
-            f"| {r['at_once']:.2f} | {r['hand']:.2f} "
+            f"| {r['first']:.2f} | {r['hand']:.2f} "
             f"| {r['warm'] / r['hand']:.2f}x | {r['changed'] / r['warm']:.2f}x "
-            f"| {r['cold'] / r['hand']:.2f}x | {r['at_once'] / r['hand']:.2f}x "
+            f"| {r['cold'] / r['hand']:.2f}x | {r['first'] / r['hand']:.2f}x "
             f"| {r['warm_cpu']:.1f}, {r['cold_cpu']:.1f} |"
         )
     if hf:
@@ -271,12 +234,12 @@ def main() -> None:
             "file the script imports; orch cold: `orch submit --cold`; by hand: one",
             "`ssh host 'cd dir && python -m torch.distributed.run ...'` per host in parallel,",
             "code already in place and no warm interpreter on the hosts (stopped first);",
-            "at once: a submit the moment one ended on hosts that had no warm interpreter",
-            "(those it left are still importing torch: the nodes wait for them); orch CPU:",
-            "the `orch submit` command's CPU seconds, warm and cold.",
+            "first: a submit on hosts with no warm interpreter (stopped first), as a job's",
+            "first submit: each node starts one and its ranks are forked from it once it",
+            "imported torch; orch CPU: the `orch submit` command's CPU seconds, warm and cold.",
             f"Median of {args.repeat} alternating runs; {machine()}.",
             "Targets at 8 hosts: warm at most 0.5x by hand, one changed file within 10% of",
-            "unchanged, cold at most 1.15x by hand.",
+            "unchanged, cold at most 1.15x by hand, first at most cold.",
             "",
             *table,
             "",

@@ -19,7 +19,7 @@ def warm_command(
         Path | None,
         typer.Argument(
             help="A job file: start the warm interpreters its ranks are forked from, "
-            "so that its first submit runs warm too."
+            "so that its first submit does not wait for their import."
         ),
     ] = None,
     inventory: InventoryOpt = None,
@@ -27,9 +27,10 @@ def warm_command(
         bool, typer.Option("--stop", help="End your warm interpreters on the hosts.")
     ] = False,
 ) -> None:
-    """Your warm interpreters on the inventory's hosts, with their memory (PSS): each
-    job leaves one on its hosts when it ends, and a resubmit's ranks are forked from
-    it. With a job file, start the job's before its first submit. --stop ends them."""
+    """Your warm interpreters on the inventory's hosts, with their memory (PSS): a
+    job's first submit starts one on each of its hosts, its ranks and a resubmit's are
+    forked from it. With a job file, start the job's before its first submit. --stop
+    ends them."""
     reporter = ConsoleReporter()
     if job is not None:
         if stop:

@@ -1,6 +1,6 @@
 """`orch warm JOB`: the warm interpreters a job's ranks are forked from, started on its
-hosts before its first submit (agent/node/warm/ `ahead`), so that the first submit
-runs warm too.
+hosts before its first submit (agent/node/warm/ `ahead`), so that they import torch
+while the user edits and the first submit does not wait for that import.
 
 The hosts are probed as a submit probes them, since a node's environment (the
 interface that routes to the master, say) is part of a warm interpreter's key: the one

@@ -7,9 +7,10 @@ at most `MOST` per user on a host, the least recently used first out. Each lives
 `WORKDIR/warm/HOST/` (the user's owner-only orch directory): `KEY.json` (its record),
 `KEY.sock` (where it listens, to its owner only: SO_PEERCRED), `KEY.log`.
 
-- `ensure()` starts one for the key where none runs: the supervisor calls it once a
-  job's node ended; `ahead` (stdin: the node's argv, env and warm options) once
-  `orch warm JOB` asks, before the job's first submit.
+- `ensure()` starts one for the key where none runs: a node's supervisor calls it
+  when it finds none for its key (fork.py: the node is then forked from it once it
+  imported) and once the node ended; `ahead` (stdin: the node's argv, env and warm
+  options) once `orch warm JOB` asks, before the job's first submit.
 - The warm process itself is serve.py's: it imports the preload modules, refuses to
   serve where they left a thread a fork would break or initialised CUDA, takes the
   fingerprint of everything it imported and of the installed distributions, then
