@@ -79,9 +79,14 @@ bench: compile test-deps
 	$(MAKE) bench-deps
 	$(PY) bench/warm.py --hosts 8 --transformers
 
-## bench-deps: what only the benchmarks need (transformers, for bench/warm.py --transformers)
+## bench-deps: what only the benchmarks need (transformers, for bench/warm.py --transformers;
+## Debian's rsync, the code push's and orch pull's baseline in bench/sync.py and bench/restart.py)
 bench-deps: setup
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
+	@if [ "$$(id -u)" = 0 ] && ! command -v rsync >/dev/null; then \
+		echo "installing rsync (the benchmarks' baseline)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rsync >/dev/null; \
+	fi
 
 ## bench-scale: the 16- and 32-host runs (tens of minutes on 2 cores)
 bench-scale: compile test-deps
