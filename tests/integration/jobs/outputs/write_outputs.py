@@ -4,7 +4,7 @@
 
 Writes ``data-<host>.bin`` (1 MB of bytes derived from the host's name), ``logs/<host>.txt``
 and a symlink ``latest -> data-<host>.bin``, then prints ``wrote <host>``. ``--fail-on
-HOST``: that host exits 1 after writing. ``--wait``: then waits for a file ``next`` in the
+HOST``: that host exits 1 3 s after writing (the other node has written by then). ``--wait``: then waits for a file ``next`` in the
 output directory, writes ``more-<host>.txt``, and waits for ``stop`` (tests drive it).
 """
 
@@ -32,6 +32,10 @@ with contextlib.suppress(FileExistsError):
     os.symlink(f"data-{host}.bin", os.path.join(out, "latest"))
 print("wrote", host, flush=True)
 if args.fail_on == host:
+    # Not before the other node wrote its own: the failure ends the job everywhere, and a
+    # node that started later (on a loaded machine, up to a second or so) would be
+    # stopped before its first line. Nodes need not share a directory to see it.
+    time.sleep(3)
     raise SystemExit(1)
 if args.wait:
     while not os.path.exists(os.path.join(out, "next")):
