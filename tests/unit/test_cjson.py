@@ -77,3 +77,33 @@ def test_an_agent_stack_command_imports_neither_json_nor_re_nor_threads(tmp_path
         timeout=60,
     )
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["status", "{node}"], ["follow", "{node}", '{{"stdout": 0}}', "--once"], ["kill", "{node}"]],
+    ids=["status", "follow", "kill"],
+)
+def test_the_agents_most_frequent_commands_import_neither_json_nor_re_nor_typing(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """Every attached job's hosts run these again and again (docs/BENCHMARKS.md, "Host
+    command start"): `json` (with `re` and `enum`) and `typing` were 10 ms of each.
+    (`kill` has `enum` through `signal`, which it needs.)"""
+    node = tmp_path / "node1"
+    (node / "logs").mkdir(parents=True)
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "from orchestrator.agent import main; "
+        "main.main(sys.argv[2:]); "
+        "heavy = {'json', 're', 'typing', 'subprocess'}; "
+        "print(sorted(heavy & set(sys.modules)))"
+    )
+    args = [a.format(node=node) for a in argv]
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code, str(REPO), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr

@@ -19,10 +19,13 @@ import contextlib
 import socket
 import sys
 import time
-from typing import Any
 
 from ..kernel.host_wire import Bandwidth, NetDone, NetReady, Reached
 from ..kernel.messages import Message
+
+TYPE_CHECKING = False  # for the checker: importing typing costs every host command
+if TYPE_CHECKING:
+    from typing import Any
 
 CHUNK = 1 << 20
 

@@ -8,10 +8,12 @@ Standard library only, valid on Python 3.8, like the rest of the kernel.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 from .replies import ExitRecord, Reply
+
+TYPE_CHECKING = False  # for the checker: importing typing costs every host command
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 
 def printable(text: object, limit: int = 300) -> str:

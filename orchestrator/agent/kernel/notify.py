@@ -17,10 +17,12 @@ job's keeper on its host (keeper/notify.py). Standard library only, Python 3.8.
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from collections.abc import Callable
+
+TYPE_CHECKING = False  # for the checker: importing typing costs every host command
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # The agent's `kill` imports this module (NOTIFY_MARK) on its every run: what only a
 # send needs (urllib, subprocess, threads, typing: 20 ms) is imported where it is used.
@@ -97,6 +99,8 @@ def environment(event: Event) -> dict[str, str]:
 
 def payload(event: Event) -> bytes:
     """A webhook's body: Slack's `text`, and the event's fields for other readers."""
+    import json  # not at import: `orch kill` on every host reads NOTIFY_MARK from here
+
     return json.dumps(
         {
             "text": event.text,

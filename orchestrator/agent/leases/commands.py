@@ -6,11 +6,11 @@ whether it is safe to share. Each answers one reply of kernel/lease_wire.py."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
 
+from ..kernel import cjson
 from ..kernel.fileio import read_json
 from ..kernel.framing import send_record
 from ..kernel.layout import EXIT, PIDS
@@ -46,7 +46,7 @@ def main(args: list[str]) -> int:
     """`lease poll|take|untake|go JOB_DIR`, `lease hosts`, `lease dir`."""
     usage = "usage: lease poll|take|untake|go JOB_DIR | lease hosts | lease dir"
     if not args:
-        print(json.dumps({"error": usage}))
+        print(cjson.dumps({"error": usage}))
         return 2
     if args[0] in ("hosts", "dir"):
         reply = host_view() if args[0] == "hosts" else dir_view()
@@ -54,7 +54,7 @@ def main(args: list[str]) -> int:
         return 0
     command = {"poll": poll, "take": take, "untake": untake, "go": go}.get(args[0])
     if command is None or len(args) < 2:
-        print(json.dumps({"error": f"unknown lease command {args[0]!r}"}))
+        print(cjson.dumps({"error": f"unknown lease command {args[0]!r}"}))
         return 2
     job_dir = os.path.expanduser(args[1])
     if not os.path.isdir(job_dir):

@@ -4,13 +4,15 @@ names it."""
 
 from __future__ import annotations
 
-from ..host import nvidia, proc
+from ..host import proc
 from .policy import Record, held_units
 
 
 def foreign_gpus(leases: list[Record]) -> dict[int, Record]:
     """GPUs in use by a process that no live lease accounts for: {index: {gpu, pid,
     user}}. Empty where nvidia-smi is missing or fails."""
+    from ..host import nvidia  # not for a lease of slots: subprocess costs every command 3 ms
+
     smi = nvidia.find()
     if smi is None:
         return {}

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 import zlib
 
+from ..kernel import cjson
 from ..kernel.framing import send_record, widen_pipe
 from ..kernel.layout import LOGS, TORCHRUN_LOG
 from . import state
@@ -37,7 +37,7 @@ def main(args: list[str]) -> int:
     there now, then stop).
     """
     os.chdir(os.path.expanduser(args[0]))
-    offsets: dict[str, int] = json.loads(args[1]) if len(args) > 1 else {}
+    offsets: dict[str, int] = cjson.loads(args[1]) if len(args) > 1 else {}
     once = "--once" in args[2:]
     widen_pipe(1)
     out = sys.stdout.buffer
