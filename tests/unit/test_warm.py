@@ -358,3 +358,19 @@ def test_two_nodes_ending_together_on_one_host_start_one_warm_interpreter(
         thread.join()
     assert len(started) == 1
     assert sorted(bool(a["started"]) for a in answers) == [False, True]
+
+
+def test_a_node_whose_python_cannot_start_a_warm_interpreter_starts_cold_saying_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first submit starts its warm interpreter with the job's python; where that
+    python cannot run (a broken environment) the node starts cold, whose own error
+    names the python, and the supervisor does not die on the way."""
+    from orchestrator.agent.kernel.requests import StartRequest, WarmOptions
+
+    monkeypatch.setattr(warm, "warm_dir", lambda: str(tmp_path / "warm" / "host"))
+    spec = StartRequest(argv=["torchrun"], env={}, warm=WarmOptions(preload=["torch"]))
+    launch = {"python": str(tmp_path / "no-such-env" / "bin" / "python"), "nproc": 1}
+    for check in (True, False):
+        assert fork.choose(spec, {"PATH": "/bin"}, launch, check=check) == (None, None)
+    assert warm.records() == []

@@ -114,12 +114,16 @@ def start(
 ) -> dict[str, Any] | None:
     """Start the key's warm process (none ran: `ensure` starts it, or finds the one
     another node of the job on this host just started); its record, still
-    importing. None where it cannot run here."""
+    importing. None where it cannot run here (the node then starts cold, and a python
+    that cannot start is named by the cold start's own error)."""
     options = spec.warm
     assert options is not None
-    started = ensure(
-        launch["python"], env, list(options.preload), float(options.idle), int(launch["nproc"])
-    )
+    try:
+        started = ensure(
+            launch["python"], env, list(options.preload), float(options.idle), int(launch["nproc"])
+        )
+    except (OSError, ValueError):  # no such python, say: the cold start says so, clearly
+        return None
     if "error" in started:
         return None
     return read_json(key_file(key, ".json")) or {**started, "state": "starting"}
