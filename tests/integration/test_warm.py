@@ -244,6 +244,47 @@ def test_ctrl_c_on_the_warm_path_leaves_nothing_but_the_warm_interpreters(
     assert [warm_processes(cluster, i) for i in HOSTS] == warm_before, said
 
 
+def test_a_first_submit_waiting_in_line_imports_during_the_wait_and_runs_forked(
+    orch: OrchRunner, cluster: Cluster, tmp_path: Path
+) -> None:
+    """A node with no warm interpreter for its key starts one before it waits in line
+    for its slot, so the import runs while another job holds the host; at its turn it
+    is forked from that one."""
+    stop_warm(cluster, [2])
+    inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[2], node2={"slots": 1})
+    (tmp_path / "holder").mkdir()
+    (tmp_path / "waiter").mkdir()
+    holder = write_job(tmp_path / "holder", "warm", "probe.py", args=["--sleep", "120"], warm=False)
+    waiter = write_job(tmp_path / "waiter", "warm", "probe.py", env={"WARM_TEST": "in line"})
+    held = orch("submit", "-d", holder, "-i", inventory, timeout=120)
+    assert held.returncode == 0, held.stderr
+    held_id = job_id_of(held.stdout)
+    node = cluster.home(2) / ".orch" / "jobs"
+    wait_for(lambda: (node / held_id / "node2" / "pid.json").exists(), 60, "the holder's start")
+
+    queued = orch("submit", "-d", waiter, "-i", inventory, timeout=120)
+    assert queued.returncode == 0, queued.stderr
+    assert "queued: 1 slot on node2 held by warm-" in queued.stderr, queued.stderr
+    waiter_id = job_id_of(queued.stdout)
+    # The waiter's warm interpreter imports, and is ready, while its node still waits.
+    wait_for(
+        lambda: any(r.get("state") == "ready" for r in warm_records(cluster, 2)),
+        90,
+        "the waiter's warm interpreter, ready while it waits in line",
+    )
+    assert not (node / waiter_id / "node2" / "pid.json").exists(), "still in line"
+    (started,) = [pid for pid, _ in warm_processes(cluster, 2)]
+
+    killed = orch("kill", held_id, timeout=60)
+    assert killed.returncode == 0, killed.stderr
+    logs = orch("logs", waiter_id, "-f", timeout=120)
+    assert logs.returncode == 0, logs.stderr
+    assert "REPORT" in logs.stdout
+    assert node_record(cluster, 2, waiter_id).get("warm") is True
+    assert [pid for pid, _ in warm_processes(cluster, 2)] == [started]
+    assert_no_job_left(cluster, [2])
+
+
 def slow_import_job(tmp_path: Path, name: str, seconds: int, *args: str) -> Path:
     """The probe job, preloading torch and a module of its own whose import takes
     `seconds` (on its PYTHONPATH): its warm interpreters stay importing that long."""
