@@ -89,6 +89,17 @@ def reports(stdout: str, job_id: str) -> dict[int, dict[str, Any]]:
     return found
 
 
+def error_files(stdout: str) -> dict[int, str]:
+    """Each rank's TORCHELASTIC_ERROR_FILE, from its report."""
+    found = {}
+    for line in stdout.splitlines():
+        _, sep, text = line.partition("] REPORT ")
+        if sep:
+            report = json.loads(text)
+            found[int(report["rank"])] = str(report["env"]["TORCHELASTIC_ERROR_FILE"])
+    return found
+
+
 def probe_job(tmp_path: Path, *args: str, **keys: Any) -> Path:
     return write_job(tmp_path, "warm", "probe.py", nodes=2, args=list(args), **keys)
 
@@ -142,6 +153,14 @@ def test_a_warm_rank_is_the_process_a_cold_rank_would_be_and_draws_its_own_numbe
         outs.append(again.stdout)
         started.append([warm_processes(cluster, i) for i in HOSTS])
     assert started[0] == started[1], "the second warm submit forked from the first's"
+    # A warm node's launcher removes the directory of its ranks' error files (torchrun's
+    # `torchelastic_*` in the host's /tmp) once the node ended; torchrun leaves its own.
+    for out in outs[1:]:
+        for rank, error_file in error_files(out).items():
+            folder = error_file.split("/attempt_0/")[0].rsplit("/", 1)[0]
+            assert "torchelastic_" in folder, error_file
+            host = 1 if rank < 2 else 2
+            assert cluster.exec_on(host, ["test", "-e", folder]).returncode == 1, folder
     runs = [reports(out, job_id_of(out)) for out in outs]
     cold, warm = runs[0], runs[1:]
 

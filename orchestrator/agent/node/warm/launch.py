@@ -176,6 +176,11 @@ def run_node(conn: socket.socket, request: dict[str, Any]) -> RankRun:
     if rank is not None:
         return rank
     code = node.watch()
+    # The ranks' error files were read (`_report`): nothing reads them once the node
+    # ended. torchrun leaves its directory in /tmp; one per node start piles up there.
+    import shutil
+
+    shutil.rmtree(node.errors, ignore_errors=True)
     with contextlib.suppress(OSError):
         conn.sendall(json.dumps({"returncode": code}).encode() + b"\n")
     sys.stdout.flush()
