@@ -203,7 +203,4 @@ def leave_warm(spec: StartRequest, env: dict[str, str]) -> None:
     if request.get("cold"):
         return  # no fork could do this node's job: nothing to keep warm for it
     with contextlib.suppress(OSError, ValueError):
-        preload = list(options.preload)
-        interpreters.ensure(
-            request["python"], env, preload, float(options.idle), int(request["nproc"])
-        )
+        interpreters.ensure_for(options, request, env)

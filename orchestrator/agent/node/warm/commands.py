@@ -18,7 +18,7 @@ from typing import Any
 
 from ...kernel.messages import parse_message
 from ...kernel.requests import StartRequest, WarmOptions
-from .interpreters import ensure, key_file, listing, stop, version_dir
+from .interpreters import ensure_for, key_file, listing, stop, version_dir
 from .serve import serve
 
 
@@ -66,6 +66,4 @@ def ahead(argv: list[str], env: dict[str, str], options: WarmOptions) -> dict[st
     request = launch.node_request([os.path.expanduser(argv[0]), *argv[1:]])
     if request.get("cold"):
         return {"error": f"the job starts cold: {request['cold']}"}
-    preload = [str(name) for name in options.preload]
-    env = {**os.environ, **env}
-    return ensure(request["python"], env, preload, float(options.idle), int(request["nproc"]))
+    return ensure_for(options, request, {**os.environ, **env})

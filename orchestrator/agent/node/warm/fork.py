@@ -20,7 +20,7 @@ from typing import Any
 from ...kernel.fileio import read_json
 from ...kernel.layout import KILLED
 from ...kernel.requests import StartRequest
-from .interpreters import end, ensure, forget, key_file, key_of, live, records
+from .interpreters import end, ensure_for, forget, key_file, key_of, live, records
 from .serve import ANSWER_S
 
 # A node whose warm process is still importing (the last job ended moments ago) waits
@@ -119,9 +119,7 @@ def start(
     options = spec.warm
     assert options is not None
     try:
-        started = ensure(
-            launch["python"], env, list(options.preload), float(options.idle), int(launch["nproc"])
-        )
+        started = ensure_for(options, launch, env)
     except (OSError, ValueError):  # no such python, say: the cold start says so, clearly
         return None
     if "error" in started:

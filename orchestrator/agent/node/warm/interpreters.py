@@ -31,11 +31,14 @@ import os
 import re
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...host import proc
 from ...kernel.fileio import read_json, write_json
 from ...kernel.layout import RUN_SCRIPT
+
+if TYPE_CHECKING:
+    from ...kernel.requests import WarmOptions
 
 WARM = "warm"  # beside agent/ and jobs/ in the user's orch directory
 MOST = 2  # warm processes per user and host: each holds an interpreter with torch
@@ -182,6 +185,15 @@ def ensure(
     with open(key_file(key, ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return _ensure_locked(key, python, env, preload, idle)
+
+
+def ensure_for(
+    options: WarmOptions, request: dict[str, Any], env: dict[str, str]
+) -> dict[str, Any]:
+    """`ensure` for a node: its launch request's interpreter and process count (launch.py
+    `node_request`, `launch_request`), its job's preload and idle time."""
+    preload = [str(name) for name in options.preload]
+    return ensure(str(request["python"]), env, preload, float(options.idle), int(request["nproc"]))
 
 
 def _ensure_locked(

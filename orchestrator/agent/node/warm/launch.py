@@ -33,6 +33,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -178,8 +179,6 @@ def run_node(conn: socket.socket, request: dict[str, Any]) -> RankRun:
     code = node.watch()
     # The ranks' error files were read (`_report`): nothing reads them once the node
     # ended. torchrun leaves its directory in /tmp; one per node start piles up there.
-    import shutil
-
     shutil.rmtree(node.errors, ignore_errors=True)
     with contextlib.suppress(OSError):
         conn.sendall(json.dumps({"returncode": code}).encode() + b"\n")
