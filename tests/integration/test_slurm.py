@@ -54,6 +54,7 @@ if os.environ.get("FAIL_RANK") == str(rank):
 time.sleep(float(os.environ.get("SLEEP", "0")))
 if total is not None:
     dist.barrier()
+    dist.destroy_process_group()  # else gloo may abort the exit (SIGABRT), as it did once
 """
 
 
