@@ -28,6 +28,34 @@ from orchestrator.models.states import JobState
 from orchestrator.records.home import orch_home, private_dir
 
 DB_NAME = "jobs.db"
+BUSY_S = 30.0  # how long a command waits for another one's transaction
+
+
+def _locked(exc: sqlite3.OperationalError) -> bool:
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _write_ahead(conn: sqlite3.Connection) -> None:
+    """Put the store in WAL mode, once: the mode is kept in the file.
+
+    Switching takes an exclusive lock that SQLite does not wait for when another
+    connection is opening the same new file (two first `orch submit`s at once: one got
+    'database is locked' at once), so a busy switch is tried again, up to BUSY_S. A
+    filesystem without WAL leaves the mode as it was, without an error: kept so.
+    """
+    deadline = time.monotonic() + BUSY_S
+    pause = 0.005
+    while conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if not _locked(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
@@ -223,7 +251,7 @@ class JobDB:
     def _db(self) -> Iterator[sqlite3.Connection]:
         try:
             private_dir(self.home)
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            conn = sqlite3.connect(self.path, timeout=BUSY_S, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise InfraError(
                 f"cannot open the job store {self.path}: {exc}",
@@ -231,19 +259,30 @@ class JobDB:
             ) from None
         try:
             conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA busy_timeout = 30000")
-            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_S * 1000)}")
+            _write_ahead(conn)
             conn.execute("PRAGMA foreign_keys = ON")
             conn.executescript(_SCHEMA)
             yield conn
-        except sqlite3.DatabaseError as exc:
+        except sqlite3.OperationalError as exc:
+            if not _locked(exc):
+                raise self._unreadable(exc) from None
             raise InfraError(
-                f"the job store {self.path} is unreadable: {exc}",
-                f"move it away (mv {self.path} {self.path}.bad); orch starts a new one, "
-                "and jobs running on hosts keep running",
+                f"the job store {self.path} stayed locked for {BUSY_S:.0f} s: {exc}",
+                "another orch command of yours holds it; run this again once it is done "
+                f"(fuser {self.path} names it)",
             ) from None
+        except sqlite3.DatabaseError as exc:
+            raise self._unreadable(exc) from None
         finally:
             conn.close()
+
+    def _unreadable(self, exc: sqlite3.DatabaseError) -> InfraError:
+        return InfraError(
+            f"the job store {self.path} is unreadable: {exc}",
+            f"move it away (mv {self.path} {self.path}.bad); orch starts a new one, "
+            "and jobs running on hosts keep running",
+        )
 
     def add(self, job: JobRecord) -> None:
         """Record a new job and its nodes, in one transaction."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,6 +120,53 @@ def test_concurrent_writers_lose_no_record(tmp_path: Path) -> None:
     assert len(jobs) == 90 and all(j.state is R and j.nodes[0].state is S for j in jobs)
     with sqlite3.connect(tmp_path / "jobs.db") as db:
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def _first_open(home: str, start: Any, errors: Any) -> None:
+    start.wait()
+    try:
+        JobDB(Path(home)).jobs()
+    except InfraError as exc:
+        errors.put(exc.message)
+
+
+def test_first_commands_at_once_on_a_new_store_all_open_it(tmp_path: Path) -> None:
+    """Two first `orch submit`s at once: switching a new store to WAL is a lock SQLite
+    does not wait for, and one of them failed ('database is locked', with a hint to move
+    the store away); started at one barrier, within the first few new stores."""
+    context = multiprocessing.get_context("fork")
+    errors = context.Queue()
+    for trial in range(20):
+        start = context.Barrier(4)
+        home = tmp_path / str(trial)
+        procs = [
+            context.Process(target=_first_open, args=(str(home), start, errors)) for _ in range(4)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+    assert errors.empty(), errors.get()
+
+
+def test_a_store_held_by_another_command_says_so_and_not_to_move_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = JobDB(tmp_path)
+    store.add(record("held-000001"))
+    monkeypatch.setattr("orchestrator.records.db.BUSY_S", 0.2)
+    other = sqlite3.connect(tmp_path / "jobs.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another orch command in its write
+    try:
+        with pytest.raises(InfraError) as err:
+            store.add(record("next-000002"))
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert "stayed locked" in err.value.message and "mv " not in err.value.hint
+    store.add(record("next-000002"))
+    assert {j.id for j in store.jobs()} == {"held-000001", "next-000002"}
 
 
 @pytest.mark.parametrize(
