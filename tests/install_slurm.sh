@@ -17,7 +17,7 @@ daemons() { for name in slurmctld slurmd munged; do pgrep -x "$name" || true; do
 before=$(daemons)
 
 echo "installing slurmctld, slurmd, slurm-client and munge"
-apt-get update -qq
+[ -n "${ORCH_APT_UPDATED:-}" ] || apt-get update -qq  # install_deps.sh ran it
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     slurmctld slurmd slurm-client munge >/dev/null
 
