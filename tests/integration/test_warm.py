@@ -46,6 +46,14 @@ def two_and_one(cluster: Cluster, tmp_path: Path) -> Path:
     return two_and_one_inventory(cluster, tmp_path)
 
 
+@pytest.fixture
+def two_and_one_as_found(cluster: Cluster, tmp_path: Path) -> Path:
+    """The same hosts with the warm interpreters earlier tests left: for a test that
+    holds with or without one of its key there (each stop costs its next submit an
+    import of torch on each host)."""
+    return two_and_one_inventory(cluster, tmp_path)
+
+
 def warm_records(cluster: Cluster, i: int) -> list[dict[str, Any]]:
     folder = cluster.home(i) / ".orch" / "warm"
     found = []
@@ -199,13 +207,13 @@ def test_a_warm_rank_is_the_process_a_cold_rank_would_be_and_draws_its_own_numbe
 
 
 def test_a_failing_rank_on_the_warm_path_ends_the_job_as_torchrun_does(
-    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+    orch: OrchRunner, cluster: Cluster, two_and_one_as_found: Path, tmp_path: Path
 ) -> None:
-    warm_ahead(orch, cluster, probe_job(tmp_path), two_and_one)
+    warm_ahead(orch, cluster, probe_job(tmp_path), two_and_one_as_found)
     warm_before = warm_processes(cluster, 1)
 
     failing = probe_job(tmp_path, "--fail-rank", "1", "--sleep", "1")
-    result = orch("submit", failing, "-i", two_and_one, timeout=180)
+    result = orch("submit", failing, "-i", two_and_one_as_found, timeout=180)
     assert result.returncode == 1, result.stderr
     assert ran_warm(cluster, job_id_of(result.stdout)) == [True, True], result.stderr
     assert "failed: node node1 exited with code 1" in result.stderr, result.stderr
@@ -240,12 +248,14 @@ def test_orch_warm_with_a_job_file_makes_even_its_first_submit_warm(
 
 
 def test_ctrl_c_on_the_warm_path_leaves_nothing_but_the_warm_interpreters(
-    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+    orch: OrchRunner, cluster: Cluster, two_and_one_as_found: Path, tmp_path: Path
 ) -> None:
-    warm_ahead(orch, cluster, probe_job(tmp_path), two_and_one)
+    warm_ahead(orch, cluster, probe_job(tmp_path), two_and_one_as_found)
     warm_before = [warm_processes(cluster, i) for i in HOSTS]
 
-    with attached_submit(orch, probe_job(tmp_path, "--sleep", "120"), two_and_one) as attached:
+    with attached_submit(
+        orch, probe_job(tmp_path, "--sleep", "120"), two_and_one_as_found
+    ) as attached:
         wait_for(
             lambda: sum("sleeping" in line for line in attached_lines(attached)) >= 3,
             120,
@@ -407,18 +417,18 @@ def attached_lines(process: subprocess.Popen[str]) -> list[str]:
 
 
 def test_cold_and_warm_false_start_cold_and_say_so_once(
-    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+    orch: OrchRunner, cluster: Cluster, two_and_one_as_found: Path, tmp_path: Path
 ) -> None:
     job = probe_job(tmp_path)
-    warm_ahead(orch, cluster, job, two_and_one)
+    warm_ahead(orch, cluster, job, two_and_one_as_found)
 
-    forced = orch("submit", job, "-i", two_and_one, "--cold", timeout=180)
+    forced = orch("submit", job, "-i", two_and_one_as_found, "--cold", timeout=180)
     assert forced.returncode == 0, forced.stderr
     assert ran_warm(cluster, job_id_of(forced.stdout)) == [False, False]
     assert forced.stderr.count("cold start: --cold (hosts node1, node2)") == 1, forced.stderr
 
     off = probe_job(tmp_path, warm=False)
-    result = orch("submit", off, "-i", two_and_one, timeout=180)
+    result = orch("submit", off, "-i", two_and_one_as_found, timeout=180)
     assert "cold start: warm: false in the job file (hosts node1, node2)" in result.stderr
 
 
@@ -466,15 +476,15 @@ def test_a_package_installed_since_the_warm_interpreter_started_gives_a_new_one(
 
 
 def test_a_killed_warm_interpreter_is_replaced_saying_so_and_the_job_succeeds(
-    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+    orch: OrchRunner, cluster: Cluster, two_and_one_as_found: Path, tmp_path: Path
 ) -> None:
     job = probe_job(tmp_path)
-    warm_ahead(orch, cluster, job, two_and_one)
+    warm_ahead(orch, cluster, job, two_and_one_as_found)
     for pid, _ in warm_processes(cluster, 2):
         cluster.exec_on(2, ["kill", "-KILL", str(pid)])
     wait_for(lambda: not warm_processes(cluster, 2), 10, "node2's warm interpreter to die")
 
-    result = orch("submit", job, "-i", two_and_one, timeout=180)
+    result = orch("submit", job, "-i", two_and_one_as_found, timeout=180)
     assert result.returncode == 0, result.stderr
     assert ran_warm(cluster, job_id_of(result.stdout)) == [True, True]
     assert "a new warm interpreter: the last one (pid " in result.stderr, result.stderr
@@ -485,11 +495,11 @@ def test_a_killed_warm_interpreter_is_replaced_saying_so_and_the_job_succeeds(
 
 
 def test_no_job_process_is_left_and_the_warm_one_stays_after_a_warm_job(
-    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+    orch: OrchRunner, cluster: Cluster, two_and_one_as_found: Path, tmp_path: Path
 ) -> None:
     job = probe_job(tmp_path)
-    warm_ahead(orch, cluster, job, two_and_one)
-    result = orch("submit", job, "-i", two_and_one, timeout=180)
+    warm_ahead(orch, cluster, job, two_and_one_as_found)
+    result = orch("submit", job, "-i", two_and_one_as_found, timeout=180)
     assert result.returncode == 0
     assert all(not job_processes(cluster, i) for i in HOSTS)
 
@@ -512,9 +522,9 @@ def test_an_idle_warm_interpreter_ends_after_warm_idle(
 
 
 def test_kill_all_leaves_no_warm_interpreter(
-    orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
+    orch: OrchRunner, cluster: Cluster, two_and_one_as_found: Path, tmp_path: Path
 ) -> None:
-    warm_ahead(orch, cluster, probe_job(tmp_path), two_and_one)
+    warm_ahead(orch, cluster, probe_job(tmp_path), two_and_one_as_found)
     result = orch("kill", "--all", timeout=120)
     assert result.returncode == 0, result.stderr
     assert all(warm_processes(cluster, i) == [] for i in HOSTS)
