@@ -1,6 +1,6 @@
 #!/bin/sh
 # `make test-deps`, as root: the Debian packages the cluster tests need that this machine
-# lacks, in one `apt-get update` and one install (a fresh machine paid three of each).
+# lacks, after one `apt-get update` (a fresh machine paid three, one for each group).
 # openssh-server, iproute2 and iptables (which blocks a port between two test hosts) for
 # the test hosts; chromium, which orch ui's browser tests drive; Slurm and munge for the
 # Slurm test cluster, through install_slurm.sh, which keeps their daemons from starting.
