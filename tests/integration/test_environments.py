@@ -31,7 +31,7 @@ SCRIPT = "import sys, socket, orchtiny\nprint('TINY', orchtiny.VERSION, socket.g
 
 def make_wheel(tmp_path: Path, wheels: Path, version: str) -> None:
     """A wheel of `orchtiny` (one module), built here with no index."""
-    tiny_wheel(tmp_path, wheels, "orchtiny", version)
+    tiny_wheel(wheels, "orchtiny", version)
 
 
 def tiny_lines(stdout: str) -> dict[str, tuple[str, str]]:

@@ -43,12 +43,12 @@ def index_wheels(tmp_path: Path) -> Path:
     """orchdep; orchtop, which needs orchdep (5 MB); orchplat, a wheel for the hosts'
     python on manylinux_2_17 only; orchwin, a wheel for Windows only."""
     made = tmp_path / "made"
-    tiny_wheel(tmp_path, made, "orchdep", "1.0")
+    tiny_wheel(made, "orchdep", "1.0")
     # 5 MB: past what the relay takes over (sync/relay.py RELAY_MIN_BYTES).
-    tiny_wheel(tmp_path, made, "orchtop", "1.0", ["orchdep>=1"], payload_bytes=5 << 20)
+    tiny_wheel(made, "orchtop", "1.0", ["orchdep>=1"], payload_bytes=5 << 20)
     abi, machine = abi_and_machine()
     for name, platform in (("orchplat", f"manylinux_2_17_{machine}"), ("orchwin", "win_amd64")):
-        tiny_wheel(tmp_path, made, name, "1.0")
+        tiny_wheel(made, name, "1.0")
         (made / f"{name}-1.0-py3-none-any.whl").rename(
             made / f"{name}-1.0-{abi}-{abi}-{platform}.whl"
         )
@@ -170,8 +170,8 @@ def test_wheels_from_a_directory_outside_the_workdir_travel_with_the_code(
     work = tmp_path / "work"
     work.mkdir()
     (work / "tiny.py").write_text(TINY)
-    outside = tiny_wheel(tmp_path, tmp_path / "outside", "orchtiny", "8.0")
-    other = tiny_wheel(tmp_path, tmp_path / "other", "orchtiny", "9.0")
+    outside = tiny_wheel(tmp_path / "outside", "orchtiny", "8.0")
+    other = tiny_wheel(tmp_path / "other", "orchtiny", "9.0")
     inventory = cluster.write_inventory(tmp_path / "inv.yaml")
     job = write_workdir_job(
         tmp_path,
@@ -224,7 +224,7 @@ def slow_build_job(cluster: Cluster, tmp_path: Path, version: str) -> tuple[Path
     work = tmp_path / "work"
     work.mkdir()
     (work / "tiny.py").write_text(TINY)
-    tiny_wheel(tmp_path, work / "wheels", "orchtiny", version, payload_bytes=1 << 20)
+    tiny_wheel(work / "wheels", "orchtiny", version, payload_bytes=1 << 20)
     inventory = cluster.write_inventory(tmp_path / "inv.yaml")
     job = write_workdir_job(
         tmp_path,
@@ -284,7 +284,7 @@ def test_a_full_disk_mid_build_names_the_host_exits_3_and_leaves_no_environment(
     work = tmp_path / "work"
     work.mkdir()
     (work / "tiny.py").write_text(TINY)
-    tiny_wheel(tmp_path, work / "wheels", "orchtiny", "11.0", payload_bytes=3 << 20)
+    tiny_wheel(work / "wheels", "orchtiny", "11.0", payload_bytes=3 << 20)
     inventory = cluster.write_inventory(tmp_path / "inv.yaml")
     job = write_workdir_job(
         tmp_path,

@@ -52,7 +52,7 @@ def test_uv_builds_where_the_host_has_it_and_pip_where_it_has_not(
     work = tmp_path / "work"
     work.mkdir()
     (work / "by.py").write_text(SCRIPT)
-    tiny_wheel(tmp_path, work / "wheels", "orchtiny", "7.0")
+    tiny_wheel(work / "wheels", "orchtiny", "7.0")
     inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[1, 2])
     job = write_workdir_job(
         tmp_path,
@@ -100,7 +100,7 @@ def test_an_environment_sees_the_host_pythons_packages_and_not_its_base_interpre
     work = tmp_path / "work"
     work.mkdir()
     (work / "sees.py").write_text(SEES)
-    tiny_wheel(tmp_path, work / "wheels", "orchtiny", "7.1")
+    tiny_wheel(work / "wheels", "orchtiny", "7.1")
     inventory = cluster.write_inventory(tmp_path / "inv.yaml", hosts=[2])
     job = write_workdir_job(
         tmp_path,

@@ -120,8 +120,8 @@ def test_env_key_differs_per_digest_and_is_stable() -> None:
 
 
 def _tiny_wheel(tmp_path: Path, name: str, version: str) -> Path:
-    """A wheel of a one-module package `name`, made with this python's pip, offline."""
-    return tiny_wheel(tmp_path, tmp_path / "code" / "wheels", name, version)
+    """A wheel of a one-module package `name` (tests/wheels.py), where the job's code has its wheels."""
+    return tiny_wheel(tmp_path / "code" / "wheels", name, version)
 
 
 def _request(envs_dir: Path, requirements: list[str]) -> EnvRequest:

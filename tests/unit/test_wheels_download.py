@@ -90,14 +90,14 @@ def index_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Wheels in tmp/made: orchdep, orchtop (needs orchdep), orchplat (this python's
     manylinux_2_17 only), orchwin (Windows only); pip reads nothing but the index."""
     made = tmp_path / "made"
-    tiny_wheel(tmp_path, made, "orchdep", "1.0")
-    tiny_wheel(tmp_path, made, "orchtop", "1.0", ["orchdep>=1"])
+    tiny_wheel(made, "orchdep", "1.0")
+    tiny_wheel(made, "orchtop", "1.0", ["orchdep>=1"])
     target = here()
     for name, platform in (
         ("orchplat", f"manylinux_2_17_{target.platform[6:]}"),
         ("orchwin", "win_amd64"),
     ):
-        tiny_wheel(tmp_path, made, name, "1.0")
+        tiny_wheel(made, name, "1.0")
         (made / f"{name}-1.0-py3-none-any.whl").rename(
             made / f"{name}-1.0-{target.abi}-{target.abi}-{platform}.whl"
         )
@@ -151,7 +151,7 @@ def test_carried_wheels_are_grafted_beside_the_code_and_read_from_where_they_are
     code = tmp_path / "code"
     code.mkdir()
     (code / "train.py").write_text("print(1)\n")
-    outside = tiny_wheel(tmp_path, tmp_path / "outside", "orchdep", "2.0")
+    outside = tiny_wheel(tmp_path / "outside", "orchdep", "2.0")
     (outside / "notes.txt").write_text("not a wheel\n")
     tree = scan(code, ["train.py"], cache_dir=tmp_path / "stat")
     files = wheels._wheel_files([outside])
