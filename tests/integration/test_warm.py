@@ -128,7 +128,16 @@ def warm_ahead(orch: OrchRunner, cluster: Cluster, job: Path, inventory: Path) -
     a cold submit would leave, for five imports of torch fewer)."""
     ahead = orch("warm", job, "-i", inventory, timeout=180)
     assert ahead.returncode == 0, ahead.stderr
-    wait_warm_ready(cluster)
+    said = dict(re.findall(r"^node(\d+): warm interpreter pid (\d+)", ahead.stdout, re.M))
+    pids = {i: int(said[str(i)]) for i in HOSTS}  # each host's own pid namespace
+
+    def ready() -> bool:  # this job's own, not one of another key an earlier test left
+        return all(
+            any(r.get("pid") == pid and r.get("state") == "ready" for r in warm_records(cluster, i))
+            for i, pid in pids.items()
+        )
+
+    wait_for(ready, 90, "the job's warm interpreters ready", poll=0.2)
 
 
 def lines_of(stdout: str, kind: str) -> dict[int, dict[str, Any]]:
@@ -264,8 +273,10 @@ def test_ctrl_c_on_the_warm_path_leaves_nothing_but_the_warm_interpreters(
         # orch top shows each host's warm interpreters beside the job's ranks.
         top = orch("top", "--once", "--json", timeout=60)
         assert top.returncode == 0, top.stderr
-        shown = {n["host"]: [w["pid"] for w in n["warm"]] for n in json.loads(top.stdout)["nodes"]}
-        assert shown == {f"node{i}": [p for p, _ in warm_before[k]] for k, i in enumerate(HOSTS)}
+        nodes = json.loads(top.stdout)["nodes"]
+        shown = {n["host"]: sorted(w["pid"] for w in n["warm"]) for n in nodes}
+        expected = {f"node{i}": sorted(p for p, _ in warm_before[k]) for k, i in enumerate(HOSTS)}
+        assert shown == expected  # every one on the host, this job's key or another's
         assert all(w["pss_kb"] > 0 for n in json.loads(top.stdout)["nodes"] for w in n["warm"])
         said = interrupt(attached)
     assert "cold start" not in said, said
