@@ -32,7 +32,9 @@ BUSY_S = 30.0  # how long a command waits for another one's transaction
 
 
 def _locked(exc: sqlite3.OperationalError) -> bool:
-    return "locked" in str(exc) or "busy" in str(exc)
+    """SQLITE_BUSY (another connection holds the lock) or SQLITE_LOCKED (one of this
+    connection's), whatever their extended codes."""
+    return (exc.sqlite_errorcode & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def _write_ahead(conn: sqlite3.Connection) -> None:

@@ -123,7 +123,7 @@ def test_concurrent_writers_lose_no_record(tmp_path: Path) -> None:
 
 
 def _first_open(home: str, start: Any, errors: Any) -> None:
-    start.wait()
+    start.wait(30)
     try:
         JobDB(Path(home)).jobs()
     except InfraError as exc:
