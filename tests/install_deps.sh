@@ -16,6 +16,16 @@ slurm=
 command -v slurmctld >/dev/null || slurm=1
 [ -n "$wanted$slurm" ] || exit 0
 
+# No service starts while they install: openssh-server's would start an sshd on this
+# machine, outside the test namespaces, whose hosts run their own. A policy-rc.d that
+# refuses every start (exit 101), unless one is there already; install_slurm.sh keeps it.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\n# orch test-deps: no service starts while the test packages install\nexit 101\n' >"$policy"
+    chmod 755 "$policy"
+    trap 'rm -f "$policy"' EXIT
+fi
+
 apt-get update -qq
 if [ -n "$wanted" ]; then
     echo "installing$wanted"

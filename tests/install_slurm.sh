@@ -12,6 +12,7 @@ if [ ! -e "$policy" ]; then
     printf '#!/bin/sh\n# orch test-deps: no service starts while slurm and munge install\nexit 101\n' >"$policy"
     chmod 755 "$policy"
     own_policy=1
+    trap 'rm -f "$policy"' EXIT  # a failed install must not leave every start refused
 fi
 daemons() { for name in slurmctld slurmd munged; do pgrep -x "$name" || true; done; }
 before=$(daemons)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ def tiny_wheel(
     dependencies: Sequence[str] = (),
     payload_bytes: int = 0,
 ) -> Path:
-    """Write `name==version` (its module says `VERSION = version`) into `out` as
+    """Write `name==version` (its module `name` says `VERSION = version`) into `out` as
     `name-version-py3-none-any.whl`; returns `out`.
 
     Args:
@@ -29,7 +30,8 @@ def tiny_wheel(
         payload_bytes: a file of that many random bytes in the package (a wheel that
             takes room, and time, to install).
     """
-    info = f"{name}-{version}.dist-info"
+    dist = re.sub(r"[-_.]+", "_", name).lower()  # the name as file names spell it
+    info = f"{dist}-{version}.dist-info"
     files = {f"{name}/__init__.py": f"VERSION = {version!r}\n".encode()}
     if payload_bytes:
         files[f"{name}/payload.bin"] = os.urandom(payload_bytes)
@@ -41,7 +43,7 @@ def tiny_wheel(
     record = [f"{path},sha256={_digest(data)},{len(data)}" for path, data in files.items()]
     files[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
     out.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(out / f"{name}-{version}-py3-none-any.whl", "w") as whl:
+    with zipfile.ZipFile(out / f"{dist}-{version}-py3-none-any.whl", "w") as whl:
         for path, data in files.items():
             whl.writestr(path, data, compress_type=zipfile.ZIP_DEFLATED)
     return out
