@@ -172,6 +172,49 @@ def test_build_publishes_one_owner_only_env_reused_and_waited_for(
     assert envs.listing(str(envs_dir)) == []
 
 
+_ENSURE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from orchestrator.agent.host import envs
+from orchestrator.agent.kernel.requests import EnvRequest
+ready = envs.ensure(EnvRequest(**json.loads(sys.stdin.read())))
+print(json.dumps({"error": ready.error, "python": ready.python, "built": ready.built}))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="venvs as the hosts have them")
+def test_a_host_python_without_pip_gets_it_from_ensurepip_offline_and_builds(
+    tmp_path: Path,
+) -> None:
+    """A host python with no pip (as Debian's python3 without python3-pip): the
+    environment gets pip from ensurepip, which needs no index, then installs."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    python = str(bare / "bin" / "python")
+    assert subprocess.run([python, "-c", "import pip"], capture_output=True).returncode != 0
+    _tiny_wheel(tmp_path, "orchtiny", "1.0")
+    request = _request(tmp_path / "envs", ["orchtiny==1.0"])
+    repo = str(Path(__file__).resolve().parents[2])
+    ran = subprocess.run(
+        [python, "-c", _ENSURE, repo],
+        input=request.to_json(),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,  # the job directory: code/wheels is beside
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},  # pip: no uv of this machine
+        check=True,
+    )
+    ready = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert ready["error"] is None and ready["built"], ran.stdout + ran.stderr
+    out = subprocess.run(
+        [ready["python"], "-c", "import orchtiny, pip; print(orchtiny.VERSION)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "1.0"
+
+
 def test_unresolvable_requirement_names_it_and_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
