@@ -261,7 +261,6 @@ class JobDB:
             ) from None
         try:
             conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_S * 1000)}")
             _write_ahead(conn)
             conn.execute("PRAGMA foreign_keys = ON")
             conn.executescript(_SCHEMA)

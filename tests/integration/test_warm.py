@@ -65,10 +65,17 @@ def warm_records(cluster: Cluster, i: int) -> list[dict[str, Any]]:
     return found
 
 
-def wait_warm_ready(cluster: Cluster, count: int = 1) -> None:
+def wait_warm_ready(cluster: Cluster, pids: dict[int, int] | None = None) -> None:
+    """Until every host has a ready warm interpreter; with `pids` (host index: pid),
+    that one, not one of another key an earlier test left."""
+
     def ready() -> bool:
         return all(
-            sum(r.get("state") == "ready" for r in warm_records(cluster, i)) >= count for i in HOSTS
+            any(
+                r.get("state") == "ready" and (pids is None or r.get("pid") == pids[i])
+                for r in warm_records(cluster, i)
+            )
+            for i in HOSTS
         )
 
     wait_for(ready, 90, "a ready warm interpreter on every host", poll=0.2)
@@ -129,15 +136,7 @@ def warm_ahead(orch: OrchRunner, cluster: Cluster, job: Path, inventory: Path) -
     ahead = orch("warm", job, "-i", inventory, timeout=180)
     assert ahead.returncode == 0, ahead.stderr
     said = dict(re.findall(r"^node(\d+): warm interpreter pid (\d+)", ahead.stdout, re.M))
-    pids = {i: int(said[str(i)]) for i in HOSTS}  # each host's own pid namespace
-
-    def ready() -> bool:  # this job's own, not one of another key an earlier test left
-        return all(
-            any(r.get("pid") == pid and r.get("state") == "ready" for r in warm_records(cluster, i))
-            for i, pid in pids.items()
-        )
-
-    wait_for(ready, 90, "the job's warm interpreters ready", poll=0.2)
+    wait_warm_ready(cluster, {i: int(said[str(i)]) for i in HOSTS})  # a pid namespace a host
 
 
 def lines_of(stdout: str, kind: str) -> dict[int, dict[str, Any]]:

@@ -172,16 +172,6 @@ def test_build_publishes_one_owner_only_env_reused_and_waited_for(
     assert envs.listing(str(envs_dir)) == []
 
 
-_ENSURE = """
-import json, sys
-sys.path.insert(0, sys.argv[1])
-from orchestrator.agent.host import envs
-from orchestrator.agent.kernel.requests import EnvRequest
-ready = envs.ensure(EnvRequest(**json.loads(sys.stdin.read())))
-print(json.dumps({"error": ready.error, "python": ready.python, "built": ready.built}))
-"""
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="venvs as the hosts have them")
 def test_a_host_python_without_pip_gets_it_from_ensurepip_offline_and_builds(
     tmp_path: Path,
@@ -195,17 +185,18 @@ def test_a_host_python_without_pip_gets_it_from_ensurepip_offline_and_builds(
     _tiny_wheel(tmp_path, "orchtiny", "1.0")
     request = _request(tmp_path / "envs", ["orchtiny==1.0"])
     repo = str(Path(__file__).resolve().parents[2])
+    agent = "import sys; sys.path.insert(0, sys.argv[1]); from orchestrator.agent import main; "
+    agent += "sys.exit(main.main(sys.argv[2:]))"  # the agent's own `env ensure JOB_DIR`
     ran = subprocess.run(
-        [python, "-c", _ENSURE, repo],
+        [python, "-I", "-S", "-c", agent, repo, "env", "ensure", str(tmp_path)],
         input=request.to_json(),
         capture_output=True,
         text=True,
-        cwd=tmp_path,  # the job directory: code/wheels is beside
         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},  # pip: no uv of this machine
-        check=True,
     )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
     ready = json.loads(ran.stdout.strip().splitlines()[-1])
-    assert ready["error"] is None and ready["built"], ran.stdout + ran.stderr
+    assert "error" not in ready and ready["built"], ran.stdout + ran.stderr
     out = subprocess.run(
         [ready["python"], "-c", "import orchtiny, pip; print(orchtiny.VERSION)"],
         capture_output=True,
