@@ -149,6 +149,16 @@ def lines_of(stdout: str, kind: str) -> dict[int, dict[str, Any]]:
     return found
 
 
+def ended(stdout: str) -> dict[int, list[str]]:
+    """Each rank's `ENDED STEP` lines (the probe's end), in order, by rank."""
+    found: dict[int, list[str]] = {}
+    for line in stdout.splitlines():
+        prefix, sep, step = line.partition("] ENDED ")
+        if sep:
+            found.setdefault(int(prefix.rsplit(" r", 1)[1]), []).append(step)
+    return found
+
+
 def test_a_warm_rank_is_the_process_a_cold_rank_would_be_and_draws_its_own_numbers(
     orch: OrchRunner, cluster: Cluster, two_and_one: Path, tmp_path: Path
 ) -> None:
@@ -156,8 +166,9 @@ def test_a_warm_rank_is_the_process_a_cold_rank_would_be_and_draws_its_own_numbe
     the first warm submit forked from the warm interpreters it started (none ran), the
     second from those it left. Rank by rank, the environment, argv, paths, launcher
     views, thread pools, signals, descriptors, umask, limits, stdio, flags, start
-    method, a loader with workers and explicitly seeded draws are the same; unseeded
-    draws differ per rank and per run as they do cold."""
+    method, a loader with workers, explicitly seeded draws and how the process ends
+    (C's stdio, a thread, atexit, the script's objects) are the same; unseeded draws
+    differ per rank and per run as they do cold."""
     job = probe_job(tmp_path, "--deep", "a b", "--", "{node_rank}")
     outs = [submit_cold(orch, cluster, job, two_and_one)]
     started = []
@@ -208,6 +219,9 @@ def test_a_warm_rank_is_the_process_a_cold_rank_would_be_and_draws_its_own_numbe
     # Kept of the warm parent on purpose (docs/WARM.md): its frozen objects.
     kept = [lines_of(out, "KEPT") for out in outs]
     assert [kept[i][0]["gc_frozen"] for i in range(3)] == [False, True, True]
+    # And each ends as a cold rank does, in the same order (rank_end.py).
+    steps = ["c stdio", "thread", "atexit", "del"]
+    assert [ended(out) for out in outs] == [{0: steps, 1: steps, 2: steps}] * 3
 
     assert "[node1 r1] REPORT" in outs[1]
     assert len(warm_processes(cluster, 1)) == 1

@@ -3,6 +3,9 @@ each rank's environment as torchrun builds it, the warm key."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ from orchestrator.agent.kernel.requests import NodeTemplate
 from orchestrator.agent.node.warm import fork, launch
 from orchestrator.agent.node.warm import interpreters as warm
 from orchestrator.models.job import Overrides, load_job, with_overrides
+from tests.support import REPO_ROOT
 from tests.unit.conftest import WriteFile, expect_input_error
 
 
@@ -374,3 +378,76 @@ def test_a_node_whose_python_cannot_start_a_warm_interpreter_starts_cold_saying_
     for check in (True, False):
         assert fork.choose(spec, {"PATH": "/bin"}, launch, check=check) == (None, None)
     assert warm.records() == []
+
+
+EXITING = """\
+import atexit, ctypes, sys, threading, time
+class Noisy:
+    def __del__(self):
+        print("del")
+keep = Noisy()
+left_open = open(sys.argv[1], "w")
+left_open.write("written, never closed")
+atexit.register(print, "atexit")
+threading.Thread(target=lambda: (time.sleep(0.2), print("thread"))).start()
+ctypes.CDLL(None).printf(b"c stdio\\n")
+print("main")
+code = sys.argv[2]
+sys.exit(int(code) if code.isdigit() else code)
+"""
+
+# A "warm interpreter" (not `python -u`) that preloaded a module holding an object with
+# a __del__, then runs the script in a fork, with a rank's stdio, as a rank ends
+# (rank_end.py).
+FORKED = """\
+import os, sys, types
+preloaded = types.ModuleType("preloaded")
+class Noisy:
+    def __del__(self):
+        print("preload del")
+preloaded.held = Noisy()
+sys.modules["preloaded"] = preloaded
+from orchestrator.agent.node.warm import launch
+from orchestrator.agent.node.warm.rank_end import end_rank
+pid = os.fork()
+if pid == 0:
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    launch._unbuffered()
+    end_rank(lambda: launch.run_script(script))
+_, status = os.waitpid(pid, 0)
+os._exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.parametrize("code", ["0", "3", "a message"])
+def test_a_forked_rank_ends_as_a_cold_one_without_tearing_down_the_preload(
+    tmp_path: Path, code: str
+) -> None:
+    """C's stdio unbuffered as `-u` makes it; at the end, threads joined, atexit run,
+    the script's objects finalized and its open files flushed, in the interpreter's
+    order, and the same exit status
+    and stderr as `python -u script` (a non-integer code is printed, exit 1). What the
+    warm interpreter preloaded is not torn down: its object's __del__ does not run."""
+    script = tmp_path / "exiting.py"
+    script.write_text(EXITING)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    runs = {}
+    for how, argv in (
+        ("cold", [sys.executable, "-u", str(script)]),
+        ("forked", [sys.executable, "-c", FORKED, str(script)]),
+    ):
+        left_open = tmp_path / f"{how}.txt"
+        done = subprocess.run(
+            [*argv, str(left_open), code],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=REPO_ROOT,
+            env=env,
+        )
+        runs[how] = (done.returncode, done.stdout, done.stderr, left_open.read_text())
+    expected_code, expected_err = (int(code), "") if code.isdigit() else (1, f"{code}\n")
+    lines = "c stdio\nmain\nthread\natexit\ndel\n"  # `-u`: C's stdio unbuffered too
+    assert runs["cold"] == (expected_code, lines, expected_err, "written, never closed")
+    assert runs["forked"] == runs["cold"]

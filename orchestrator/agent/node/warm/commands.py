@@ -29,9 +29,11 @@ def main(args: list[str]) -> int:
         if isinstance(launch, int):
             return launch
         from . import launch as launcher
+        from .rank_end import end_rank
 
-        # In the forked launcher: returns only in a forked rank, which runs the user's code.
-        return launcher.run_node(*launch).run()
+        # In the forked launcher: returns only in a forked rank, which runs the user's
+        # code and ends as a cold rank's interpreter would (rank_end.py).
+        end_rank(launcher.run_node(*launch).run)
     if verb == "ahead":
         try:
             given = parse_message(StartRequest, json.loads(sys.stdin.read() or "{}"))

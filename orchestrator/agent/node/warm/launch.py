@@ -54,6 +54,7 @@ STOP_GRACE_S = 30.0  # torchrun's _shutdown timeout
 EXIT_BARRIER_S = 300.0  # torchrun's --exit-barrier-timeout... default
 STORE_TIMEOUT_S = 600  # static rendezvous's default
 TERMINAL_STATE = "torchelastic/agent/terminal_state"
+C_UNBUFFERED = 2  # _IONBF, for setvbuf
 OMP_NOTICE = (
     "*****************************************\n"
     "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, "
@@ -452,7 +453,14 @@ def run_script(path: str) -> int:
 
 
 def _unbuffered() -> None:
-    """stdout and stderr as `python -u` has them."""
+    """stdio as `python -u` has it: Python's stdout and stderr write through, and so
+    do C's (what a C extension prints comes out where it printed it, not at exit)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        libc = ctypes.CDLL(None)
+        for name in ("stdin", "stdout", "stderr"):
+            libc.setvbuf(ctypes.c_void_p.in_dll(libc, name), None, C_UNBUFFERED, 0)
     for name, fd in (("stdout", 1), ("stderr", 2)):
         old = getattr(sys, name)
         stream = io.TextIOWrapper(

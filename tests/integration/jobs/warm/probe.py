@@ -6,12 +6,15 @@ group and all-reduces, then prints one ``REPORT {json}`` line.
 sleeps S seconds before it ends (tests kill it there). ``--deep``: the report holds the
 rest of the process's state too (``process_state``), and two more lines follow:
 ``DRAWS {json}``, the random numbers it drew (a fresh process draws its own), and
-``KEPT {json}``, what a warm rank keeps of its warm parent on purpose.
+``KEPT {json}``, what a warm rank keeps of its warm parent on purpose; and at its end,
+``ENDED ...`` lines, each step of the process's end that prints (``ending``).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import ctypes
 import gc
 import json
 import os
@@ -19,6 +22,7 @@ import random
 import re
 import stat
 import sys
+import threading
 import time
 import warnings
 
@@ -187,6 +191,23 @@ def main() -> None:
     if args.fail_rank == rank:
         sys.exit(3)
     dist.destroy_process_group()
+    if args.deep:
+        ending()
+
+
+class Finalized:
+    def __del__(self) -> None:
+        print("ENDED del", flush=True)
+
+
+def ending() -> None:
+    """How the process ends, in order: C's stdio (unbuffered under `python -u`), then
+    Python's shutdown: a thread still running, atexit, the script's objects."""
+    global finalized
+    ctypes.CDLL(None).printf(b"ENDED c stdio\n")
+    threading.Thread(target=lambda: (time.sleep(0.2), print("ENDED thread", flush=True))).start()
+    atexit.register(print, "ENDED atexit", flush=True)
+    finalized = Finalized()
 
 
 if __name__ == "__main__":
