@@ -75,6 +75,7 @@ bench: compile test-deps
 	$(PY) bench/slurm.py
 	$(PY) bench/ui.py
 	$(PY) bench/warm.py
+	$(PY) bench/rank_end.py
 	$(MAKE) bench-deps
 	$(PY) bench/warm.py --hosts 8 --transformers
 
