@@ -196,10 +196,6 @@ def stop_when_reachable(
     (retry.py), so one that waits out its connect timeout delays no other. Ctrl-C
     stops trying."""
     names = ", ".join(n.host.name for n in lost)
-    reporter.notice(
-        f"{names}: not reachable; stopping the job there once it is "
-        f"(trying for {within_s:.0f} s, Ctrl-C to stop trying)"
-    )
     by_name = {n.host.name: n for n in lost}
 
     def stop(name: str) -> None:
@@ -209,6 +205,11 @@ def stop_when_reachable(
     pending = dict(by_name)
     tries = retry_each(by_name, stop, within_s)
     try:
+        # Said inside the try: a Ctrl-C the moment it is read stops the trying, as it says.
+        reporter.notice(
+            f"{names}: not reachable; stopping the job there once it is "
+            f"(trying for {within_s:.0f} s, Ctrl-C to stop trying)"
+        )
         for tried in tries:
             if not tried.ok:
                 continue
