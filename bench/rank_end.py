@@ -12,9 +12,12 @@ sum, a line printed) through orch's own `run_script` and ends:
 - cold:   RANKS `python -u script` processes started at once (what torchrun starts, and
           what a job started by hand runs): the import of torch included.
 
-Each rank's CPU-seconds and minor page faults (a fork's copies of the pages it shares
-with the warm interpreter, 4 KiB each) come from `wait4`; for orch and before, from the
-fork to the rank's exit. Runs alternate; medians of REPEAT.
+Each rank's CPU-seconds and minor page faults come from `wait4`: for orch and before,
+from the fork to the rank's exit, the script's own work included (the same in both, so
+their difference is the end's); for cold, the whole process, its import of torch
+included. A fork's minor faults are mostly its copies of pages it shares with the warm
+interpreter (4 KiB each), some first touches of new memory. Runs alternate; medians of
+REPEAT.
 
     .venv/bin/python bench/rank_end.py [--ranks 4] [--repeat 7]
 """
@@ -44,6 +47,7 @@ import torch
 from orchestrator.agent.node.warm import launch
 from orchestrator.agent.node.warm.rank_end import end_rank
 script, ranks, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+gc.collect()
 gc.freeze()
 pids = []
 for _ in range(ranks):
@@ -108,16 +112,18 @@ def main() -> None:
     body = f"""## A warm rank's end: CPU and copied pages per rank
 
 {args.ranks} ranks forked at once from one process that imported torch and froze its
-objects (`gc.freeze()`, as a warm interpreter does), each running a short script
+objects (`gc.collect()`, `gc.freeze()`, as a warm interpreter does), each running a short script
 (a tensor sum, a line) through orch's `run_script`. orch: the rank ends through
 `rank_end.end_rank` (threads joined, atexit, its own modules torn down, stdio
 flushed, `os._exit`), as a warm rank ends now; before: through the interpreter's own
 exit (every module torn down, then C's `exit()`), as a warm rank ended before; cold:
 {args.ranks} `python -u script` processes at once, what torchrun starts for a job by
-hand, the import of torch included. Per rank, from the fork (cold: the start) to the
-exit: CPU-seconds and minor page faults (for a fork, its copies of the pages it shares
-with the warm interpreter, 4 KiB each), from `wait4`. Median of {args.repeat}
-alternating runs; {machine()}.
+hand, the import of torch included (it says what a rank costs cold, not what its end
+costs). Per rank, from the fork (cold: the start) to the exit, the script's work
+included (the same for orch and before: their difference is the end's): CPU-seconds
+and minor page faults, from `wait4` (for a fork, mostly its copies of the pages it
+shares with the warm interpreter, 4 KiB each). Median of {args.repeat} alternating
+runs; {machine()}.
 
 | per rank | orch (now) | warm, before | cold (by hand) | orch / before |
 |---|---:|---:|---:|---:|

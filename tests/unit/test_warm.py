@@ -4,6 +4,8 @@ each rank's environment as torchrun builds it, the warm key."""
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -381,26 +383,34 @@ def test_a_node_whose_python_cannot_start_a_warm_interpreter_starts_cold_saying_
 
 
 EXITING = """\
-import atexit, ctypes, sys, threading, time
+import atexit, ctypes, os, sys, threading, time
 class Noisy:
     def __del__(self):
-        print("del")
+        print("del", os.getpid() > 0)  # a module global, still there as the script ends
 keep = Noisy()
 left_open = open(sys.argv[1], "w")
 left_open.write("written, never closed")
+def failing():
+    raise RuntimeError("in atexit")
+atexit.register(failing)
 atexit.register(print, "atexit")
 threading.Thread(target=lambda: (time.sleep(0.2), print("thread"))).start()
 ctypes.CDLL(None).printf(b"c stdio\\n")
-print("main")
-code = sys.argv[2]
-sys.exit(int(code) if code.isdigit() else code)
+print("main", list(globals()))
+how = sys.argv[2]
+if how == "raise":
+    raise ValueError("uncaught")
+if how == "interrupt":
+    raise KeyboardInterrupt
+sys.exit(2**64 if how == "huge" else int(how) if how.isdigit() else how)
 """
 
 # A "warm interpreter" (not `python -u`) that preloaded a module holding an object with
-# a __del__, then runs the script in a fork, with a rank's stdio, as a rank ends
-# (rank_end.py).
+# a __del__, then runs the script or module in a fork, with a rank's stdio, as a rank
+# runs and ends (launch.py, rank_end.py); it ends as its rank did.
 FORKED = """\
-import os, sys, types
+import functools, os, signal, sys, types
+sys.path.insert(0, os.environ["REPO_ROOT"])
 preloaded = types.ModuleType("preloaded")
 class Noisy:
     def __del__(self):
@@ -411,43 +421,71 @@ from orchestrator.agent.node.warm import launch
 from orchestrator.agent.node.warm.rank_end import end_rank
 pid = os.fork()
 if pid == 0:
-    script = sys.argv[1]
-    sys.argv = sys.argv[1:]
+    kind, target, *args = sys.argv[1:]
     launch._unbuffered()
-    end_rank(lambda: launch.run_script(script))
+    if kind == "script":
+        sys.argv = [target, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        end_rank(functools.partial(launch.run_script, os.path.abspath(target)))
+    sys.argv = ["-m", *args]
+    sys.path[0] = os.getcwd()
+    end_rank(functools.partial(launch.run_module, target))
 _, status = os.waitpid(pid, 0)
-os._exit(os.waitstatus_to_exitcode(status))
+if os.WIFSIGNALED(status):
+    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    os.kill(os.getpid(), os.WTERMSIG(status))
+os._exit(os.WEXITSTATUS(status))
 """
 
+ENDS = {  # how the script ends: its exit status, cold
+    "0": 0,
+    "3": 3,
+    "a message": 1,
+    "huge": 255,
+    "raise": 1,
+    "interrupt": -signal.SIGINT,
+}
 
-@pytest.mark.parametrize("code", ["0", "3", "a message"])
+
+@pytest.mark.parametrize(
+    ("kind", "how"),
+    [("script", how) for how in ENDS] + [("module", "3"), ("module", "raise")],
+)
 def test_a_forked_rank_ends_as_a_cold_one_without_tearing_down_the_preload(
-    tmp_path: Path, code: str
+    tmp_path: Path, kind: str, how: str
 ) -> None:
-    """C's stdio unbuffered as `-u` makes it; at the end, threads joined, atexit run,
-    the script's objects finalized and its open files flushed, in the interpreter's
-    order, and the same exit status
-    and stderr as `python -u script` (a non-integer code is printed, exit 1). What the
-    warm interpreter preloaded is not torn down: its object's __del__ does not run."""
-    script = tmp_path / "exiting.py"
-    script.write_text(EXITING)
+    """C's stdio unbuffered as `-u` makes it; at the end, threads joined, atexit run
+    (one that raises printed), the script's objects finalized with their globals in
+    place and its open files flushed, in the interpreter's order; the same exit status
+    (an exception, a message, a code beyond a C long, a Ctrl-C's SIGINT) and the same
+    stderr, tracebacks included, as `python -u script` or `python -u -m module`. What
+    the warm interpreter preloaded is not torn down: its object's __del__ does not run."""
+    (tmp_path / "exiting.py").write_text(EXITING)
+    target = "exiting.py" if kind == "script" else "exiting"
+    entry = [target] if kind == "script" else ["-m", target]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env["REPO_ROOT"] = str(REPO_ROOT)
     runs = {}
-    for how, argv in (
-        ("cold", [sys.executable, "-u", str(script)]),
-        ("forked", [sys.executable, "-c", FORKED, str(script)]),
+    for name, argv in (
+        ("cold", [sys.executable, "-u", *entry]),
+        ("forked", [sys.executable, "-c", FORKED, kind, target]),
     ):
-        left_open = tmp_path / f"{how}.txt"
+        left_open = tmp_path / f"{name}.txt"
         done = subprocess.run(
-            [*argv, str(left_open), code],
+            [*argv, str(left_open), how],
             capture_output=True,
             text=True,
             timeout=30,
-            cwd=REPO_ROOT,
+            cwd=tmp_path,
             env=env,
         )
-        runs[how] = (done.returncode, done.stdout, done.stderr, left_open.read_text())
-    expected_code, expected_err = (int(code), "") if code.isdigit() else (1, f"{code}\n")
-    lines = "c stdio\nmain\nthread\natexit\ndel\n"  # `-u`: C's stdio unbuffered too
-    assert runs["cold"] == (expected_code, lines, expected_err, "written, never closed")
+        stderr = re.sub(r"0x[0-9a-f]+", "0x", done.stderr)
+        runs[name] = (done.returncode, done.stdout, stderr, left_open.read_text())
+    code, stdout, stderr, written = runs["cold"]
+    names = ["__name__", "__doc__", "__package__", "__loader__", "__spec__"]
+    assert (code, written) == (ENDS[how], "written, never closed")
+    assert stdout.splitlines()[0] == "c stdio"  # `-u`: C's stdio unbuffered too
+    assert stdout.splitlines()[2:] == ["thread", "atexit", "del True"]
+    assert "RuntimeError: in atexit" in stderr
+    assert all(name in stdout for name in names)
     assert runs["forked"] == runs["cold"]

@@ -414,42 +414,53 @@ class RankRun:
             sys.argv = [target, *args]
             sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
             return run_script(os.path.abspath(target))
-        import runpy
-
         sys.argv = ["-m", *args]
         sys.path.insert(0, os.getcwd())
-        runpy._run_module_as_main(target, alter_argv=True)  # type: ignore[attr-defined]
-        return 0
+        return run_module(target)
+
+
+def run_module(name: str) -> int:
+    """Run a module as `python -m name` would. runpy runs it in `__main__`'s namespace:
+    a new one, as `python -m` starts with, not the warm interpreter's (whose names
+    would be among the module's globals)."""
+    import runpy
+
+    sys.modules["__main__"] = new_main()
+    runpy._run_module_as_main(name, alter_argv=True)  # type: ignore[attr-defined]
+    return 0
 
 
 def run_script(path: str) -> int:
-    """Run a script as `python path` would: a fresh `__main__`, its traceback without
-    orch's frames, exit code 1 on an exception."""
-    import builtins
-    import types
+    """Run a script as `python path` would, in a new `__main__`. What it raises goes
+    on to the rank's end (rank_end.py), which prints it as the interpreter would."""
     from importlib.machinery import SourceFileLoader
 
-    main = types.ModuleType("__main__")  # as `python path` makes it: the same attributes
-    main.__file__ = path
-    main.__loader__ = SourceFileLoader("__main__", path)
-    main.__builtins__ = builtins  # type: ignore[attr-defined]
-    main.__spec__ = None
-    main.__package__ = None
-    main.__cached__ = None  # type: ignore[attr-defined]
-    main.__annotations__ = {}
+    main = new_main(
+        __file__=path,
+        __loader__=SourceFileLoader("__main__", path),
+        __spec__=None,
+        __package__=None,
+        __cached__=None,
+    )
     sys.modules["__main__"] = main
     with open(path, "rb") as f:
         source = f.read()
-    try:
-        code = compile(source, path, "exec", dont_inherit=True)
-        exec(code, main.__dict__)
-    except SystemExit:
-        raise
-    except BaseException as exc:
-        trace = exc.__traceback__
-        sys.excepthook(type(exc), exc, trace.tb_next if trace else None)
-        raise SystemExit(1) from None
+    exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
     return 0
+
+
+def new_main(**names: Any) -> Any:
+    """A new `__main__` module, with what the interpreter gives it before the code
+    runs (`__builtins__`, `__annotations__`) and `names`."""
+    import builtins
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__annotations__ = {}
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    for name, value in names.items():
+        setattr(main, name, value)
+    return main
 
 
 def _unbuffered() -> None:
