@@ -5,10 +5,11 @@ One "warm interpreter" imports torch and freezes its objects as orch's does
 (`gc.freeze()`), then forks RANKS ranks at once. Each runs a short script (a tensor
 sum, a line printed) through orch's own `run_script` and ends:
 
-- orch:   through `rank_end.end_rank` (threads, atexit, the rank's own modules, stdio,
-          then `os._exit`), as a warm rank ends now;
-- before: through the interpreter's own exit (`sys.exit`: every module torn down, then
-          C's `exit()`), as a warm rank ended before;
+- orch:   through `rank_end.end_rank`: the interpreter's own exit, whose C `exit()`
+          stops before the handlers the warm interpreter registered (torch's static
+          destructors), as a warm rank ends now;
+- before: through the interpreter's own exit in full (`sys.exit`: every module torn
+          down, then C's `exit()` with every handler), as a warm rank ended before;
 - cold:   RANKS `python -u script` processes started at once (what torchrun starts, and
           what a job started by hand runs): the import of torch included.
 
@@ -114,9 +115,9 @@ def main() -> None:
 {args.ranks} ranks forked at once from one process that imported torch and froze its
 objects (`gc.collect()`, `gc.freeze()`, as a warm interpreter does), each running a short script
 (a tensor sum, a line) through orch's `run_script`. orch: the rank ends through
-`rank_end.end_rank` (threads joined, atexit, its own modules torn down, stdio
-flushed, `os._exit`), as a warm rank ends now; before: through the interpreter's own
-exit (every module torn down, then C's `exit()`), as a warm rank ended before; cold:
+`rank_end.end_rank`: the interpreter's own exit, whose C `exit()` stops before the
+handlers the warm interpreter registered (torch's C++ static destructors), as a warm
+rank ends now; before: the interpreter's exit in full, as a warm rank ended before; cold:
 {args.ranks} `python -u script` processes at once, what torchrun starts for a job by
 hand, the import of torch included (it says what a rank costs cold, not what its end
 costs). Per rank, from the fork (cold: the start) to the exit, the script's work

@@ -383,21 +383,25 @@ def test_a_node_whose_python_cannot_start_a_warm_interpreter_starts_cold_saying_
 
 
 EXITING = """\
-import atexit, ctypes, os, sys, threading, time
+import atexit, ctypes, os, sys, threading
 class Noisy:
     def __del__(self):
         print("del", os.getpid() > 0)  # a module global, still there as the script ends
-keep = Noisy()
-left_open = open(sys.argv[1], "w")
-left_open.write("written, never closed")
+class Log:  # a file an object holds, never closed
+    def __init__(self, path):
+        self.file = open(path, "w")
+keep, log = Noisy(), Log(sys.argv[1])
+log.file.write("written, never closed")
 def failing():
     raise RuntimeError("in atexit")
 atexit.register(failing)
 atexit.register(print, "atexit")
-threading.Thread(target=lambda: (time.sleep(0.2), print("thread"))).start()
+main_done = threading.Event()
+threading.Thread(target=lambda: (main_done.wait(), print("thread"))).start()
 ctypes.CDLL(None).printf(b"c stdio\\n")
 print("main", list(globals()))
 how = sys.argv[2]
+main_done.set()
 if how == "raise":
     raise ValueError("uncaught")
 if how == "interrupt":
@@ -405,18 +409,14 @@ if how == "interrupt":
 sys.exit(2**64 if how == "huge" else int(how) if how.isdigit() else how)
 """
 
-# A "warm interpreter" (not `python -u`) that preloaded a module holding an object with
-# a __del__, then runs the script or module in a fork, with a rank's stdio, as a rank
-# runs and ends (launch.py, rank_end.py); it ends as its rank did.
+# A "warm interpreter" (not `python -u`) that registered a C exit handler (as torch's
+# static destructors are), here abort(), then runs the script or module in a fork,
+# with a rank's stdio, as a rank runs and ends (launch.py, rank_end.py).
 FORKED = """\
-import functools, os, signal, sys, types
+import ctypes, functools, os, signal, sys
 sys.path.insert(0, os.environ["REPO_ROOT"])
-preloaded = types.ModuleType("preloaded")
-class Noisy:
-    def __del__(self):
-        print("preload del")
-preloaded.held = Noisy()
-sys.modules["preloaded"] = preloaded
+libc = ctypes.CDLL(None)
+libc.__cxa_atexit(ctypes.cast(libc.abort, ctypes.c_void_p), None, None)
 from orchestrator.agent.node.warm import launch
 from orchestrator.agent.node.warm.rank_end import end_rank
 pid = os.fork()
@@ -454,12 +454,12 @@ ENDS = {  # how the script ends: its exit status, cold
 def test_a_forked_rank_ends_as_a_cold_one_without_tearing_down_the_preload(
     tmp_path: Path, kind: str, how: str
 ) -> None:
-    """C's stdio unbuffered as `-u` makes it; at the end, threads joined, atexit run
-    (one that raises printed), the script's objects finalized with their globals in
-    place and its open files flushed, in the interpreter's order; the same exit status
-    (an exception, a message, a code beyond a C long, a Ctrl-C's SIGINT) and the same
-    stderr, tracebacks included, as `python -u script` or `python -u -m module`. What
-    the warm interpreter preloaded is not torn down: its object's __del__ does not run."""
+    """C's stdio unbuffered as `-u` makes it; the interpreter's own end: threads
+    joined, atexit run (one that raises printed), the script's objects finalized with
+    their globals in place, a file an object holds written; the same exit status (an
+    exception, a message, a code beyond a C long, a Ctrl-C's SIGINT) and the same
+    stderr, tracebacks included, as `python -u script` or `python -u -m module`. The C
+    exit handler the warm interpreter registered (abort) does not run in the rank."""
     (tmp_path / "exiting.py").write_text(EXITING)
     target = "exiting.py" if kind == "script" else "exiting"
     entry = [target] if kind == "script" else ["-m", target]
