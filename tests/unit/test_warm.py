@@ -383,7 +383,7 @@ def test_a_node_whose_python_cannot_start_a_warm_interpreter_starts_cold_saying_
 
 
 EXITING = """\
-import atexit, ctypes, os, sys, threading
+import atexit, ctypes, os, sys, threading, time
 class Noisy:
     def __del__(self):
         print("del", os.getpid() > 0)  # a module global, still there as the script ends
@@ -401,6 +401,14 @@ threading.Thread(target=lambda: (main_done.wait(), print("thread"))).start()
 ctypes.CDLL(None).printf(b"c stdio\\n")
 print("main", list(globals()))
 how = sys.argv[2]
+if how == "held":  # a daemon thread blocked reading a C stream, holding its lock
+    libc = ctypes.CDLL(None)
+    libc.fdopen.restype = ctypes.c_void_p
+    stream = libc.fdopen(os.pipe()[0], b"r")
+    line = ctypes.create_string_buffer(64)
+    threading.Thread(target=libc.fgets, args=(line, 64, ctypes.c_void_p(stream)), daemon=True).start()
+    time.sleep(0.2)
+    how = "0"
 main_done.set()
 if how == "raise":
     raise ValueError("uncaught")
@@ -439,6 +447,7 @@ os._exit(os.WEXITSTATUS(status))
 
 ENDS = {  # how the script ends: its exit status, cold
     "0": 0,
+    "held": 0,
     "3": 3,
     "a message": 1,
     "huge": 255,
@@ -458,8 +467,9 @@ def test_a_forked_rank_ends_as_a_cold_one_without_tearing_down_the_preload(
     joined, atexit run (one that raises printed), the script's objects finalized with
     their globals in place, a file an object holds written; the same exit status (an
     exception, a message, a code beyond a C long, a Ctrl-C's SIGINT) and the same
-    stderr, tracebacks included, as `python -u script` or `python -u -m module`. The C
-    exit handler the warm interpreter registered (abort) does not run in the rank."""
+    stderr, tracebacks included, as `python -u script` or `python -u -m module`; a
+    thread blocked in a C stream's read does not hang it. The C exit handler the warm
+    interpreter registered (abort) does not run in the rank."""
     (tmp_path / "exiting.py").write_text(EXITING)
     target = "exiting.py" if kind == "script" else "exiting"
     entry = [target] if kind == "script" else ["-m", target]

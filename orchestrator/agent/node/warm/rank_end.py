@@ -10,12 +10,14 @@ about half of what a rank's end cost (bench/rank_end.py), to free memory the pro
 gives back anyway.
 
 So a forked rank ends as the interpreter ends any process, with Python's whole
-shutdown, and C's `exit()` then stops at once: `_exit` is the last exit handler the
-rank registers (glibc's `on_exit`), so it runs first, before the handlers registered
-in the warm interpreter. Handlers the rank itself registers afterwards (a library it
-loads, CUDA's) run as in a cold rank. C's stdio buffers are flushed after the
-script's `atexit` functions. Where `on_exit` is missing (not glibc), C's `exit()`
-runs in full, as before.
+shutdown, and C's `exit()` then stops early: `_exit` is an exit handler the rank
+registers at its start (glibc's `on_exit`), so it runs before every handler registered
+earlier, the warm interpreter's, and before the libraries' destructor functions.
+Handlers the rank registers afterwards (`atexit`, a C++ static object of a library it
+loads) and the main thread's `thread_local` destructors run as in a cold rank. C's
+stdio buffers are flushed after the script's `atexit` functions, waiting at most
+FLUSH_WAIT_S; what C code writes to a C stream after that is not flushed. Where
+`on_exit` is missing (not glibc), C's `exit()` runs in full, as before.
 
 An uncaught exception is printed as `python script` or `python -m module` prints it,
 without orch's frames, and the rank's exit status is 1; a KeyboardInterrupt ends it by
@@ -28,12 +30,14 @@ import atexit
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 # What holds the agent's package (a host's agent version directory, with run.py): a
 # rank's traceback is printed from the first frame after the last one in here.
 AGENT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+FLUSH_WAIT_S = 1.0
 
 
 def end_rank(run: Callable[[], int]) -> NoReturn:
@@ -41,7 +45,7 @@ def end_rank(run: Callable[[], int]) -> NoReturn:
     as the module docstring says. Never returns: raises SystemExit."""
     libc = _libc()
     if libc is not None:
-        atexit.register(libc.fflush, None)  # runs after the script's atexit functions
+        atexit.register(_flush_c_stdio, libc.fflush)  # after the script's atexit functions
         _on_exit(libc, "_exit")
     try:
         code = run()
@@ -50,13 +54,24 @@ def end_rank(run: Callable[[], int]) -> NoReturn:
     except BaseException as exc:
         _print_uncaught(exc)
         code = 1
-        if type(exc) is KeyboardInterrupt and libc is not None:
-            # CPython kills itself with SIGINT once its shutdown is done: here C's
-            # exit() does, with the status as the signal (`raise(status)`).
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            if _on_exit(libc, "raise"):
-                code = signal.SIGINT
+        # CPython kills itself with SIGINT once its shutdown is done: here C's exit()
+        # does, with the status as the signal: `signal(status, SIG_DFL)` (SIG_DFL is
+        # NULL, on_exit's argument), then `raise(status)`, newest first.
+        if type(exc) is KeyboardInterrupt and libc is not None and _on_exit(libc, "raise"):
+            code = signal.SIGINT if _on_exit(libc, "signal") else 1
     raise SystemExit(code)
+
+
+def _flush_c_stdio(fflush: Callable[[Any], object]) -> None:
+    """C's `fflush(NULL)`, in a thread of its own, waited for at most FLUSH_WAIT_S:
+    it takes each stream's lock, and a thread that holds one (blocked reading a C
+    stream) would hang the rank's end, where `exit()`'s own flush takes none."""
+    try:
+        flusher = threading.Thread(target=fflush, args=(None,), daemon=True)
+        flusher.start()
+    except RuntimeError:  # no new thread at this point of the shutdown
+        return
+    flusher.join(FLUSH_WAIT_S)
 
 
 def _libc() -> Any:
@@ -66,14 +81,14 @@ def _libc() -> Any:
         libc = ctypes.CDLL(None)
     except (ImportError, OSError):
         return None
-    glibc = all(hasattr(libc, name) for name in ("on_exit", "_exit", "raise", "fflush"))
+    glibc = all(hasattr(libc, name) for name in ("on_exit", "_exit", "raise", "signal", "fflush"))
     return libc if glibc else None
 
 
 def _on_exit(libc: Any, name: str) -> bool:
-    """Register libc's `name(int)` as an exit handler: `on_exit` calls it with the exit
-    status first (its second argument, NULL, goes unread), before every handler
-    registered earlier."""
+    """Register libc's `name` as an exit handler, before every handler registered
+    earlier: `on_exit` calls it with the exit status and NULL (`_exit(status)` and
+    `raise(status)` leave the NULL unread; `signal(status, NULL)` is SIG_DFL)."""
     import ctypes
 
     try:
