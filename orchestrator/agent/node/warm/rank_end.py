@@ -56,9 +56,11 @@ def end_rank(run: Callable[[], int]) -> NoReturn:
         code = 1
         # CPython kills itself with SIGINT once its shutdown is done: here C's exit()
         # does, with the status as the signal: `signal(status, SIG_DFL)` (SIG_DFL is
-        # NULL, on_exit's argument), then `raise(status)`, newest first.
+        # NULL, on_exit's argument), then `raise(status)`, newest first. Once `raise`
+        # is registered the status must be SIGINT, whatever else fails.
         if type(exc) is KeyboardInterrupt and libc is not None and _on_exit(libc, "raise"):
-            code = signal.SIGINT if _on_exit(libc, "signal") else 1
+            _on_exit(libc, "signal")
+            code = signal.SIGINT
     raise SystemExit(code)
 
 
